@@ -1,0 +1,2 @@
+"""torchras RAS node."""
+__version__ = "0.1.0"

@@ -1,0 +1,78 @@
+"""Events: what a node observes and tells its subscribers (monitor clients, ``inprocess``, logs).
+
+The names and groups of NCCL's events are kept (reference section 2.9); ours are added as new words. Verdicts are
+the events other code acts on: a dead, hung or departed peer, and the communicator verdicts of ``rasd.torch``.
+Each names the peer and its incarnation, so a consumer can tell a stale verdict from a fresh one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .peers import Addr, PeerInfo
+
+
+class Group(enum.IntFlag):
+    LIFECYCLE = 0x01
+    TRACE = 0x02
+    ALL = 0xFF
+
+
+class Kind(str, enum.Enum):
+    # NCCL's lifecycle events
+    PEER_NEW = "PEER_NEW"
+    PEER_DEAD = "PEER_DEAD"
+    # NCCL's trace events
+    PEER_CONNECTING = "PEER_CONNECTING"
+    PEER_CONNECTED = "PEER_CONNECTED"
+    PEER_RECOVERED = "PEER_RECOVERED"
+    PEER_UNRESPONSIVE = "PEER_UNRESPONSIVE"
+    PEER_KEEPALIVE_TIMEOUT = "PEER_KEEPALIVE_TIMEOUT"
+    PEER_INIT_TIMEOUT = "PEER_INIT_TIMEOUT"
+    PEER_DISCONNECTED = "PEER_DISCONNECTED"
+    PEER_TIMEOUT_DEAD = "PEER_TIMEOUT_DEAD"
+    # torchras verdicts (lifecycle group: an NCCL client asking for lifecycle events sees them as new words)
+    PEER_LEFT = "PEER_LEFT"
+    PEER_HUNG = "PEER_HUNG"
+    COMM_MISMATCH = "COMM_MISMATCH"
+    COMM_STUCK = "COMM_STUCK"
+    COMM_RECOVERED = "COMM_RECOVERED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+LIFECYCLE_KINDS = frozenset(
+    {Kind.PEER_NEW, Kind.PEER_DEAD, Kind.PEER_LEFT, Kind.PEER_HUNG, Kind.COMM_MISMATCH, Kind.COMM_STUCK,
+     Kind.COMM_RECOVERED}
+)
+
+#: Verdicts: the events that say a peer or a communicator is in trouble (or has left), for in-process subscribers.
+VERDICT_KINDS = frozenset({Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.PEER_LEFT, Kind.COMM_STUCK, Kind.COMM_MISMATCH})
+
+
+def group_of(kind: Kind) -> Group:
+    return Group.LIFECYCLE if kind in LIFECYCLE_KINDS else Group.TRACE
+
+
+@dataclass(frozen=True)
+class Event:
+    """One observation. ``at`` is the node's clock (monotonic seconds); the runtime adds wall time for display."""
+
+    kind: Kind
+    at: float
+    addr: Addr | None = None
+    peer: PeerInfo | None = None
+    details: str = ""
+    #: Communicator verdicts: the communicator hash, the ranks involved, and the op type and sequence number.
+    comm_hash: int | None = None
+    ranks: tuple[int, ...] = ()
+
+    @property
+    def group(self) -> Group:
+        return group_of(self.kind)
+
+    @property
+    def incarnation(self) -> int | None:
+        return self.peer.incarnation if self.peer else None

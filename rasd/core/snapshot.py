@@ -1,0 +1,32 @@
+"""The input of a status report: what the root of a gather knows when the gather ends.
+
+``rasd.report`` turns a ``JobSnapshot`` into the report model and renders it; the gather in ``rasd.core`` produces
+it. Keeping it a plain value makes the report a pure function, tested without a mesh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .comms import ProcessData
+from .peers import Addr, PeerInfo
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    #: The whole peer table of the root, sorted by address, dead and departed peers included.
+    peers: tuple[PeerInfo, ...]
+    #: Peers known dead (permanent) and peers that left cleanly (a finished process is not a fault).
+    dead: frozenset[Addr] = frozenset()
+    left: frozenset[Addr] = frozenset()
+    #: What each responding process contributed, by address. The root itself is always among them.
+    responses: dict[Addr, ProcessData] = field(default_factory=dict)
+    #: Legs of the gather that went quiet or were cut (NCCL's nLegTimeouts).
+    timeouts: int = 0
+    #: Seconds from the start of the gather to its end.
+    collection_time: float = 0.0
+
+    def missing(self) -> list[PeerInfo]:
+        """Live peers that did not answer (NCCL's missing = peers - dead - responders; departed peers excluded)."""
+        return [p for p in self.peers
+                if p.addr not in self.dead and p.addr not in self.left and p.addr not in self.responses]

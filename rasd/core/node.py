@@ -1,0 +1,882 @@
+"""The RAS node: every rule of the mesh, as a state machine with no I/O.
+
+Everything that changes what a node believes lives in this file; the runtime (``rasd.net``) and the simulator
+(``rasd.sim``) only carry bytes and time in and out. Each input method takes the current time and returns the
+actions the driver must carry out, in order::
+
+    driver                                   Node
+      accepted / connected / received  --->  (state changes)  ---> [Send, Connect, Close, Emit, ...]
+      closed / connect_failed / tick   --->
+      start_gather / leave / pid_gone  --->
+
+Theory of operation
+-------------------
+* **Connections** authenticate (``auth``), then the connector sends CONNINIT with its own peer entry and table
+  hashes; the acceptor answers CONNINITACK (or a NACK: the connector is dead, a duplicate, or we are leaving).
+* **Links.** ``ring.links`` says which peers to keep connected (ring neighbours, fallbacks over silent ones, skip
+  links). A *contact* tracks each such peer: when we last heard from it, its connection, whether it is delayed.
+  The lower address connects first; the higher one waits ``connect_warn`` for it; after a lost connection either
+  side reconnects at once.
+* **Liveness** (the ladder in ``config.Timers``): a keepalive goes out on every used connection idle for a
+  keepalive interval; the silence of a contact makes it UNRESPONSIVE, then HUNG, then its socket is reset, then it
+  is DEAD. A contact whose connection closed and whose reconnect is refused (or whose pid is gone on this host) is
+  DEAD at once.
+* **Verdicts travel as floods** (DEAD, LEFT, HUNG, RECOVERED): every node passes a flood on once to all its
+  healthy connections. The dead and departed lists are also hashed into every keepalive, as a backstop.
+* **The peer table** is gossiped: hash mismatches trade whole tables, new entries are passed on as diffs.
+* **Gathers** (status queries) flood a request and fold the replies back up the tree the flood made.
+* **A paused node** (its thread starved, or SIGSTOP) does not blame its peers for its own silence: a long gap
+  between ticks moves every silence clock forward by the gap.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+from . import auth, ring, wire
+from .comms import ProcessData
+from .config import Timers
+from .events import Event, Kind
+from .peers import Addr, PeerInfo, PeerTable, addr_set_hash
+from .snapshot import JobSnapshot
+
+# ----------------------------------------------------------------------------------------------------------------
+# Actions: what the driver must do
+
+
+@dataclass(frozen=True)
+class Connect:
+    conn_id: int
+    addr: Addr
+
+
+@dataclass(frozen=True)
+class Send:
+    conn_id: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Close:
+    conn_id: int
+
+
+@dataclass(frozen=True)
+class Emit:
+    event: Event
+
+
+@dataclass(frozen=True)
+class ProbePid:
+    """Ask whether ``pid`` still exists on this host; answer with ``Node.pid_gone`` if it does not."""
+
+    addr: Addr
+    pid: int
+
+
+@dataclass(frozen=True)
+class GatherDone:
+    query_id: int
+    snapshot: JobSnapshot
+
+
+Action = Union[Connect, Send, Close, Emit, ProbePid, GatherDone]
+
+#: At most this many connections may be unauthenticated at once; the oldest is dropped to make room.
+MAX_PENDING_CONNS = 64
+#: Remembered flood ids and finished gathers (for de-duplication).
+HISTORY = 4096
+
+
+class ConnState(enum.Enum):
+    CONNECTING = "connecting"  # outgoing, TCP not yet up
+    AUTH = "auth"  # challenge-response in progress
+    INIT = "init"  # authenticated, waiting for CONNINIT (incoming) or CONNINITACK (outgoing)
+    READY = "ready"
+
+
+@dataclass
+class Conn:
+    id: int
+    outgoing: bool
+    opened_at: float
+    peer: Addr | None = None
+    state: ConnState = ConnState.AUTH
+    reader: wire.FrameReader = field(default_factory=wire.FrameReader)
+    last_recv: float = 0.0
+    last_send: float = 0.0
+    my_nonce: bytes = b""
+    their_nonce: bytes = b""
+    peer_wants: bool = True
+    full_sent_for: tuple[int, int] | None = None
+
+
+@dataclass
+class Contact:
+    """A peer this node keeps a link to."""
+
+    addr: Addr
+    last_heard: float
+    wanted_since: float
+    conn: int | None = None
+    next_connect: float = 0.0
+    disconnected_since: float | None = None
+    delayed: bool = False
+    hung: bool = False
+    heard_ever: bool = False
+    lost_connection: bool = False  # the peer closed our connection; a refused reconnect now means it is gone
+
+
+@dataclass
+class Gather:
+    root: Addr
+    coll_id: int
+    from_conn: int | None  # None at the root
+    query_id: int
+    started: float
+    timeout: float | None
+    pending: set[int]
+    entries: list[tuple[Addr, ProcessData]]
+    leg_timeouts: int = 0
+
+
+class Node:
+    def __init__(
+        self,
+        info: PeerInfo,
+        secret: bytes,
+        timers: Timers = Timers(),
+        rng: random.Random | None = None,
+        local_data: Callable[[], ProcessData] = ProcessData,
+        express_links: bool = True,
+    ) -> None:
+        self.me = info
+        self.secret = secret
+        self.timers = timers
+        self.rng = rng or random.SystemRandom()
+        self.local_data = local_data
+        self.express_links = express_links
+        self.table = PeerTable()
+        self.table.merge([info])
+        self.dead: set[Addr] = set()
+        self.left: set[Addr] = set()
+        self.hung: set[Addr] = set()  # peers currently under a HUNG verdict (ours or flooded to us)
+        self.conns: dict[int, Conn] = {}
+        self.contacts: dict[Addr, Contact] = {}
+        self.gathers: dict[tuple[Addr, int], Gather] = {}
+        self.expelled = False
+        self.leaving = False
+        self._next_conn_id = 1
+        self._next_flood_id = 1
+        self._next_coll_id = 1
+        self._seen_floods: collections.OrderedDict[tuple[Addr, int], None] = collections.OrderedDict()
+        self._done_gathers: collections.OrderedDict[tuple[Addr, int], None] = collections.OrderedDict()
+        self._dead_hash = addr_set_hash(())
+        self._last_tick: float | None = None
+        self._now = 0.0  # the time of the input being handled, for helpers that send or close
+        self._out: list[Action] = []
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Inputs
+
+    def start(self, now: float) -> list[Action]:
+        self._now = now
+        self._emit(Kind.PEER_NEW, now, self.me)
+        self._last_tick = now
+        return self._flush()
+
+    def add_peers(self, peers: list[PeerInfo], now: float) -> list[Action]:
+        """Peers learnt outside the mesh (the bootstrap store, a communicator's members)."""
+        self._now = now
+        if not self.expelled:
+            new = self._merge_peers(peers, now)
+            if new:
+                self._pass_on(wire.PeersUpdate(tuple(new), (), (), full=False), except_conn=None)
+            self._relink(now)
+            self._connect_due(now)
+        return self._flush()
+
+    def accepted(self, conn_id: int, now: float) -> list[Action]:
+        """A new incoming TCP connection (``conn_id`` chosen by the driver, negative by convention)."""
+        self._now = now
+        if self.expelled or self.leaving:
+            self._out.append(Close(conn_id))
+            return self._flush()
+        pending = sorted((c for c in self.conns.values() if c.state in (ConnState.AUTH, ConnState.INIT)
+                          and not c.outgoing), key=lambda c: c.opened_at)
+        if len(pending) >= MAX_PENDING_CONNS:
+            self._drop_conn(pending[0].id)
+        self.conns[conn_id] = Conn(id=conn_id, outgoing=False, opened_at=now, last_recv=now, last_send=now)
+        return self._flush()
+
+    def connected(self, conn_id: int, now: float) -> list[Action]:
+        """An outgoing connection reached the peer: start the handshake."""
+        self._now = now
+        conn = self.conns.get(conn_id)
+        if conn is None:
+            self._out.append(Close(conn_id))
+            return self._flush()
+        conn.state = ConnState.AUTH
+        conn.my_nonce = self.rng.randbytes(wire.NONCE_LEN)
+        conn.last_recv = now
+        self._send(conn, wire.Hello(conn.my_nonce), now)
+        return self._flush()
+
+    def connect_failed(self, conn_id: int, now: float, refused: bool) -> list[Action]:
+        self._now = now
+        conn = self.conns.pop(conn_id, None)
+        if conn is not None and conn.peer is not None:
+            contact = self.contacts.get(conn.peer)
+            if contact is not None and contact.conn == conn_id:
+                contact.conn = None
+                if contact.disconnected_since is None:
+                    contact.disconnected_since = now
+                contact.next_connect = now + self.timers.connect_retry
+                if refused and self.timers.fast_death and contact.lost_connection:
+                    self._declare_dead(conn.peer, now, "connection closed and reconnect refused")
+        return self._flush()
+
+    def closed(self, conn_id: int, now: float) -> list[Action]:
+        """The peer closed the connection (EOF or reset)."""
+        self._now = now
+        conn = self.conns.pop(conn_id, None)
+        if conn is not None:
+            self._purge_gathers(conn_id, now)
+            if conn.peer is not None and conn.state is ConnState.READY:
+                self._lost(conn, now, "peer closed connection during receive operation")
+            self._connect_due(now)
+        return self._flush()
+
+    def pid_gone(self, addr: Addr, now: float) -> list[Action]:
+        """The driver checked a ``ProbePid``: that process no longer exists."""
+        self._now = now
+        if self.timers.fast_death and addr in self.table and addr not in self.dead and addr not in self.left:
+            self._declare_dead(addr, now, "process no longer exists")
+        return self._flush()
+
+    def received(self, conn_id: int, data: bytes, now: float) -> list[Action]:
+        self._now = now
+        conn = self.conns.get(conn_id)
+        if conn is None:
+            return self._flush()
+        try:
+            for msg in conn.reader.feed(data):
+                if conn_id not in self.conns:
+                    break
+                self._on_message(conn, msg, now)
+        except wire.ProtocolError:
+            self._drop_conn(conn_id)
+        return self._flush()
+
+    def tick(self, now: float) -> list[Action]:
+        self._now = now
+        if self.expelled:
+            return self._flush()
+        if self._last_tick is not None:
+            gap = now - self._last_tick
+            if gap > max(3 * self.timers.tick, 2 * self.timers.keepalive):
+                self._forgive_pause(gap - self.timers.tick)
+        self._last_tick = now
+        self._handshake_timeouts(now)
+        self._liveness(now)
+        self._connect_due(now)
+        self._keepalives(now)
+        self._close_idle(now)
+        self._gather_timeouts(now)
+        return self._flush()
+
+    def start_gather(self, query_id: int, now: float, timeout: float | None = None) -> list[Action]:
+        """Start a status gather rooted here. ``timeout``: the collective timeout in seconds (0 or None: the
+        default; pass ``float('inf')`` to disable). Ends with a ``GatherDone`` action."""
+        self._now = now
+        if timeout is None:
+            timeout = self.timers.leg_timeout
+        coll_id = self._next_coll_id
+        self._next_coll_id += 1
+        g = Gather(root=self.me.addr, coll_id=coll_id, from_conn=None, query_id=query_id, started=now,
+                   timeout=None if timeout == float("inf") else timeout, pending=set(),
+                   entries=[(self.me.addr, self.local_data())])
+        self.gathers[(g.root, g.coll_id)] = g
+        timeout_ms = 0 if g.timeout is None else max(1, int(g.timeout * 1000))
+        req = wire.CollReq(g.root, g.coll_id, timeout_ms)
+        for c in self._gather_conns(now, except_conn=None):
+            self._send(c, req, now)
+            g.pending.add(c.id)
+        self._maybe_finish(g, now)
+        return self._flush()
+
+    def leave(self, now: float) -> list[Action]:
+        """Say goodbye: every peer records this process as LEFT, not dead. Closes every connection."""
+        self._now = now
+        if not self.expelled and not self.leaving:
+            self.leaving = True
+            flood = self._new_flood(wire.FloodKind.LEFT, self.me.addr, self.me.incarnation)
+            for c in list(self.conns.values()):
+                if c.state is ConnState.READY:
+                    self._send(c, flood, now)
+        for cid in list(self.conns):
+            self._drop_conn(cid)
+        self.contacts.clear()
+        return self._flush()
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Queries (for the runtime and tests)
+
+    @property
+    def dead_hash(self) -> int:
+        return self._dead_hash
+
+    def link_peers(self) -> set[Addr]:
+        return set(self.contacts)
+
+    def live_peers(self) -> list[PeerInfo]:
+        return [p for p in self.table if p.addr not in self.dead and p.addr not in self.left]
+
+    def is_unresponsive(self, addr: Addr) -> bool:
+        c = self.contacts.get(addr)
+        return bool(c and c.delayed)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Messages
+
+    def _on_message(self, conn: Conn, msg: wire.Message, now: float) -> None:
+        conn.last_recv = now
+        if conn.state is ConnState.AUTH:
+            self._on_auth(conn, msg, now)
+        elif conn.state is ConnState.INIT:
+            if conn.outgoing and isinstance(msg, wire.ConnInitAck):
+                self._on_ack(conn, msg, now)
+            elif not conn.outgoing and isinstance(msg, wire.ConnInit):
+                self._on_conninit(conn, msg, now)
+            else:
+                raise wire.ProtocolError(f"unexpected {type(msg).__name__} before CONNINIT")
+        else:
+            self._heard(conn, now)
+            if isinstance(msg, wire.Keepalive):
+                conn.peer_wants = msg.wanted
+                self._sync_tables(conn, msg.peers_hash, msg.dead_hash, now)
+            elif isinstance(msg, wire.PeersUpdate):
+                self._on_peers_update(conn, msg, now)
+            elif isinstance(msg, wire.Flood):
+                self._on_flood(conn, msg, now)
+            elif isinstance(msg, wire.CollReq):
+                self._on_collreq(conn, msg, now)
+            elif isinstance(msg, wire.CollResp):
+                self._on_collresp(conn, msg, now)
+            else:
+                raise wire.ProtocolError(f"unexpected {type(msg).__name__} on a ready connection")
+
+    def _on_auth(self, conn: Conn, msg: wire.Message, now: float) -> None:
+        if not conn.outgoing and isinstance(msg, wire.Hello) and not conn.their_nonce:
+            conn.their_nonce = msg.nonce
+            conn.my_nonce = self.rng.randbytes(wire.NONCE_LEN)
+            mac = auth.acceptor_mac(self.secret, conn.their_nonce, conn.my_nonce)
+            self._send(conn, wire.Challenge(conn.my_nonce, mac), now)
+        elif not conn.outgoing and isinstance(msg, wire.Proof) and conn.their_nonce:
+            expected = auth.connector_mac(self.secret, conn.their_nonce, conn.my_nonce)
+            if not auth.verify(expected, msg.mac):
+                raise wire.ProtocolError("bad proof: wrong job secret")
+            conn.state = ConnState.INIT
+            conn.reader.max_frame = wire.MAX_FRAME
+        elif conn.outgoing and isinstance(msg, wire.Challenge):
+            expected = auth.acceptor_mac(self.secret, conn.my_nonce, msg.nonce)
+            if not auth.verify(expected, msg.mac):
+                raise wire.ProtocolError("bad challenge: wrong job secret")
+            self._send(conn, wire.Proof(auth.connector_mac(self.secret, conn.my_nonce, msg.nonce)), now)
+            self._send(conn, wire.ConnInit(self.me, self.table.hash, self._dead_hash), now)
+            conn.state = ConnState.INIT
+            conn.reader.max_frame = wire.MAX_FRAME
+        else:
+            raise wire.ProtocolError(f"unexpected {type(msg).__name__} during authentication")
+
+    def _on_conninit(self, conn: Conn, msg: wire.ConnInit, now: float) -> None:
+        addr = msg.info.addr
+        if addr in self.dead or addr in self.left:
+            self._send(conn, wire.ConnInitAck(wire.Nack.YOU_ARE_DEAD), now)
+            self._drop_conn(conn.id)
+            return
+        if addr == self.me.addr:
+            raise wire.ProtocolError("connection from our own address")
+        existing = self._conn_to(addr, exclude=conn.id)
+        if existing is not None:
+            # Simultaneous connects (reference 3.3): the connection the lower address opened survives, on both
+            # sides, whatever the timing. A ready connection gone silent is no reason to refuse a fresh one.
+            stale = existing.state is ConnState.READY and now - existing.last_recv > self.timers.unresponsive
+            if self.me.addr.sort_key() < addr.sort_key() and not stale:
+                self._send(conn, wire.ConnInitAck(wire.Nack.DUPLICATE), now)
+                self._drop_conn(conn.id)
+                return
+            self._drop_conn(existing.id, replaced=True)
+        conn.peer = addr
+        conn.state = ConnState.READY
+        conn.peer_wants = True
+        if self._merge_peers([msg.info], now):
+            self._pass_on(wire.PeersUpdate((msg.info,), (), (), full=False), except_conn=conn.id)
+            self._relink(now)
+        self._emit(Kind.PEER_CONNECTING, now, self.table.get(addr))
+        self._send(conn, wire.ConnInitAck(wire.Nack.OK, self.me), now)
+        self._attach(conn, now)
+        self._sync_tables(conn, msg.peers_hash, msg.dead_hash, now)
+
+    def _on_ack(self, conn: Conn, msg: wire.ConnInitAck, now: float) -> None:
+        assert conn.peer is not None
+        if msg.nack is wire.Nack.YOU_ARE_DEAD:
+            self._expel(now)
+            return
+        if msg.nack is wire.Nack.DUPLICATE:
+            self._drop_conn(conn.id, replaced=True)
+            return
+        if msg.nack is wire.Nack.LEAVING:
+            self._drop_conn(conn.id)
+            self._mark_left(conn.peer, now, flood=False)
+            return
+        if msg.info is not None and msg.info.addr != conn.peer:
+            raise wire.ProtocolError("the peer answered with another address")
+        existing = self._conn_to(conn.peer, exclude=conn.id)
+        if existing is not None and existing.state is ConnState.READY:
+            # The peer accepted our connection and dropped its own: keep this one.
+            self._drop_conn(existing.id, replaced=True)
+        conn.state = ConnState.READY
+        if msg.info is not None and self._merge_peers([msg.info], now):
+            self._relink(now)
+        self._emit(Kind.PEER_CONNECTED, now, self.table.get(conn.peer), "connection established successfully")
+        self._attach(conn, now)
+
+    def _on_peers_update(self, conn: Conn, msg: wire.PeersUpdate, now: float) -> None:
+        if self.me.addr in msg.dead or self.me.addr in msg.left:
+            self._expel(now)
+            return
+        new = self._merge_peers(msg.peers, now)
+        changed = bool(new)
+        for a in msg.left:
+            if a not in self.left and a not in self.dead and a in self.table:
+                self._mark_left(a, now, flood=False)
+                changed = True
+        for a in msg.dead:
+            if a not in self.dead and a in self.table:
+                self._declare_dead(a, now, None, flood=False)
+                changed = True
+        if new:
+            self._pass_on(wire.PeersUpdate(tuple(new), (), (), full=False), except_conn=conn.id)
+        if changed:
+            self._relink(now)
+
+    def _on_flood(self, conn: Conn, msg: wire.Flood, now: float) -> None:
+        key = (msg.origin, msg.flood_id)
+        if key in self._seen_floods:
+            return
+        self._remember(self._seen_floods, key)
+        subject = msg.subject
+        if subject == self.me.addr:
+            if msg.kind is wire.FloodKind.DEAD:
+                self._expel(now)
+            return
+        if subject not in self.table or subject in self.dead or subject in self.left:
+            return
+        if self.table.get(subject).incarnation != msg.incarnation:  # type: ignore[union-attr]
+            return  # about another incarnation: stale
+        if msg.kind is wire.FloodKind.DEAD:
+            self._declare_dead(subject, now, None, flood=False)
+        elif msg.kind is wire.FloodKind.LEFT:
+            self._mark_left(subject, now, flood=False)
+        elif msg.kind is wire.FloodKind.HUNG:
+            if subject in self.hung:
+                return
+            self.hung.add(subject)
+            self._emit(Kind.PEER_HUNG, now, self.table.get(subject), "peer silent beyond the hang limit")
+        elif msg.kind is wire.FloodKind.RECOVERED:
+            if subject not in self.hung:
+                return
+            self.hung.discard(subject)
+            self._emit(Kind.PEER_RECOVERED, now, self.table.get(subject), "peer responding again")
+        self._pass_on(msg, except_conn=conn.id)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Gathers
+
+    def _gather_conns(self, now: float, except_conn: int | None) -> list[Conn]:
+        """Connections a gather may use: ready, in use by a link, and not silent."""
+        out = []
+        for c in self.conns.values():
+            if c.id == except_conn or c.state is not ConnState.READY or c.peer is None:
+                continue
+            in_use = c.peer in self.contacts or c.peer_wants
+            contact = self.contacts.get(c.peer)
+            if in_use and now - c.last_recv <= self.timers.unresponsive and not (contact and contact.delayed):
+                out.append(c)
+        return out
+
+    def _on_collreq(self, conn: Conn, msg: wire.CollReq, now: float) -> None:
+        key = (msg.root, msg.coll_id)
+        if key in self.gathers or key in self._done_gathers:
+            self._send(conn, wire.CollResp(msg.root, msg.coll_id, 0, ()), now)
+            return
+        g = Gather(root=msg.root, coll_id=msg.coll_id, from_conn=conn.id, query_id=0, started=now,
+                   timeout=None if msg.timeout_ms == 0 else msg.timeout_ms / 1000, pending=set(),
+                   entries=[(self.me.addr, self.local_data())])
+        self.gathers[key] = g
+        for c in self._gather_conns(now, except_conn=conn.id):
+            self._send(c, msg, now)
+            g.pending.add(c.id)
+        self._maybe_finish(g, now)
+
+    def _on_collresp(self, conn: Conn, msg: wire.CollResp, now: float) -> None:
+        g = self.gathers.get((msg.root, msg.coll_id))
+        if g is None or conn.id not in g.pending:
+            return
+        g.pending.discard(conn.id)
+        g.leg_timeouts += msg.leg_timeouts
+        g.entries.extend(msg.entries)
+        self._maybe_finish(g, now)
+
+    def _maybe_finish(self, g: Gather, now: float, force: bool = False) -> None:
+        if g.pending and not force:
+            return
+        g.leg_timeouts += len(g.pending)
+        g.pending.clear()
+        key = (g.root, g.coll_id)
+        self.gathers.pop(key, None)
+        self._remember(self._done_gathers, key)
+        if g.from_conn is None:
+            responses: dict[Addr, ProcessData] = {}
+            for addr, data in g.entries:
+                responses.setdefault(addr, data)
+            snap = JobSnapshot(peers=tuple(self.table), dead=frozenset(self.dead), left=frozenset(self.left),
+                               responses=responses, timeouts=g.leg_timeouts, collection_time=now - g.started)
+            self._out.append(GatherDone(g.query_id, snap))
+        else:
+            back = self.conns.get(g.from_conn)
+            if back is not None and back.state is ConnState.READY:
+                self._send(back, wire.CollResp(g.root, g.coll_id, g.leg_timeouts, tuple(g.entries)), now)
+
+    def _purge_gathers(self, conn_id: int, now: float) -> None:
+        """A connection went silent or away: count it as a leg timeout wherever a gather waits on it."""
+        for key, g in list(self.gathers.items()):
+            if g.from_conn == conn_id:
+                del self.gathers[key]  # nobody left to answer to
+                self._remember(self._done_gathers, key)
+            elif conn_id in g.pending:
+                g.pending.discard(conn_id)
+                g.leg_timeouts += 1
+                self._maybe_finish(g, now)
+
+    def _gather_timeouts(self, now: float) -> None:
+        for g in list(self.gathers.values()):
+            if g.timeout is None:
+                continue
+            if now >= g.started + g.timeout + self.timers.gather_extra:
+                self._maybe_finish(g, now, force=True)
+            elif now >= g.started + g.timeout:
+                for cid in list(g.pending):
+                    c = self.conns.get(cid)
+                    contact = self.contacts.get(c.peer) if c is not None and c.peer is not None else None
+                    if c is None or c.state is not ConnState.READY or (contact is not None and contact.delayed):
+                        g.pending.discard(cid)
+                        g.leg_timeouts += 1
+                self._maybe_finish(g, now)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Links and liveness
+
+    def _relink(self, now: float) -> None:
+        """Recompute the link set from the table and the contacts' health."""
+        if self.expelled or self.leaving:
+            return
+        order = [p.addr for p in self.table]
+        me_index = order.index(self.me.addr)
+        gone = self.dead | self.left
+
+        def unhealthy(a: Addr) -> bool:
+            c = self.contacts.get(a)
+            return bool(c and c.delayed)
+
+        wanted = ring.links(order, me_index, gone.__contains__, unhealthy, lambda a: a.host, self.express_links)
+        for a in list(self.contacts):
+            if a not in wanted:
+                del self.contacts[a]  # its connection, if any, idles out unless the peer still uses it
+        for a in wanted:
+            if a in self.contacts:
+                continue
+            contact = Contact(addr=a, last_heard=now, wanted_since=now)
+            existing = self._conn_to(a)
+            if existing is not None:
+                contact.conn = existing.id
+                if existing.state is ConnState.READY:
+                    contact.heard_ever = True
+            else:
+                contact.disconnected_since = now
+                lower = self.me.addr.sort_key() < a.sort_key()
+                contact.next_connect = now if lower or self._is_fallback(a) else now + self.timers.connect_warn
+            self.contacts[a] = contact
+
+    def _is_fallback(self, a: Addr) -> bool:
+        """Not one of our two ring neighbours: we asked for it because another peer is silent."""
+        live = [p.addr for p in self.table if p.addr not in self.dead and p.addr not in self.left]
+        i = live.index(self.me.addr)
+        return a not in (live[(i + 1) % len(live)], live[(i - 1) % len(live)])
+
+    def _attach(self, conn: Conn, now: float) -> None:
+        """A connection to ``conn.peer`` became ready."""
+        contact = self.contacts.get(conn.peer)  # type: ignore[arg-type]
+        if contact is None:
+            return
+        contact.conn = conn.id
+        contact.disconnected_since = None
+        contact.lost_connection = False
+        contact.heard_ever = True
+        self._heard(conn, now)
+
+    def _heard(self, conn: Conn, now: float) -> None:
+        contact = self.contacts.get(conn.peer) if conn.peer is not None else None
+        if contact is None:
+            return
+        contact.last_heard = now
+        if contact.delayed and contact.conn == conn.id:
+            contact.delayed = False
+            self._emit(Kind.PEER_RECOVERED, now, self.table.get(contact.addr), "peer responding again")
+            if contact.hung:
+                contact.hung = False
+                if contact.addr in self.hung:
+                    self.hung.discard(contact.addr)
+                    self._pass_on(self._new_flood(wire.FloodKind.RECOVERED, contact.addr,
+                                                  self._incarnation(contact.addr)), except_conn=None)
+            self._relink(now)
+
+    def _lost(self, conn: Conn, now: float, why: str) -> None:
+        """An established connection to a peer ended."""
+        assert conn.peer is not None
+        peer = self.table.get(conn.peer)
+        contact = self.contacts.get(conn.peer)
+        if contact is None or contact.conn != conn.id or conn.peer in self.dead or conn.peer in self.left:
+            return
+        contact.conn = None
+        contact.lost_connection = True
+        contact.disconnected_since = now
+        contact.next_connect = now  # either side reconnects at once after a loss
+        self._emit(Kind.PEER_DISCONNECTED, now, peer, why)
+        if peer is not None and peer.hostname == self.me.hostname and self.timers.fast_death:
+            self._out.append(ProbePid(peer.addr, peer.pid))
+
+    def _liveness(self, now: float) -> None:
+        t = self.timers
+        for contact in list(self.contacts.values()):
+            a = contact.addr
+            if a in self.dead or a in self.left or a not in self.contacts:
+                continue
+            silence = now - contact.last_heard
+            conn = self.conns.get(contact.conn) if contact.conn is not None else None
+            ready = conn is not None and conn.state is ConnState.READY
+            if not contact.delayed:
+                if ready and silence > t.unresponsive:
+                    self._flag_delayed(contact, now, f"peer not responding for {int(silence)}s (keepalive warning)")
+                elif (not ready and contact.disconnected_since is not None
+                      and now - contact.disconnected_since > t.connect_warn and contact.heard_ever):
+                    self._flag_delayed(contact, now,
+                                       f"peer not responding for {int(now - contact.disconnected_since)}s "
+                                       "(connect timeout)")
+            if silence > t.hang and not contact.hung and contact.heard_ever:
+                contact.hung = True
+                if a not in self.hung:
+                    self.hung.add(a)
+                    self._emit(Kind.PEER_HUNG, now, self.table.get(a), f"peer silent for {int(silence)}s")
+                    self._pass_on(self._new_flood(wire.FloodKind.HUNG, a, self._incarnation(a)), except_conn=None)
+            if silence > t.dead:
+                self._emit(Kind.PEER_TIMEOUT_DEAD, now, self.table.get(a),
+                           f"peer failed to respond for {int(silence)}s, declaring dead")
+                self._declare_dead(a, now, None)
+                continue
+            if ready and silence > t.reset:
+                assert conn is not None
+                self._emit(Kind.PEER_KEEPALIVE_TIMEOUT, now, self.table.get(a),
+                           f"keepalive timeout after {int(silence)}s, terminating connection")
+                self._drop_conn(conn.id)
+                contact.conn = None
+                contact.disconnected_since = contact.last_heard
+                contact.next_connect = now
+
+    def _flag_delayed(self, contact: Contact, now: float, why: str) -> None:
+        contact.delayed = True
+        self._emit(Kind.PEER_UNRESPONSIVE, now, self.table.get(contact.addr), why)
+        if contact.conn is not None:
+            self._purge_gathers(contact.conn, now)
+        self._relink(now)
+
+    def _connect_due(self, now: float) -> None:
+        for contact in self.contacts.values():
+            if contact.conn is None and now >= contact.next_connect:
+                cid = self._next_conn_id
+                self._next_conn_id += 1
+                self.conns[cid] = Conn(id=cid, outgoing=True, opened_at=now, peer=contact.addr,
+                                       state=ConnState.CONNECTING, last_recv=now, last_send=now)
+                contact.conn = cid
+                contact.next_connect = now + self.timers.connect_retry
+                self._out.append(Connect(cid, contact.addr))
+
+    def _keepalives(self, now: float) -> None:
+        for conn in self.conns.values():
+            if conn.state is not ConnState.READY:
+                continue
+            mine = conn.peer in self.contacts
+            if (mine or conn.peer_wants) and now - conn.last_send >= self.timers.keepalive:
+                self._send(conn, wire.Keepalive(self.table.hash, self._dead_hash, mine), now)
+
+    def _close_idle(self, now: float) -> None:
+        for conn in list(self.conns.values()):
+            if conn.state is ConnState.READY and conn.peer not in self.contacts and not conn.peer_wants:
+                if now - max(conn.last_recv, conn.last_send) > self.timers.idle:
+                    self._drop_conn(conn.id)
+
+    def _handshake_timeouts(self, now: float) -> None:
+        for conn in list(self.conns.values()):
+            if conn.state is not ConnState.READY and now - conn.opened_at > self.timers.handshake:
+                if conn.peer is not None:
+                    direction = "outgoing" if conn.outgoing else "incoming"
+                    self._emit(Kind.PEER_INIT_TIMEOUT, now, self.table.get(conn.peer),
+                               f"handshake completion timed out after {int(now - conn.opened_at)}s "
+                               f"({direction} connection)")
+                contact = self.contacts.get(conn.peer) if conn.peer is not None else None
+                self._drop_conn(conn.id)
+                if contact is not None and contact.conn == conn.id:
+                    contact.conn = None
+                    if contact.disconnected_since is None:
+                        contact.disconnected_since = now
+                    contact.next_connect = now + self.timers.connect_retry
+
+    def _forgive_pause(self, gap: float) -> None:
+        """This node did not run for ``gap`` seconds: its peers' silence over that time is not their fault."""
+        for contact in self.contacts.values():
+            contact.last_heard += gap
+            if contact.disconnected_since is not None:
+                contact.disconnected_since += gap
+        for conn in self.conns.values():
+            conn.last_recv += gap
+            conn.opened_at += gap
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Verdicts
+
+    def _declare_dead(self, addr: Addr, now: float, why: str | None, flood: bool = True) -> None:
+        if addr in self.dead or addr == self.me.addr:
+            return
+        peer = self.table.get(addr)
+        self.dead.add(addr)
+        self.left.discard(addr)
+        self.hung.discard(addr)
+        self._dead_hash = self._gone_hash()
+        self._disconnect(addr, now)
+        self._emit(Kind.PEER_DEAD, now, peer, why or "")
+        if flood and peer is not None:
+            self._pass_on(self._new_flood(wire.FloodKind.DEAD, addr, peer.incarnation), except_conn=None)
+        self._relink(now)
+
+    def _mark_left(self, addr: Addr, now: float, flood: bool) -> None:
+        if addr in self.left or addr in self.dead or addr == self.me.addr:
+            return
+        self.left.add(addr)
+        self.hung.discard(addr)
+        self._dead_hash = self._gone_hash()
+        self._disconnect(addr, now)
+        self._emit(Kind.PEER_LEFT, now, self.table.get(addr), "process left the job")
+        self._relink(now)
+
+    def _expel(self, now: float) -> None:
+        """The job has declared this process dead. It can never rejoin: stop taking part."""
+        if self.expelled:
+            return
+        self.expelled = True
+        self._emit(Kind.PEER_DEAD, now, self.me, "this process was declared dead by the job")
+        for cid in list(self.conns):
+            self._drop_conn(cid)
+        self.contacts.clear()
+        for key in list(self.gathers):
+            g = self.gathers[key]
+            if g.from_conn is None:
+                self._maybe_finish(g, now, force=True)
+        self.gathers.clear()
+
+    def _disconnect(self, addr: Addr, now: float) -> None:
+        self.contacts.pop(addr, None)
+        for c in list(self.conns.values()):
+            if c.peer == addr:
+                self._drop_conn(c.id)
+
+    def _gone_hash(self) -> int:
+        return addr_set_hash(self.dead) ^ (addr_set_hash(self.left) * 3 & 0xFFFFFFFFFFFFFFFF)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Tables
+
+    def _merge_peers(self, peers, now: float) -> list[PeerInfo]:
+        new = self.table.merge(peers)
+        for p in new:
+            self._emit(Kind.PEER_NEW, now, p)
+        return new
+
+    def _sync_tables(self, conn: Conn, peers_hash: int, dead_hash: int, now: float) -> None:
+        mine = (self.table.hash, self._dead_hash)
+        if (peers_hash, dead_hash) != mine and conn.full_sent_for != mine:
+            conn.full_sent_for = mine
+            self._send(conn, wire.PeersUpdate(tuple(self.table), tuple(sorted(self.dead, key=Addr.sort_key)),
+                                              tuple(sorted(self.left, key=Addr.sort_key)), full=True), now)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Plumbing
+
+    def _new_flood(self, kind: wire.FloodKind, subject: Addr, incarnation: int) -> wire.Flood:
+        msg = wire.Flood(self.me.addr, self._next_flood_id, kind, subject, incarnation)
+        self._next_flood_id += 1
+        self._remember(self._seen_floods, (msg.origin, msg.flood_id))
+        return msg
+
+    def _pass_on(self, msg: wire.Message, except_conn: int | None) -> None:
+        for c in list(self.conns.values()):
+            if c.id != except_conn and c.state is ConnState.READY:
+                self._send(c, msg, self._now)
+
+    def _incarnation(self, addr: Addr) -> int:
+        p = self.table.get(addr)
+        return p.incarnation if p else 0
+
+    def _conn_to(self, addr: Addr, exclude: int | None = None) -> Conn | None:
+        for c in self.conns.values():
+            if c.peer == addr and c.id != exclude:
+                return c
+        return None
+
+    def _send(self, conn: Conn, msg: wire.Message, now: float) -> None:
+        conn.last_send = max(conn.last_send, now)
+        self._out.append(Send(conn.id, wire.encode(msg)))
+
+    def _drop_conn(self, conn_id: int, replaced: bool = False) -> None:
+        conn = self.conns.pop(conn_id, None)
+        if conn is None:
+            return
+        self._out.append(Close(conn_id))
+        if conn.peer is not None:
+            contact = self.contacts.get(conn.peer)
+            if contact is not None and contact.conn == conn_id:
+                contact.conn = None
+                if replaced:
+                    other = self._conn_to(conn.peer)
+                    contact.conn = other.id if other is not None else None
+                if contact.conn is None and contact.disconnected_since is None:
+                    contact.disconnected_since = self._now
+        self._purge_gathers(conn_id, self._now)
+
+    def _emit(self, kind: Kind, now: float, peer: PeerInfo | None, details: str = "") -> None:
+        self._out.append(Emit(Event(kind=kind, at=now, addr=peer.addr if peer else None, peer=peer,
+                                    details=details)))
+
+    @staticmethod
+    def _remember(history: collections.OrderedDict, key) -> None:
+        history[key] = None
+        if len(history) > HISTORY:
+            history.popitem(last=False)
+
+    def _flush(self) -> list[Action]:
+        out, self._out = self._out, []
+        return out

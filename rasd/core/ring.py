@@ -1,0 +1,95 @@
+"""Which peers a node keeps links to: a pure function of the peer table and what the node knows of its peers.
+
+The mesh is a ring over the table sorted by address (reference 3.3): each node links to the next and the previous
+live peer. When the primary peer of a direction is unhealthy (silent, or not reachable for a while), the node also
+links to the next peer beyond it in that direction, and keeps walking while those are unhealthy too (a chain of
+fallbacks). A fallback beyond a fallback on another host skips the rest of that host's processes, so a dead host
+of 8 processes costs one hop, not 8 (unless one of them is already known healthy).
+
+::
+
+    table order:   A  B  C  [D]  E  F        D silent
+    C's links:     next D (primary), E (fallback);  prev B
+    E's links:     prev D (primary), C (fallback);  next F
+
+Skip links (``express``) shorten the gather tree: besides its ring neighbours every node links to the peers
+``stride`` positions away in each direction, where ``stride`` is about the square root of the live count, so a
+flood reaches every node in about ``2 * sqrt(N)`` hops instead of ``N / 2``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence, TypeVar
+
+A = TypeVar("A")
+
+#: A direction walks at most this many unhealthy peers before giving up (a partition must not make a node connect
+#: to every peer on the far side).
+MAX_FALLBACKS = 16
+#: Below this many live peers a ring alone is shallow enough.
+EXPRESS_MIN_PEERS = 64
+
+
+def links(
+    order: Sequence[A],
+    me_index: int,
+    excluded: Callable[[A], bool],
+    unhealthy: Callable[[A], bool],
+    host_of: Callable[[A], str],
+    express: bool = True,
+) -> set[A]:
+    """The peers ``order[me_index]`` should keep links to.
+
+    ``order`` is the whole sorted table; ``excluded`` peers (dead, departed) are skipped as if absent;
+    ``unhealthy`` peers are linked to but also bridged over by fallbacks.
+    """
+    n = len(order)
+    me = order[me_index]
+    out: set[A] = set()
+    for direction in (1, -1):
+        out |= _walk(order, me_index, direction, excluded, unhealthy, host_of)
+    if express:
+        live = [i for i in range(n) if i == me_index or not excluded(order[i])]
+        if len(live) >= EXPRESS_MIN_PEERS:
+            pos = live.index(me_index)
+            stride = max(2, int(math.isqrt(len(live))))
+            for direction in (1, -1):
+                target = order[live[(pos + direction * stride) % len(live)]]
+                if target != me:
+                    out.add(target)
+                    if unhealthy(target):
+                        # Bridge a silent express peer with its live successor, one step further.
+                        nxt = order[live[(pos + direction * (stride + 1)) % len(live)]]
+                        if nxt != me:
+                            out.add(nxt)
+    out.discard(me)
+    return out
+
+
+def _walk(order, me_index, direction, excluded, unhealthy, host_of) -> set:
+    n = len(order)
+    me = order[me_index]
+    chosen: set = set()
+    i = me_index
+    fallbacks = 0
+    skip_host: str | None = None
+    for _ in range(n - 1):
+        i = (i + direction) % n
+        peer = order[i]
+        if peer == me:
+            break
+        if excluded(peer):
+            continue
+        if skip_host is not None and host_of(peer) == skip_host and unhealthy(peer):
+            continue
+        chosen.add(peer)
+        if not unhealthy(peer):
+            break
+        fallbacks += 1
+        if fallbacks > MAX_FALLBACKS:
+            break
+        # A fallback of a fallback on another host skips the rest of that host.
+        if fallbacks >= 2 and host_of(peer) != host_of(me):
+            skip_host = host_of(peer)
+    return chosen

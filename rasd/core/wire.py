@@ -1,0 +1,446 @@
+"""The mesh's wire format: length-prefixed binary messages, strictly checked.
+
+A frame is ``u32 length`` (network byte order) followed by ``length`` bytes: ``u8 version``, ``u8 type``, then the
+body of that type. Every field has a fixed width or an explicit, bounded length; a frame whose body is too short,
+too long, or holds an out-of-range value raises ``ProtocolError``, and the connection that sent it is closed.
+
+Until a connection has authenticated (see ``auth``), only the two small handshake messages are accepted and a frame
+may be at most ``PREAUTH_MAX_FRAME`` bytes, so a stranger can make a node hold no more than a few hundred bytes.
+
+Nothing here does I/O; ``FrameReader`` is fed bytes and yields messages.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import struct
+from dataclasses import dataclass
+from typing import Iterator, Union
+
+from .comms import N_OPS, CommRecord, ProcessData, RankRecord
+from .peers import Addr, PeerInfo
+
+VERSION = 1
+MAGIC = b"TRAS"
+PREAUTH_MAX_FRAME = 128
+MAX_FRAME = 64 * 1024 * 1024
+NONCE_LEN = 16
+MAC_LEN = 32
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid message: the connection is dropped."""
+
+
+class MsgType(enum.IntEnum):
+    HELLO = 1  # connector -> acceptor: magic, nonce
+    CHALLENGE = 2  # acceptor -> connector: nonce, proof of the secret
+    PROOF = 3  # connector -> acceptor: proof of the secret
+    CONNINIT = 4
+    CONNINITACK = 5
+    KEEPALIVE = 6
+    PEERSUPDATE = 7
+    FLOOD = 8
+    COLLREQ = 9
+    COLLRESP = 10
+
+
+class Nack(enum.IntEnum):
+    OK = 0
+    YOU_ARE_DEAD = 1  # the connector is in the acceptor's dead (or departed) list: it can never rejoin
+    DUPLICATE = 2  # a simultaneous connect lost the tie-break; the other connection stays
+    LEAVING = 3  # the acceptor is shutting down
+
+
+class FloodKind(enum.IntEnum):
+    DEAD = 1
+    LEFT = 2
+    HUNG = 3
+    RECOVERED = 4
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Messages
+
+
+@dataclass(frozen=True)
+class Hello:
+    nonce: bytes
+
+
+@dataclass(frozen=True)
+class Challenge:
+    nonce: bytes
+    mac: bytes
+
+
+@dataclass(frozen=True)
+class Proof:
+    mac: bytes
+
+
+@dataclass(frozen=True)
+class ConnInit:
+    info: PeerInfo
+    peers_hash: int
+    dead_hash: int
+
+
+@dataclass(frozen=True)
+class ConnInitAck:
+    nack: Nack
+    info: PeerInfo | None = None  # the acceptor's own entry, so the connector can check whom it reached
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    peers_hash: int
+    dead_hash: int
+    wanted: bool  # the sender uses this connection as one of its links
+
+
+@dataclass(frozen=True)
+class PeersUpdate:
+    peers: tuple[PeerInfo, ...]
+    dead: tuple[Addr, ...]
+    left: tuple[Addr, ...]
+    full: bool  # the sender's whole table (a hash mismatch) rather than a diff to pass on
+
+
+@dataclass(frozen=True)
+class Flood:
+    """A broadcast with no reply: a verdict about ``subject``, passed on by every node that did not know it."""
+
+    origin: Addr
+    flood_id: int
+    kind: FloodKind
+    subject: Addr
+    incarnation: int
+
+
+@dataclass(frozen=True)
+class CollReq:
+    root: Addr
+    coll_id: int
+    timeout_ms: int  # 0: no collective-level timeout
+
+
+@dataclass(frozen=True)
+class CollResp:
+    root: Addr
+    coll_id: int
+    leg_timeouts: int
+    entries: tuple[tuple[Addr, ProcessData], ...]
+
+
+Message = Union[Hello, Challenge, Proof, ConnInit, ConnInitAck, Keepalive, PeersUpdate, Flood, CollReq, CollResp]
+
+# ----------------------------------------------------------------------------------------------------------------
+# Encoding primitives
+
+
+class _Writer:
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def fmt(self, fmt: str, *values: object) -> None:
+        self.parts.append(struct.pack("!" + fmt, *values))
+
+    def text(self, s: str) -> None:
+        b = s.encode("utf-8")
+        if len(b) > 255:
+            raise ValueError("string too long for the wire")
+        self.parts.append(bytes([len(b)]) + b)
+
+    def addr(self, a: Addr) -> None:
+        packed = ipaddress.ip_address(a.host).packed
+        self.parts.append(bytes([len(packed)]) + packed + struct.pack("!H", a.port))
+
+    def raw(self, b: bytes) -> None:
+        self.parts.append(b)
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.parts)
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def fmt(self, fmt: str) -> tuple:
+        s = struct.Struct("!" + fmt)
+        if self.pos + s.size > len(self.buf):
+            raise ProtocolError("message truncated")
+        values = s.unpack_from(self.buf, self.pos)
+        self.pos += s.size
+        return values
+
+    def one(self, fmt: str) -> int:
+        return self.fmt(fmt)[0]
+
+    def raw(self, n: int) -> bytes:
+        if self.pos + n > len(self.buf):
+            raise ProtocolError("message truncated")
+        b = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return bytes(b)
+
+    def text(self) -> str:
+        n = self.one("B")
+        try:
+            return self.raw(n).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ProtocolError("invalid utf-8 in a string") from e
+
+    def addr(self) -> Addr:
+        n = self.one("B")
+        if n not in (4, 16):
+            raise ProtocolError(f"bad address length {n}")
+        ip = ipaddress.ip_address(self.raw(n))
+        return Addr(str(ip), self.one("H"))
+
+    def count(self, fmt: str, min_item_size: int) -> int:
+        n = self.one(fmt)
+        if n * min_item_size > len(self.buf) - self.pos:
+            raise ProtocolError("list longer than the message")
+        return n
+
+    def boolean(self) -> bool:
+        v = self.one("B")
+        if v > 1:
+            raise ProtocolError("bad boolean")
+        return bool(v)
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise ProtocolError(f"{len(self.buf) - self.pos} trailing bytes")
+
+
+def _enum(cls, value: int):
+    try:
+        return cls(value)
+    except ValueError as e:
+        raise ProtocolError(f"bad {cls.__name__} {value}") from e
+
+
+def _put_peer(w: _Writer, p: PeerInfo) -> None:
+    w.addr(p.addr)
+    w.fmt("IQi", p.pid, p.incarnation, p.rank)
+    w.text(p.hostname)
+    w.fmt("B", len(p.devices))
+    w.raw(bytes(p.devices))
+
+
+def _get_peer(r: _Reader) -> PeerInfo:
+    addr = r.addr()
+    pid, incarnation, rank = r.fmt("IQi")
+    hostname = r.text()
+    devices = tuple(r.raw(r.one("B")))
+    if addr.port == 0:
+        raise ProtocolError("peer with port 0")
+    return PeerInfo(addr=addr, pid=pid, hostname=hostname, incarnation=incarnation, devices=devices, rank=rank)
+
+
+def _put_process_data(w: _Writer, data: ProcessData) -> None:
+    w.fmt("I", len(data.comms))
+    for c in data.comms:
+        w.fmt("QIH", c.comm_hash, c.size, len(c.rank_map))
+        for first, count, step in c.rank_map:
+            w.fmt("iIi", first, count, step)
+        w.fmt("I", len(c.ranks))
+        for rk in c.ranks:
+            flags = int(rk.finalize_called) | int(rk.destroy_flag) << 1 | int(rk.abort_flag) << 2
+            w.fmt("IBBBhB", rk.comm_rank, rk.init_state, rk.async_error, flags, rk.device, len(rk.launched))
+            w.fmt(f"{len(rk.launched)}Q", *rk.launched)
+            w.fmt(f"{len(rk.completed)}Q", *rk.completed)
+
+
+_RANK_HEAD = struct.calcsize("!IBBBhB")
+
+
+def _get_process_data(r: _Reader) -> ProcessData:
+    comms = []
+    for _ in range(r.count("I", 18)):
+        comm_hash, size, nruns = r.fmt("QIH")
+        runs = tuple(r.fmt("iIi") for _ in range(nruns))
+        ranks = []
+        for _ in range(r.count("I", _RANK_HEAD)):
+            comm_rank, init_state, async_error, flags, device, nops = r.fmt("IBBBhB")
+            if nops != N_OPS or flags > 7:
+                raise ProtocolError("bad rank record")
+            launched = r.fmt(f"{nops}Q")
+            completed = r.fmt(f"{nops}Q")
+            ranks.append(RankRecord(
+                comm_rank=comm_rank, init_state=init_state, async_error=async_error,
+                finalize_called=bool(flags & 1), destroy_flag=bool(flags & 2), abort_flag=bool(flags & 4),
+                device=device, launched=launched, completed=completed))
+        comms.append(CommRecord(comm_hash=comm_hash, size=size, ranks=tuple(ranks), rank_map=runs))
+    return ProcessData(comms=tuple(comms))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Messages <-> bytes
+
+
+def encode(msg: Message) -> bytes:
+    """One whole frame, length prefix included."""
+    w = _Writer()
+    if isinstance(msg, Hello):
+        t = MsgType.HELLO
+        w.raw(MAGIC)
+        w.raw(_fixed(msg.nonce, NONCE_LEN))
+    elif isinstance(msg, Challenge):
+        t = MsgType.CHALLENGE
+        w.raw(_fixed(msg.nonce, NONCE_LEN))
+        w.raw(_fixed(msg.mac, MAC_LEN))
+    elif isinstance(msg, Proof):
+        t = MsgType.PROOF
+        w.raw(_fixed(msg.mac, MAC_LEN))
+    elif isinstance(msg, ConnInit):
+        t = MsgType.CONNINIT
+        _put_peer(w, msg.info)
+        w.fmt("QQ", msg.peers_hash, msg.dead_hash)
+    elif isinstance(msg, ConnInitAck):
+        t = MsgType.CONNINITACK
+        w.fmt("BB", int(msg.nack), msg.info is not None)
+        if msg.info is not None:
+            _put_peer(w, msg.info)
+    elif isinstance(msg, Keepalive):
+        t = MsgType.KEEPALIVE
+        w.fmt("QQB", msg.peers_hash, msg.dead_hash, int(msg.wanted))
+    elif isinstance(msg, PeersUpdate):
+        t = MsgType.PEERSUPDATE
+        w.fmt("BI", int(msg.full), len(msg.peers))
+        for p in msg.peers:
+            _put_peer(w, p)
+        for group in (msg.dead, msg.left):
+            w.fmt("I", len(group))
+            for a in group:
+                w.addr(a)
+    elif isinstance(msg, Flood):
+        t = MsgType.FLOOD
+        w.addr(msg.origin)
+        w.fmt("QB", msg.flood_id, int(msg.kind))
+        w.addr(msg.subject)
+        w.fmt("Q", msg.incarnation)
+    elif isinstance(msg, CollReq):
+        t = MsgType.COLLREQ
+        w.addr(msg.root)
+        w.fmt("QI", msg.coll_id, msg.timeout_ms)
+    elif isinstance(msg, CollResp):
+        t = MsgType.COLLRESP
+        w.addr(msg.root)
+        w.fmt("QII", msg.coll_id, msg.leg_timeouts, len(msg.entries))
+        for addr, data in msg.entries:
+            w.addr(addr)
+            _put_process_data(w, data)
+    else:  # pragma: no cover - a programming error, not bad input
+        raise TypeError(f"not a message: {msg!r}")
+    body = bytes([VERSION, int(t)]) + w.getvalue()
+    return struct.pack("!I", len(body)) + body
+
+
+def _fixed(b: bytes, n: int) -> bytes:
+    if len(b) != n:
+        raise ValueError(f"expected {n} bytes, got {len(b)}")
+    return b
+
+
+def decode_body(body: bytes) -> Message:
+    """Decode one frame's body (version, type, fields). Raises ProtocolError on anything malformed."""
+    if len(body) < 2:
+        raise ProtocolError("frame too short")
+    if body[0] != VERSION:
+        raise ProtocolError(f"unsupported wire version {body[0]}")
+    t = _enum(MsgType, body[1])
+    r = _Reader(body[2:])
+    msg: Message
+    if t is MsgType.HELLO:
+        if r.raw(len(MAGIC)) != MAGIC:
+            raise ProtocolError("bad magic")
+        msg = Hello(r.raw(NONCE_LEN))
+    elif t is MsgType.CHALLENGE:
+        msg = Challenge(r.raw(NONCE_LEN), r.raw(MAC_LEN))
+    elif t is MsgType.PROOF:
+        msg = Proof(r.raw(MAC_LEN))
+    elif t is MsgType.CONNINIT:
+        info = _get_peer(r)
+        peers_hash, dead_hash = r.fmt("QQ")
+        msg = ConnInit(info, peers_hash, dead_hash)
+    elif t is MsgType.CONNINITACK:
+        nack = _enum(Nack, r.one("B"))
+        msg = ConnInitAck(nack, _get_peer(r) if r.boolean() else None)
+    elif t is MsgType.KEEPALIVE:
+        peers_hash, dead_hash = r.fmt("QQ")
+        msg = Keepalive(peers_hash, dead_hash, r.boolean())
+    elif t is MsgType.PEERSUPDATE:
+        full = r.boolean()
+        peers = tuple(_get_peer(r) for _ in range(r.count("I", 20)))
+        dead = tuple(r.addr() for _ in range(r.count("I", 7)))
+        left = tuple(r.addr() for _ in range(r.count("I", 7)))
+        msg = PeersUpdate(peers, dead, left, full)
+    elif t is MsgType.FLOOD:
+        origin = r.addr()
+        flood_id, kind = r.fmt("QB")
+        msg = Flood(origin, flood_id, _enum(FloodKind, kind), r.addr(), r.one("Q"))
+    elif t is MsgType.COLLREQ:
+        root = r.addr()
+        coll_id, timeout_ms = r.fmt("QI")
+        msg = CollReq(root, coll_id, timeout_ms)
+    else:  # COLLRESP
+        root = r.addr()
+        coll_id, leg_timeouts, n = r.fmt("QII")
+        if n * 11 > len(body):
+            raise ProtocolError("list longer than the message")
+        entries = tuple((r.addr(), _get_process_data(r)) for _ in range(n))
+        msg = CollResp(root, coll_id, leg_timeouts, entries)
+    r.done()
+    return msg
+
+
+class FrameReader:
+    """Reassembles frames from a byte stream. ``max_frame`` can be raised once the peer has authenticated."""
+
+    def __init__(self, max_frame: int = PREAUTH_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[Message]:
+        """Yield every complete message in the buffer. Raises ProtocolError on a bad or oversized frame."""
+        self._buf += data
+        while len(self._buf) >= 4:
+            (length,) = struct.unpack_from("!I", self._buf, 0)
+            if length > self.max_frame:
+                raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self.max_frame}")
+            if len(self._buf) < 4 + length:
+                return
+            body = bytes(self._buf[4:4 + length])
+            del self._buf[:4 + length]
+            yield decode_body(body)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+
+def encode_peer(p: PeerInfo) -> bytes:
+    """A peer entry on its own (for the bootstrap store)."""
+    w = _Writer()
+    w.fmt("B", VERSION)
+    _put_peer(w, p)
+    return w.getvalue()
+
+
+def decode_peer(data: bytes) -> PeerInfo:
+    r = _Reader(data)
+    if r.one("B") != VERSION:
+        raise ProtocolError("unsupported peer record version")
+    p = _get_peer(r)
+    r.done()
+    return p

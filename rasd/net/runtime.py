@@ -1,0 +1,350 @@
+"""The asyncio runtime: one daemon thread per process that carries bytes and time in and out of ``core.Node``.
+
+The runtime decides nothing. It owns the sockets and the clock, turns socket callbacks into node inputs, and
+carries out the node's actions. Every callback is guarded: an exception is logged and the loop carries on, so the
+thread can never raise into the training process. Every wait has a deadline.
+
+Thread rules: the node and every socket belong to the RAS thread. Other threads talk to it only through
+``loop.call_soon_threadsafe`` (``stop``, queries) and read events from ``Subscription`` queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from rasd.core import node as core
+from rasd.core.comms import ProcessData
+from rasd.core.config import Timers
+from rasd.core.events import Event, Kind
+from rasd.core.peers import Addr, PeerInfo
+from rasd.core.snapshot import JobSnapshot
+
+from .bootstrap import StoreBootstrap
+from .subscriptions import Subscribers
+
+log = logging.getLogger("rasd")
+
+#: A connection whose unsent bytes exceed this is given up (the peer is not reading: stopped or wedged).
+MAX_WRITE_BUFFER = 32 * 1024 * 1024
+#: How long ``stop`` lets goodbyes drain before closing the loop.
+STOP_DRAIN_S = 0.5
+
+
+class _MeshProtocol(asyncio.Protocol):
+    """One mesh connection: hands bytes and closure to the runtime."""
+
+    def __init__(self, runtime: "Runtime", conn_id: int | None) -> None:
+        self.runtime = runtime
+        self.conn_id = conn_id
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.runtime._track_fd(transport, add=True)
+        if self.conn_id is None:  # accepted
+            self.conn_id = self.runtime._new_accept_id()
+            self.runtime._transports[self.conn_id] = self
+            self.runtime._feed(lambda now: self.runtime.node.accepted(self.conn_id, now))
+
+    def data_received(self, data: bytes) -> None:
+        cid = self.conn_id
+        self.runtime._feed(lambda now: self.runtime.node.received(cid, data, now))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.runtime._track_fd(self.transport, add=False)
+        cid = self.conn_id
+        if self.runtime._transports.pop(cid, None) is not None:
+            self.runtime._feed(lambda now: self.runtime.node.closed(cid, now))
+
+
+class Runtime:
+    """Runs one node: ``start()`` spawns the RAS thread, ``stop()`` says goodbye and joins it."""
+
+    def __init__(
+        self,
+        info_factory: Callable[[int], PeerInfo],
+        secret: bytes | None,
+        host: str,
+        timers: Timers,
+        bootstrap: StoreBootstrap | None = None,
+        local_data: Callable[[], ProcessData] = ProcessData,
+        services: list[Callable[["Runtime"], Any]] | None = None,
+    ) -> None:
+        self._info_factory = info_factory
+        self._secret = secret
+        self._host = host
+        self.timers = timers
+        self._bootstrap = bootstrap
+        self._local_data = local_data
+        self._services = services or []
+        self.node: core.Node = None  # type: ignore[assignment]  # created in the thread, once the port is known
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.subscribers = Subscribers()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._transports: dict[int, _MeshProtocol] = {}
+        self._fds: set[int] = set()  # every socket this runtime holds, so a forked child can close its copies
+        self._next_accept = -1
+        self._gather_waiters: dict[int, Callable[[JobSnapshot], None]] = {}
+        self._next_query = 1
+        self._server: asyncio.base_events.Server | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self.start_error: BaseException | None = None
+        self.on_action_hooks: list[Callable[[core.Action], None]] = []
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Life cycle (any thread)
+
+    def start(self, wait: float = 10.0) -> None:
+        self._thread = threading.Thread(target=self._thread_main, name="torchras-rasd", daemon=True)
+        self._thread.start()
+        self._ready.wait(wait)
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Leave the mesh (peers record LEFT, not DEAD) and end the thread. Idempotent; never raises."""
+        loop = self.loop
+        if loop is None or self._stopped.is_set() or not loop.is_running():
+            return
+        done = threading.Event()
+
+        def _leave() -> None:
+            try:
+                self._carry_out(self.node.leave(time.monotonic()))
+            except Exception:  # pragma: no cover - defensive
+                log.exception("rasd: error while leaving")
+            loop.call_later(STOP_DRAIN_S, lambda: (loop.stop(), done.set()))
+
+        try:
+            loop.call_soon_threadsafe(_leave)
+        except RuntimeError:
+            return
+        done.wait(timeout)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopped.is_set()
+
+    def call(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` in the RAS thread."""
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._guard, fn)
+            except RuntimeError:
+                pass
+
+    def gather(self, done: Callable[[JobSnapshot], None], timeout: float | None = None) -> None:
+        """Start a status gather (from the RAS thread); ``done`` is called in the RAS thread with the snapshot."""
+        qid = self._next_query
+        self._next_query += 1
+        self._gather_waiters[qid] = done
+        self._feed(lambda now: self.node.start_gather(qid, now, timeout))
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The thread
+
+    def _thread_main(self) -> None:
+        loop = asyncio.new_event_loop()
+        self.loop = loop
+        try:
+            loop.run_until_complete(self._open())
+        except BaseException as e:  # noqa: BLE001 - the thread must not die loudly
+            self.start_error = e
+            log.error("rasd: could not start the RAS node: %s", e)
+            self._ready.set()
+            self._stopped.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        except BaseException:  # pragma: no cover - defensive
+            log.exception("rasd: the RAS loop ended with an error")
+        finally:
+            self._stopped.set()
+            for proto in list(self._transports.values()):
+                if proto.transport is not None:
+                    proto.transport.abort()
+            if self._server is not None:
+                self._server.close()
+            try:
+                loop.run_until_complete(asyncio.sleep(0))
+            except Exception:
+                pass
+            loop.close()
+
+    async def _open(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _MeshProtocol(self, None), host=self._host, port=0,
+                                                backlog=1024)
+        for sock in self._server.sockets:
+            self._fds.add(sock.fileno())
+        port = self._server.sockets[0].getsockname()[1]
+        # The store calls block: they run beside the loop, so the mesh port accepts meanwhile.
+        if self._secret is None:
+            self._secret = (await loop.run_in_executor(None, self._bootstrap.secret) if self._bootstrap
+                            else os.urandom(32))
+        self.node = core.Node(self._info_factory(port), self._secret, self.timers, rng=random.SystemRandom(),
+                              local_data=self._local_data)
+        self._carry_out(self.node.start(time.monotonic()))
+        self._schedule_tick()
+        for service in self._services:
+            await service(self)
+        if self._bootstrap is not None:
+            seeds = await loop.run_in_executor(None, self._bootstrap.seeds, self.node.me)
+            self._carry_out(self.node.add_peers(seeds, time.monotonic()))
+
+    def _schedule_tick(self) -> None:
+        assert self.loop is not None
+        self._tick_handle = self.loop.call_later(self.timers.tick, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._feed(lambda now: self.node.tick(now))
+        self._schedule_tick()
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Inputs and actions (RAS thread)
+
+    def _guard(self, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("rasd: internal error (ignored)")
+
+    def _feed(self, step: Callable[[float], list[core.Action]]) -> None:
+        try:
+            self._carry_out(step(time.monotonic()))
+        except Exception:
+            log.exception("rasd: internal error (ignored)")
+
+    def _carry_out(self, actions: list[core.Action]) -> None:
+        for a in actions:
+            try:
+                self._act(a)
+            except Exception:
+                log.exception("rasd: could not carry out %s", type(a).__name__)
+
+    def _act(self, a: core.Action) -> None:
+        for hook in self.on_action_hooks:
+            hook(a)
+        if isinstance(a, core.Send):
+            proto = self._transports.get(a.conn_id)
+            if proto is None or proto.transport is None or proto.transport.is_closing():
+                return
+            if proto.transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+                log.info("rasd: %s is not reading; dropping the connection", proto.transport.get_extra_info("peername"))
+                proto.transport.abort()
+                return
+            proto.transport.write(a.data)
+        elif isinstance(a, core.Close):
+            proto = self._transports.pop(a.conn_id, None)
+            if proto is not None and proto.transport is not None:
+                proto.transport.close()
+        elif isinstance(a, core.Connect):
+            assert self.loop is not None
+            self.loop.create_task(self._connect(a))
+        elif isinstance(a, core.Emit):
+            self._emit(a.event)
+        elif isinstance(a, core.ProbePid):
+            if not _pid_exists(a.pid):
+                self._feed(lambda now: self.node.pid_gone(a.addr, now))
+        elif isinstance(a, core.GatherDone):
+            done = self._gather_waiters.pop(a.query_id, None)
+            if done is not None:
+                done(a.snapshot)
+
+    async def _connect(self, a: core.Connect) -> None:
+        loop = asyncio.get_running_loop()
+        proto = _MeshProtocol(self, a.conn_id)
+        self._transports[a.conn_id] = proto
+        try:
+            await asyncio.wait_for(loop.create_connection(lambda: proto, a.addr.host, a.addr.port),
+                                   self.timers.handshake)
+        except ConnectionRefusedError:
+            self._connect_failed(a.conn_id, refused=True)
+        except (OSError, asyncio.TimeoutError):
+            self._connect_failed(a.conn_id, refused=False)
+        else:
+            if a.conn_id not in self._transports:  # the node gave up on it meanwhile
+                assert proto.transport is not None
+                proto.transport.close()
+                return
+            self._feed(lambda now: self.node.connected(a.conn_id, now))
+
+    def _connect_failed(self, conn_id: int, refused: bool) -> None:
+        if self._transports.pop(conn_id, None) is not None:
+            self._feed(lambda now: self.node.connect_failed(conn_id, now, refused))
+
+    def _emit(self, event: Event) -> None:
+        level = logging.WARNING if event.kind in (Kind.PEER_DEAD, Kind.PEER_HUNG) else (
+            logging.INFO if event.kind in (Kind.PEER_LEFT, Kind.PEER_UNRESPONSIVE, Kind.PEER_RECOVERED)
+            else logging.DEBUG)
+        if log.isEnabledFor(level):
+            who = event.peer.describe() if event.peer else (str(event.addr) if event.addr else "")
+            log.log(level, "rasd: %s %s %s", event.kind, who, event.details)
+        self.subscribers.publish(event)
+
+    def _new_accept_id(self) -> int:
+        cid = self._next_accept
+        self._next_accept -= 1
+        return cid
+
+    def _track_fd(self, transport: asyncio.BaseTransport | None, add: bool) -> None:
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return
+        fd = sock.fileno()
+        if fd < 0:
+            return
+        if add:
+            self._fds.add(fd)
+        else:
+            self._fds.discard(fd)
+
+    def close_fds_in_child(self) -> None:
+        """After a fork, in the child: close our copy of every socket, so the child neither answers for the
+        parent nor keeps its connections open once the parent is gone."""
+        for fd in list(self._fds):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mesh_host(target: str | None = None) -> str:
+    """The local IP to listen on: ``TORCHRAS_MESH_HOST``, else the address this host uses to reach ``target``
+    (the store's host), else loopback."""
+    explicit = os.environ.get("TORCHRAS_MESH_HOST")
+    if explicit:
+        return explicit
+    if target:
+        try:
+            family = socket.AF_INET6 if ":" in target else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((target, 9))  # UDP connect sends nothing; it only picks a route
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    return "127.0.0.1"

@@ -1,0 +1,93 @@
+"""MONITOR mode: one event as the text line or the JSON object a monitoring client receives (reference 2.9).
+
+Text: ``[<time>] <EVENT>: <peer> <details>\\n``, where ``<peer>`` is NCCL's process description when the process
+is known, ``IP<port>`` when only its address is, and absent (with its blank) when the event has no peer. The blank
+before an empty ``<details>`` is kept, as NCCL sends it. A line break inside the details would split the event in
+two on the wire, so line breaks are sent as blanks.
+
+JSON: NCCL's pretty object, with strings escaped so it always parses. Our additions: ``hostname`` and
+``incarnation`` in ``peer`` (a consumer tells a stale verdict by its incarnation), and for communicator verdicts
+(COMM_STUCK, COMM_MISMATCH, COMM_RECOVERED, or any event carrying a communicator hash) ``comm_hash`` and ``ranks``
+after ``details``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+from rasd.core.events import Event, Group, Kind
+from rasd.core.peers import Addr, PeerInfo
+
+from .model import HASH_MASK
+from .timestamps import format_timestamp
+
+_COMM_VERDICTS = frozenset({Kind.COMM_STUCK, Kind.COMM_MISMATCH, Kind.COMM_RECOVERED})
+
+
+def _event_peer(event: Event, peers: Mapping[Addr, PeerInfo] | None) -> PeerInfo | None:
+    if event.peer is not None:
+        return event.peer
+    if event.addr is not None and peers is not None:
+        return peers.get(event.addr)
+    return None
+
+
+def _kind_text(event: Event) -> str:
+    return event.kind.value if isinstance(event.kind, Kind) else str(event.kind)
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+
+
+def format_event_text(event: Event, *, wall_time: float, peers: Mapping[Addr, PeerInfo] | None = None) -> str:
+    """The text line of an event; ``peers`` resolves an event that carries only an address."""
+    peer = _event_peer(event, peers)
+    if peer is not None:
+        who = peer.describe()
+    elif event.addr is not None:
+        who = str(event.addr)
+    else:
+        who = ""
+    subject = f"{who} " if who else ""
+    return _one_line(f"[{format_timestamp(wall_time)}] {_kind_text(event)}: {subject}{event.details}") + "\n"
+
+
+def _devices(devices: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(int(d)) for d in devices) + "]"
+
+
+def format_event_json(event: Event, *, wall_time: float, peers: Mapping[Addr, PeerInfo] | None = None) -> str:
+    """The JSON object of an event, ending with ``}\\n``."""
+    group = "LIFECYCLE" if event.group == Group.LIFECYCLE else "TRACE"
+    lines = [
+        "{\n",
+        f'  "timestamp": {json.dumps(format_timestamp(wall_time))},\n',
+        f'  "group": "{group}",\n',
+        f'  "event": {json.dumps(_kind_text(event))},\n',
+    ]
+    peer = _event_peer(event, peers)
+    if peer is not None:
+        lines += [
+            '  "peer": {\n',
+            f'    "host": {json.dumps(peer.host)},\n',
+            f'    "pid": {peer.pid},\n',
+            f'    "cuda_devs": {_devices(peer.devices)},\n',
+            f'    "nvml_devs": {_devices(peer.devices)},\n',
+            f'    "hostname": {json.dumps(peer.hostname)},\n',
+            f'    "incarnation": {peer.incarnation}\n',
+            "  },\n",
+        ]
+    elif event.addr is not None:
+        lines += ['  "peer": {\n', f'    "addr": {json.dumps(str(event.addr))}\n', "  },\n"]
+    if event.kind in _COMM_VERDICTS or event.comm_hash is not None:
+        comm_hash = "null" if event.comm_hash is None else f'"0x{event.comm_hash & HASH_MASK:x}"'
+        ranks = "[" + ",".join(str(int(r)) for r in event.ranks) + "]"
+        lines += [f'  "details": {json.dumps(event.details)},\n',
+                  f'  "comm_hash": {comm_hash},\n',
+                  f'  "ranks": {ranks}\n']
+    else:
+        lines.append(f'  "details": {json.dumps(event.details)}\n')
+    lines.append("}\n")
+    return "".join(lines)

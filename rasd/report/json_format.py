@@ -1,0 +1,151 @@
+"""The JSON report: NCCL's document (reference 2.8), made valid and extended.
+
+NCCL prints its JSON with printf: 2-space indents, one key per line, empty arrays as ``[`` newline blank line
+``]``, and strings unescaped. We keep the layout and escape every string, so the document always parses. Our
+additions (an NCCL client ignores unknown keys; none is removed or renamed):
+
+- top level: ``torchras_version`` and ``torch_version`` after NCCL's version keys;
+- ``collective_counts`` lists all 11 op types, NCCL's five first;
+- per rank: ``hostname``, ``incarnation`` (null when the process is unknown) and ``completed_counts``;
+- per missing rank: ``hostname``, ``incarnation`` and ``status.left`` (its process left the job cleanly);
+- in ``ras``: ``dead_count``, ``left_count`` and ``missing_processes_count``.
+
+Communicators come in merged-id order (hash, then size), ranks in communicator-rank order. We merge by hash and
+size, so there is no secondary id: ``secondary_hash`` is always ``"0x0:0x0"``. A rank on the CPU has
+``cuda_dev`` and ``nvml_dev`` -1; a missing rank shows its process's device when the process has exactly one.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rasd.core.comms import N_OPS, OP_TYPES
+from rasd.core.peers import PeerInfo
+
+from .model import HASH_MASK, Communicator, MissingRank, MissingReason, PresentRank, Report
+from .timestamps import format_timestamp
+
+_SECONDARY_HASH = "0x0:0x0"
+
+
+def _str(value: str) -> str:
+    return json.dumps(value, ensure_ascii=True)
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _array(items: list[str], indent: str) -> str:
+    """NCCL's array layout: ``[``, the items joined by ``,\\n``, then a newline and the closing bracket. An empty
+    array leaves a blank line."""
+    return "[\n" + ",\n".join(items) + f"\n{indent}]"
+
+
+def _counts(counts: list[int], indent: str) -> str:
+    lines = [f'{indent}  {_str(OP_TYPES[op])}: {int(counts[op])}' for op in range(N_OPS)]
+    return "{\n" + ",\n".join(lines) + f"\n{indent}}}"
+
+
+def _process_fields(process: PeerInfo | None) -> tuple[str, int, str, str]:
+    """host, pid, hostname and incarnation of a rank's process, with NCCL's values for an unknown one."""
+    if process is None:
+        return "unknown", -1, "", "null"
+    return process.host, process.pid, process.hostname, str(process.incarnation)
+
+
+def _rank(rank: PresentRank) -> str:
+    host, pid, hostname, incarnation = _process_fields(rank.process)
+    record = rank.record
+    i = " " * 10
+    return (
+        "        {\n"
+        f'{i}"rank": {rank.comm_rank},\n'
+        f'{i}"host": {_str(host)},\n'
+        f'{i}"pid": {pid},\n'
+        f'{i}"cuda_dev": {record.device},\n'
+        f'{i}"nvml_dev": {record.device},\n'
+        f'{i}"status": {{\n'
+        f'{i}  "init_state": {record.init_state},\n'
+        f'{i}  "async_error": {record.async_error},\n'
+        f'{i}  "finalize_called": {_bool(record.finalize_called)},\n'
+        f'{i}  "destroy_flag": {_bool(record.destroy_flag)},\n'
+        f'{i}  "abort_flag": {_bool(record.abort_flag)}\n'
+        f"{i}}},\n"
+        f'{i}"collective_counts": {_counts([rank.launched(op) for op in range(N_OPS)], i)},\n'
+        f'{i}"hostname": {_str(hostname)},\n'
+        f'{i}"incarnation": {incarnation},\n'
+        f'{i}"completed_counts": {_counts([rank.completed(op) for op in range(N_OPS)], i)}\n'
+        "        }"
+    )
+
+
+def _missing_rank(rank: MissingRank) -> str:
+    host, pid, hostname, incarnation = _process_fields(rank.process)
+    devices = rank.process.devices if rank.process is not None else ()
+    device = devices[0] if len(devices) == 1 else -1
+    i = " " * 10
+    return (
+        "        {\n"
+        f'{i}"rank": {rank.comm_rank},\n'
+        f'{i}"host": {_str(host)},\n'
+        f'{i}"pid": {pid},\n'
+        f'{i}"cuda_dev": {device},\n'
+        f'{i}"nvml_dev": {device},\n'
+        f'{i}"status": {{\n'
+        f'{i}  "unresponsive": {_bool(rank.reason is MissingReason.INCOMPLETE)},\n'
+        f'{i}  "considered_dead": {_bool(rank.dead)},\n'
+        f'{i}  "left": {_bool(rank.left)}\n'
+        f"{i}}},\n"
+        f'{i}"hostname": {_str(hostname)},\n'
+        f'{i}"incarnation": {incarnation}\n'
+        "        }"
+    )
+
+
+def _communicator(comm: Communicator) -> str:
+    i = " " * 6
+    return (
+        "    {\n"
+        f'{i}"hash": "0x{comm.comm_hash & HASH_MASK:x}",\n'
+        f'{i}"secondary_hash": "{_SECONDARY_HASH}",\n'
+        f'{i}"size": {comm.size},\n'
+        f'{i}"ranks_count": {len(comm.ranks)},\n'
+        f'{i}"missing_ranks_count": {len(comm.missing)},\n'
+        f'{i}"ranks": {_array([_rank(r) for r in comm.ranks], i)},\n'
+        f'{i}"missing_ranks": {_array([_missing_rank(m) for m in comm.missing], i)}\n'
+        "    }"
+    )
+
+
+def render_json(
+    report: Report,
+    *,
+    timestamp: float,
+    torchras_version: str,
+    torch_version: str,
+    nccl_version: str = "",
+    cuda_runtime_version: int = -1,
+    cuda_driver_version: int = -1,
+) -> str:
+    """The JSON document of a finished gather. ``timestamp`` is the wall-clock time of the report."""
+    communicators = [_communicator(c) for c in report.communicators_by_id]
+    return (
+        "{\n"
+        f'  "nccl_version": {_str(nccl_version)},\n'
+        f'  "cuda_runtime_version": {int(cuda_runtime_version)},\n'
+        f'  "cuda_driver_version": {int(cuda_driver_version)},\n'
+        f'  "torchras_version": {_str(torchras_version)},\n'
+        f'  "torch_version": {_str(torch_version)},\n'
+        f'  "timestamp": {_str(format_timestamp(timestamp))},\n'
+        f'  "communicators_count": {len(communicators)},\n'
+        f'  "communicators": {_array(communicators, "  ")},\n'
+        '  "ras": {\n'
+        f'    "collection_time_sec": {report.collection_seconds:.3f},\n'
+        f'    "timeouts_count": {report.timeouts},\n'
+        f'    "dead_count": {report.dead_count},\n'
+        f'    "left_count": {report.left_count},\n'
+        f'    "missing_processes_count": {len(report.missing_processes)}\n'
+        "  }\n"
+        "}\n"
+    )

@@ -1,0 +1,422 @@
+"""The status report as data: every communicator of the job, merged across its processes, classified and grouped.
+
+Theory of operation (reference sections 2.3 and 5)
+--------------------------------------------------
+Each responding process reports the communicators it holds ranks of. The root merges them by (hash, size): two
+communicators with one hash but different sizes are a hash collision and are kept apart. A rank reported twice
+is taken from the first process in process order (peer-table order, then any process the table does not know).
+
+A rank nobody reported is *missing*. Its process is found through the communicator's rank map (communicator rank
+-> global rank) and the peers' global ranks, and decides what the absence means::
+
+    every process answered and none is dead  ->  NOCOMM      (the members disagree on who is a member)
+    its process answered                     ->  NOCOMM      (it does not, or no longer, hold the communicator)
+    its process left the job cleanly         ->  NOCOMM      (it finished and destroyed its communicators)
+    its process is dead, silent or unknown   ->  INCOMPLETE  (we cannot know what that rank is doing)
+
+Each present rank has one status (ABORT > FINALIZE > RUNNING > INIT, from its flags); the communicator's status
+bits are the union, plus NOCOMM when some missing rank is NOCOMM, and it shows the highest. Its error bits:
+
+    MISMATCH    ranks launched different numbers of operations of some op type (all 11 types are compared),
+                or it has more than one status bit
+    ERROR       some rank has an init or asynchronous error (any code but success 0 and in-progress 7)
+    INCOMPLETE  some missing rank is INCOMPLETE
+
+Communicators are sorted by size, nodes, highest status and errors (all descending), then by present ranks
+(ascending, so the one missing most ranks comes first); a *group* is a run with equal size, nodes, status and
+errors. ``#x-y`` names communicator y of group x.
+
+The job-level lists: processes that did not answer (live, not dead, not left), dead processes, and processes that
+left cleanly. A process that both left and was later declared dead counts as left: it said goodbye first.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from rasd.core.comms import N_OPS, RESULT_IN_PROGRESS, RESULT_SUCCESS, CommRecord, RankRecord
+from rasd.core.peers import Addr, PeerInfo
+from rasd.core.snapshot import JobSnapshot
+
+from .ordering import addr_key, host_key, process_key
+from .summary import JobSummary, build_job_summary
+
+HASH_MASK = (1 << 64) - 1
+
+
+class Status(enum.IntFlag):
+    """Status bits of a communicator; the order of the values is the order of precedence."""
+
+    NOCOMM = 1
+    INIT = 2
+    RUNNING = 4
+    FINALIZE = 8
+    ABORT = 16
+
+
+class CommErrors(enum.IntFlag):
+    MISMATCH = 1
+    ERROR = 2
+    INCOMPLETE = 4
+
+
+#: How the report prints each combination of error bits.
+ERRORS_TEXT: tuple[str, ...] = (
+    "OK", "MISMATCH", "ERROR", "ERROR,MISMATCH",
+    "INCOMPLETE", "INCOMPLETE,MISMATCH", "INCOMPLETE,ERROR", "INCOMPLETE,ERROR,MISMATCH",
+)
+
+
+def highest_status(bits: Status) -> Status:
+    """The status a communicator shows: the highest bit set (NOCOMM when none is)."""
+    return Status(1 << (int(bits).bit_length() - 1)) if bits else Status.NOCOMM
+
+
+def status_name(status: Status) -> str:
+    return highest_status(status).name or "NOCOMM"
+
+
+def rank_status(record: RankRecord) -> Status:
+    if record.abort_flag:
+        return Status.ABORT
+    if record.finalize_called or record.destroy_flag:
+        return Status.FINALIZE
+    if record.init_state == RESULT_SUCCESS:
+        return Status.RUNNING
+    return Status.INIT
+
+
+def is_error_code(code: int) -> bool:
+    """Whether an init state or asynchronous result is an error (NCCL: anything but success and in progress)."""
+    return code not in (RESULT_SUCCESS, RESULT_IN_PROGRESS)
+
+
+class MissingReason(enum.Enum):
+    NOCOMM = "NOCOMM"
+    INCOMPLETE = "INCOMPLETE"
+
+
+@dataclass(frozen=True)
+class PresentRank:
+    """A rank some process reported."""
+
+    comm_rank: int
+    record: RankRecord
+    #: The address of the process that reported it, and its peer-table entry (None when the table lacks it).
+    addr: Addr
+    process: PeerInfo | None
+
+    @property
+    def status(self) -> Status:
+        return rank_status(self.record)
+
+    def launched(self, op: int) -> int:
+        counts = self.record.launched
+        return counts[op] if op < len(counts) else 0
+
+    def completed(self, op: int) -> int:
+        counts = self.record.completed
+        return counts[op] if op < len(counts) else 0
+
+
+@dataclass(frozen=True)
+class MissingRank:
+    """A rank no process reported."""
+
+    comm_rank: int
+    global_rank: int | None
+    #: The process that should hold it, when the rank map and the peer table tell; None otherwise.
+    process: PeerInfo | None
+    reason: MissingReason
+    dead: bool = False
+    left: bool = False
+
+
+@dataclass(frozen=True)
+class Communicator:
+    comm_hash: int
+    size: int
+    #: Present and missing ranks, in communicator-rank order.
+    ranks: tuple[PresentRank, ...]
+    missing: tuple[MissingRank, ...]
+    #: The rank the others are compared with: the first in (process, rank) order.
+    reference: PresentRank
+    node_count: int
+    ranks_per_node_min: int
+    ranks_per_node_max: int
+    status_bits: Status
+    errors: CommErrors
+    #: Indices into ``OP_TYPES`` of the op types whose launch counts differ between ranks.
+    mismatched_ops: tuple[int, ...]
+    group: int = -1
+    index_in_group: int = -1
+
+    @property
+    def status(self) -> Status:
+        return highest_status(self.status_bits)
+
+    @property
+    def label(self) -> str:
+        """``#x-y (hash)``: the name the Errors and Warnings sections use."""
+        return f"#{self.group}-{self.index_in_group} ({self.comm_hash & HASH_MASK:016x})"
+
+    @property
+    def incomplete_ranks(self) -> tuple[MissingRank, ...]:
+        return tuple(m for m in self.missing if m.reason is MissingReason.INCOMPLETE)
+
+    @property
+    def nocomm_ranks(self) -> tuple[MissingRank, ...]:
+        return tuple(m for m in self.missing if m.reason is MissingReason.NOCOMM)
+
+    @property
+    def status_mismatch(self) -> bool:
+        return bin(int(self.status_bits)).count("1") > 1
+
+
+@dataclass(frozen=True)
+class CommGroup:
+    """A row of the communicator table."""
+
+    number: int
+    communicators: tuple[Communicator, ...]
+    ranks_per_node_min: int
+    ranks_per_node_max: int
+    #: Distinct (process, device) pairs over the present ranks of all its communicators.
+    ranks_in_group: int
+
+    @property
+    def size(self) -> int:
+        return self.communicators[0].size
+
+    @property
+    def node_count(self) -> int:
+        return self.communicators[0].node_count
+
+    @property
+    def status(self) -> Status:
+        return self.communicators[0].status
+
+    @property
+    def errors(self) -> CommErrors:
+        return self.communicators[0].errors
+
+
+@dataclass(frozen=True)
+class Report:
+    summary: JobSummary
+    groups: tuple[CommGroup, ...]
+    #: The same communicators in merged-id order (hash, then size): the order of the JSON dump.
+    communicators_by_id: tuple[Communicator, ...]
+    #: Live processes that did not answer, dead ones, and ones that left: in (host, pid) order.
+    missing_processes: tuple[PeerInfo, ...]
+    dead_processes: tuple[PeerInfo, ...]
+    left_processes: tuple[PeerInfo, ...]
+    #: Counts of the dead and left addresses, including any the peer table does not know.
+    dead_count: int
+    left_count: int
+    timeouts: int
+    collection_time: float
+
+    @property
+    def collection_seconds(self) -> float:
+        """The collection time as printed: a negative or non-finite clock difference shows as 0."""
+        t = self.collection_time
+        return t if math.isfinite(t) and t >= 0 else 0.0
+
+    @property
+    def communicators(self) -> tuple[Communicator, ...]:
+        """In table (group) order."""
+        return tuple(c for g in self.groups for c in g.communicators)
+
+
+# --- building ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _MergedComm:
+    comm_hash: int
+    size: int
+    ranks: dict[int, PresentRank] = field(default_factory=dict)
+    #: Records that carry a rank map, to find the global rank of a missing rank.
+    mapped: list[CommRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What classifying a communicator needs to know about the job."""
+
+    table: dict[Addr, PeerInfo]
+    process_order: dict[Addr, tuple]
+    peers_by_global_rank: dict[int, tuple[PeerInfo, ...]]
+    responders: frozenset[Addr]
+    dead: frozenset[Addr]
+    left: frozenset[Addr]
+    everyone_answered: bool
+
+    def order(self, addr: Addr) -> tuple:
+        return self.process_order.get(addr, (1, addr_key(addr)))
+
+
+def _merge(snapshot: JobSnapshot, context: _Context) -> list[_MergedComm]:
+    merged: dict[tuple[int, int], _MergedComm] = {}
+    for addr in sorted(snapshot.responses, key=context.order):
+        for comm in snapshot.responses[addr].comms:
+            if comm.size <= 0:
+                continue
+            key = (comm.comm_hash & HASH_MASK, comm.size)
+            for rank in comm.ranks:
+                if not 0 <= rank.comm_rank < comm.size:
+                    continue  # a malformed record; the communicator cannot hold it
+                entry = merged.setdefault(key, _MergedComm(*key))
+                entry.ranks.setdefault(rank.comm_rank, PresentRank(rank.comm_rank, rank, addr, context.table.get(addr)))
+            if comm.rank_map and key in merged:
+                merged[key].mapped.append(comm)
+    return [merged[key] for key in sorted(merged)]
+
+
+def _process_of(comm: _MergedComm, comm_rank: int, context: _Context) -> tuple[int | None, PeerInfo | None]:
+    """The global rank and the process of a missing rank, when the rank map and the peer table tell."""
+    global_rank = next((g for g in (r.global_rank(comm_rank) for r in comm.mapped) if g is not None), None)
+    if global_rank is None:
+        return None, None
+    candidates = context.peers_by_global_rank.get(global_rank, ())
+    if not candidates:
+        return global_rank, None
+
+    # A restarted process shares its global rank with its dead predecessor: prefer the liveliest entry.
+    def liveliness(peer: PeerInfo) -> tuple:
+        if peer.addr in context.responders:
+            rank = 0
+        elif peer.addr in context.left:
+            rank = 2
+        elif peer.addr in context.dead:
+            rank = 3
+        else:
+            rank = 1
+        return (rank, addr_key(peer.addr))
+
+    return global_rank, min(candidates, key=liveliness)
+
+
+def _missing_rank(comm: _MergedComm, comm_rank: int, context: _Context) -> MissingRank:
+    global_rank, process = _process_of(comm, comm_rank, context)
+    dead = process is not None and process.addr in context.dead
+    left = process is not None and process.addr in context.left
+    if context.everyone_answered or (process is not None and (process.addr in context.responders or left)):
+        reason = MissingReason.NOCOMM
+    else:
+        reason = MissingReason.INCOMPLETE
+    return MissingRank(comm_rank, global_rank, process, reason, dead=dead, left=left)
+
+
+def _classify(comm: _MergedComm, context: _Context) -> Communicator:
+    ranks = tuple(comm.ranks[r] for r in sorted(comm.ranks))
+    missing = tuple(_missing_rank(comm, r, context) for r in range(comm.size) if r not in comm.ranks)
+    reference = min(ranks, key=lambda r: (context.order(r.addr), r.comm_rank))
+
+    per_node = Counter(host_key(r.addr.host) for r in ranks)
+
+    status_bits = Status(0)
+    for rank in ranks:
+        status_bits |= rank.status
+    if any(m.reason is MissingReason.NOCOMM for m in missing):
+        status_bits |= Status.NOCOMM
+
+    mismatched_ops = tuple(
+        op for op in range(N_OPS) if any(r.launched(op) != reference.launched(op) for r in ranks)
+    )
+    errors = CommErrors(0)
+    if mismatched_ops or bin(int(status_bits)).count("1") > 1:
+        errors |= CommErrors.MISMATCH
+    if any(is_error_code(r.record.init_state) or is_error_code(r.record.async_error) for r in ranks):
+        errors |= CommErrors.ERROR
+    if any(m.reason is MissingReason.INCOMPLETE for m in missing):
+        errors |= CommErrors.INCOMPLETE
+
+    return Communicator(
+        comm_hash=comm.comm_hash,
+        size=comm.size,
+        ranks=ranks,
+        missing=missing,
+        reference=reference,
+        node_count=len(per_node),
+        ranks_per_node_min=min(per_node.values()),
+        ranks_per_node_max=max(per_node.values()),
+        status_bits=status_bits,
+        errors=errors,
+        mismatched_ops=mismatched_ops,
+    )
+
+
+def _table_order(comm: Communicator) -> tuple:
+    return (-comm.size, -comm.node_count, -int(comm.status), -int(comm.errors), len(comm.ranks),
+            comm.comm_hash, comm.size)
+
+
+def _group_key(comm: Communicator) -> tuple:
+    return (comm.size, comm.node_count, comm.status, comm.errors)
+
+
+def _group(communicators: list[Communicator]) -> tuple[CommGroup, ...]:
+    runs: list[list[Communicator]] = []
+    for comm in sorted(communicators, key=_table_order):
+        if runs and _group_key(runs[-1][0]) == _group_key(comm):
+            runs[-1].append(comm)
+        else:
+            runs.append([comm])
+    groups = []
+    for number, run in enumerate(runs):
+        named = tuple(replace(c, group=number, index_in_group=i) for i, c in enumerate(run))
+        devices = {(r.addr, r.record.device) for c in named for r in c.ranks}
+        groups.append(CommGroup(
+            number=number,
+            communicators=named,
+            ranks_per_node_min=min(c.ranks_per_node_min for c in named),
+            ranks_per_node_max=max(c.ranks_per_node_max for c in named),
+            ranks_in_group=len(devices),
+        ))
+    return tuple(groups)
+
+
+def build_report(snapshot: JobSnapshot) -> Report:
+    """The report of a finished gather. Never raises on odd input: malformed records are left out."""
+    left = frozenset(snapshot.left)
+    dead = frozenset(snapshot.dead) - left
+    table_order = sorted(snapshot.peers, key=lambda p: addr_key(p.addr))
+    table = {p.addr: p for p in table_order}
+    missing_processes = tuple(sorted(snapshot.missing(), key=process_key))
+
+    by_global_rank: dict[int, list[PeerInfo]] = {}
+    for peer in table_order:
+        if peer.rank >= 0:
+            by_global_rank.setdefault(peer.rank, []).append(peer)
+
+    context = _Context(
+        table=table,
+        process_order={p.addr: (0, i) for i, p in enumerate(table_order)},
+        peers_by_global_rank={g: tuple(peers) for g, peers in by_global_rank.items()},
+        responders=frozenset(snapshot.responses),
+        dead=dead,
+        left=left,
+        everyone_answered=not missing_processes and not dead,
+    )
+    merged = _merge(snapshot, context)
+    by_id = [_classify(comm, context) for comm in merged if comm.ranks]
+    groups = _group(by_id)
+    named = {(c.comm_hash, c.size): c for g in groups for c in g.communicators}
+
+    return Report(
+        summary=build_job_summary(snapshot.peers, left),
+        groups=groups,
+        communicators_by_id=tuple(named[(c.comm_hash, c.size)] for c in by_id),
+        missing_processes=missing_processes,
+        dead_processes=tuple(sorted((table[a] for a in dead if a in table), key=process_key)),
+        left_processes=tuple(sorted((table[a] for a in left if a in table), key=process_key)),
+        dead_count=len(dead),
+        left_count=len(left),
+        timeouts=snapshot.timeouts,
+        collection_time=snapshot.collection_time,
+    )

@@ -1,0 +1,292 @@
+"""A deterministic simulator: many ``rasd.core.Node``s on a virtual network and a virtual clock.
+
+It drives exactly the state machine the asyncio runtime drives, with the network modelled as TCP behaves:
+
+* a connection delivers bytes in order, after a latency drawn from a range;
+* *loss* is what TCP makes of it: a lost segment is retransmitted, so the message arrives late (and everything
+  behind it on that connection waits), never out of order or not at all;
+* a *partition* holds every byte between the two sides until it heals; connects across it time out;
+* a *killed* node's sockets are closed by its kernel: peers see EOF, connects are refused;
+* a *paused* node (SIGSTOP) keeps its sockets: the kernel accepts connections and buffers data, and the node
+  handles all of it, in order, when it resumes.
+
+Everything random comes from one ``random.Random(seed)``, so a run is reproducible from its seed. Each hop may be
+charged a processing time (``hop_cost``) so that gather latencies can be estimated at scales no machine could
+run for real.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rasd.core import node as core
+from rasd.core.comms import ProcessData
+from rasd.core.config import Timers
+from rasd.core.events import Event, Kind
+from rasd.core.peers import Addr, PeerInfo
+
+SECRET = b"simulated job secret"
+
+
+@dataclass
+class SimNode:
+    index: int
+    node: core.Node
+    alive: bool = True
+    paused: bool = False
+    backlog: list[Callable[[], None]] = field(default_factory=list)
+    events: list[tuple[float, Event]] = field(default_factory=list)
+    busy_until: float = 0.0  # with a hop cost: when this node's (single) thread is free again
+
+
+@dataclass
+class _Pipe:
+    """One direction of a connection."""
+
+    src: int
+    src_conn: int
+    dst: int
+    dst_conn: int
+    ready_at: float = 0.0  # in-order delivery: nothing on this pipe arrives before this time
+    open: bool = True
+    held: list[bytes] = field(default_factory=list)  # bytes stopped by a partition
+    bytes_sent: int = 0
+
+
+class Simulation:
+    def __init__(
+        self,
+        n: int,
+        seed: int = 0,
+        timers: Timers = Timers(),
+        procs_per_host: int = 8,
+        latency: tuple[float, float] = (0.0001, 0.0005),
+        loss: float = 0.0,
+        retransmit: float = 0.2,
+        hop_cost: float = 0.0,
+        local_data: Callable[[int], ProcessData] | None = None,
+        express_links: bool = True,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.timers = timers
+        self.latency = latency
+        self.loss = loss
+        self.retransmit = retransmit
+        self.hop_cost = hop_cost
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+        self.partitions: list[tuple[frozenset[int], frozenset[int]]] = []
+        self._pipes: dict[tuple[int, int], _Pipe] = {}  # (node, conn id) -> the pipe *from* that end
+        self._next_accept_id = -1
+        self.messages_sent = 0
+        self.gathers_done: dict[tuple[int, int], tuple[float, core.GatherDone]] = {}
+        self.nodes: list[SimNode] = []
+        self.addr_index: dict[Addr, int] = {}
+        for i in range(n):
+            host = f"10.{(i // procs_per_host) // 256 % 256}.{(i // procs_per_host) % 256}.1"
+            info = PeerInfo(addr=Addr(host, 20000 + i % procs_per_host), pid=1000 + i, hostname=f"host{i // procs_per_host}",
+                            incarnation=self.rng.getrandbits(64), rank=i)
+            data = (lambda i=i: local_data(i)) if local_data else ProcessData
+            node = core.Node(info, SECRET, timers, rng=random.Random(self.rng.getrandbits(64)), local_data=data,
+                             express_links=express_links)
+            self.nodes.append(SimNode(i, node))
+            self.addr_index[info.addr] = i
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Set-up and faults
+
+    def start(self, bootstrap: str = "full") -> None:
+        """Start every node. ``full``: each learns the whole table at once (as from a communicator's all-gather);
+        ``seed``: each learns only one earlier node (as from the bootstrap store) and gossip does the rest."""
+        infos = [s.node.me for s in self.nodes]
+        for s in self.nodes:
+            phase = self.rng.uniform(0, self.timers.tick)
+            self._run(s, lambda s=s: s.node.start(self.now))
+            peers = infos if bootstrap == "full" else [infos[(s.index + 1) // 2 - 1]] if s.index else []
+            self._run(s, lambda s=s, peers=peers: s.node.add_peers(peers, self.now))
+            self._at(self.now + phase, lambda s=s: self._tick(s))
+
+    def kill(self, i: int) -> None:
+        s = self.nodes[i]
+        s.alive = False
+        s.backlog.clear()
+        for (n, cid), pipe in list(self._pipes.items()):
+            if n == i and pipe.open:
+                self._close_pipe(pipe)
+
+    def pause(self, i: int) -> None:
+        self.nodes[i].paused = True
+
+    def resume(self, i: int) -> None:
+        s = self.nodes[i]
+        s.paused = False
+        backlog, s.backlog = s.backlog, []
+        for fn in backlog:
+            if s.alive:
+                fn()
+
+    def leave(self, i: int) -> None:
+        s = self.nodes[i]
+        self._run(s, lambda: s.node.leave(self.now))
+        s.alive = False
+
+    def partition(self, a: set[int], b: set[int]) -> tuple[frozenset[int], frozenset[int]]:
+        p = (frozenset(a), frozenset(b))
+        self.partitions.append(p)
+        return p
+
+    def heal(self, p: tuple[frozenset[int], frozenset[int]]) -> None:
+        self.partitions.remove(p)
+        for pipe in self._pipes.values():
+            if pipe.held and not self._cut(pipe.src, pipe.dst):
+                held, pipe.held = pipe.held, []
+                for data in held:
+                    self._deliver(pipe, data)
+
+    def gather(self, i: int, query_id: int, timeout: float | None = None) -> None:
+        s = self.nodes[i]
+        self._run(s, lambda: s.node.start_gather(query_id, self.now, timeout))
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Running
+
+    def run_until(self, t: float) -> None:
+        while self._heap and self._heap[0][0] <= t:
+            when, _, fn = heapq.heappop(self._heap)
+            self.now = when
+            fn()
+        self.now = t
+
+    def run_while(self, condition: Callable[[], bool], limit: float, step: float = 0.05) -> bool:
+        """Run until ``condition()`` is false or ``limit`` virtual seconds pass; return whether it became false."""
+        end = self.now + limit
+        while self.now < end:
+            if not condition():
+                return True
+            self.run_until(min(end, self.now + step))
+        return not condition()
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Queries
+
+    def events(self, kind: Kind) -> list[tuple[int, float, Event]]:
+        return [(s.index, t, e) for s in self.nodes for t, e in s.events if e.kind is kind]
+
+    def live(self) -> list[SimNode]:
+        return [s for s in self.nodes if s.alive]
+
+    def addr(self, i: int) -> Addr:
+        return self.nodes[i].node.me.addr
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Internals
+
+    def _at(self, when: float, fn: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, fn))
+
+    def _tick(self, s: SimNode) -> None:
+        if not s.alive:
+            return
+        self._run(s, lambda: s.node.tick(self.now))
+        self._at(self.now + self.timers.tick, lambda: self._tick(s))
+
+    def _run(self, s: SimNode, step: Callable[[], list[core.Action]]) -> None:
+        """Feed one input to a node (queued while it is paused) and carry out its actions."""
+        if not s.alive:
+            return
+        if s.paused:
+            s.backlog.append(lambda: self._run(s, step))
+            return
+        if self.hop_cost and s.busy_until > self.now:
+            self._at(s.busy_until, lambda: self._run(s, step))
+            return
+        actions = step()
+        if self.hop_cost:
+            s.busy_until = self.now + self.hop_cost
+        for a in actions:
+            self._act(s, a)
+
+    def _act(self, s: SimNode, a: core.Action) -> None:
+        delay = self.hop_cost
+        if isinstance(a, core.Send):
+            pipe = self._pipes.get((s.index, a.conn_id))
+            if pipe is not None and pipe.open:
+                self.messages_sent += 1
+                pipe.bytes_sent += len(a.data)
+                if self._cut(pipe.src, pipe.dst):
+                    pipe.held.append(a.data)
+                else:
+                    self._deliver(pipe, a.data, delay)
+        elif isinstance(a, core.Connect):
+            self._connect(s, a)
+        elif isinstance(a, core.Close):
+            pipe = self._pipes.get((s.index, a.conn_id))
+            if pipe is not None:
+                self._close_pipe(pipe)
+        elif isinstance(a, core.Emit):
+            s.events.append((self.now, a.event))
+        elif isinstance(a, core.ProbePid):
+            j = self.addr_index.get(a.addr)
+            if j is not None and not self.nodes[j].alive:
+                self._at(self.now, lambda: self._run(s, lambda: s.node.pid_gone(a.addr, self.now)))
+        elif isinstance(a, core.GatherDone):
+            self.gathers_done[(s.index, a.query_id)] = (self.now, a)
+
+    def _cut(self, a: int, b: int) -> bool:
+        return any((a in x and b in y) or (a in y and b in x) for x, y in self.partitions)
+
+    def _lat(self) -> float:
+        lat = self.rng.uniform(*self.latency)
+        while self.loss and self.rng.random() < self.loss:
+            lat += self.retransmit
+        return lat
+
+    def _deliver(self, pipe: _Pipe, data: bytes, extra: float = 0.0) -> None:
+        when = max(self.now + extra + self._lat(), pipe.ready_at)
+        pipe.ready_at = when
+        dst = self.nodes[pipe.dst]
+        # Bytes already sent arrive even if the sender closed since (TCP delivers data before the FIN); a node
+        # ignores bytes for a connection it closed itself.
+        self._at(when, lambda: self._run(dst, lambda: dst.node.received(pipe.dst_conn, data, self.now)))
+
+    def _connect(self, s: SimNode, a: core.Connect) -> None:
+        j = self.addr_index.get(a.addr)
+        lat = self._lat()
+        if j is None or not self.nodes[j].alive:
+            self._at(self.now + lat, lambda: self._run(s, lambda: s.node.connect_failed(a.conn_id, self.now, True)))
+            return
+        if self._cut(s.index, j):
+            # The SYN goes nowhere; the runtime gives up on a connect after the handshake time.
+            self._at(self.now + self.timers.handshake,
+                     lambda: self._run(s, lambda: s.node.connect_failed(a.conn_id, self.now, False)))
+            return
+        remote_id = self._next_accept_id
+        self._next_accept_id -= 1
+        out = _Pipe(s.index, a.conn_id, j, remote_id, ready_at=self.now + lat)
+        back = _Pipe(j, remote_id, s.index, a.conn_id, ready_at=self.now + lat)
+        self._pipes[(s.index, a.conn_id)] = out
+        self._pipes[(j, remote_id)] = back
+        dst = self.nodes[j]
+        # The kernel completes the TCP handshake even for a paused process; the node sees the accept later.
+        self._at(self.now + lat, lambda: self._run(dst, lambda: dst.node.accepted(remote_id, self.now)))
+        self._at(self.now + lat, lambda: self._run(s, lambda: s.node.connected(a.conn_id, self.now)))
+
+    def _close_pipe(self, pipe: _Pipe) -> None:
+        """Close both directions; the other end sees EOF after what was already in flight."""
+        if not pipe.open:
+            return
+        pipe.open = False
+        back = self._pipes.pop((pipe.dst, pipe.dst_conn), None)
+        self._pipes.pop((pipe.src, pipe.src_conn), None)
+        dst = self.nodes[pipe.dst]
+        when = max(self.now + self._lat(), pipe.ready_at)
+        if back is not None:
+            back.open = False
+        if self._cut(pipe.src, pipe.dst):
+            return  # the FIN is lost in the partition; the other end finds out by its own timers
+        self._at(when, lambda: self._run(dst, lambda: dst.node.closed(pipe.dst_conn, self.now)))

@@ -1,0 +1,242 @@
+"""``rasd swarm``: a local job of N lightweight processes (no torch), each running a RAS node.
+
+It is the first thing a new user runs, and the harness of the integration tests and benchmarks. Every member
+joins through a ``FileStore`` in the swarm's directory, writes its events as JSON lines to ``events-<i>.jsonl``,
+and obeys commands written to ``control-<i>`` (one word per line), so a test can make it misbehave:
+
+    crash            exit at once without a goodbye (like a segfault)
+    exit             exit normally (the node says goodbye: LEFT)
+    fork             fork a child that lives on (like a DataLoader worker)
+    gil SECONDS      hold the GIL in a C call for that long
+
+Signals work as usual: ``kill -9``, ``kill -STOP`` / ``kill -CONT``, ``kill -TERM`` (a clean exit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+READY_TIMEOUT_S = 60.0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The member process
+
+
+def member_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rasd-swarm-member")
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=os.environ.get("TORCHRAS_LOG_LEVEL", "WARNING"), stream=sys.stderr,
+                        format=f"[member {args.index}] %(levelname)s %(message)s")
+    import rasd
+    from rasd.net.bootstrap import FileStore
+
+    work = Path(args.dir)
+    events_path = work / f"events-{args.index}.jsonl"
+    events = open(events_path, "a", buffering=1)
+
+    def record(e: rasd.Event) -> None:
+        events.write(json.dumps(event_record(e)) + "\n")
+
+    services = _member_services(args.index)
+    rt = rasd.start(FileStore(work / "store"), rank=args.index, services=services["services"],
+                    local_data=services["local_data"])
+    if rt is None:
+        print(f"member {args.index}: could not start its RAS node", file=sys.stderr)
+        return 1
+    sub = rasd.on_event(record, replay=True)
+    me = rt.node.me
+    (work / f"member-{args.index}.json").write_text(json.dumps(
+        {"index": args.index, "pid": os.getpid(), "host": me.addr.host, "port": me.addr.port}))
+    signal.signal(signal.SIGTERM, lambda *_: (rasd.stop(), sub.close(), os._exit(0)))
+    control = work / f"control-{args.index}"
+    while True:
+        time.sleep(0.05)
+        if not control.exists():
+            continue
+        commands = control.read_text().split("\n")
+        control.unlink()
+        for line in commands:
+            _obey(line.split(), services)
+
+
+def _member_services(index: int) -> dict[str, Any]:
+    """Extra services of a member (the client port, synthetic communicators): filled in by later layers."""
+    try:
+        from rasd.swarm_services import member_services
+    except ImportError:
+        from rasd.core.comms import ProcessData
+
+        return {"services": [], "local_data": ProcessData, "obey": lambda words: False}
+    return member_services(index)
+
+
+def _obey(words: list[str], services: dict[str, Any]) -> None:
+    if not words:
+        return
+    cmd = words[0]
+    if cmd == "crash":
+        os._exit(3)
+    elif cmd == "exit":
+        sys.exit(0)  # atexit stops the node: a goodbye
+    elif cmd == "fork":
+        if os.fork() == 0:
+            while True:  # the child lives on, like a DataLoader worker whose parent died
+                time.sleep(1)
+    elif cmd == "gil":
+        # ctypes.PyDLL calls keep the GIL: the RAS thread cannot run for the whole sleep.
+        ctypes.PyDLL(None).usleep(int(float(words[1]) * 1_000_000))
+    else:
+        services["obey"](words)
+
+
+def event_record(e: Any) -> dict[str, Any]:
+    return {
+        "wall": time.time() - (time.monotonic() - e.at), "kind": str(e.kind),
+        "addr": f"{e.addr.host}:{e.addr.port}" if e.addr else None,
+        "pid": e.peer.pid if e.peer else None, "rank": e.peer.rank if e.peer else None, "details": e.details,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The harness
+
+
+@dataclass
+class Member:
+    index: int
+    proc: subprocess.Popen
+    pid: int = 0
+    host: str = ""
+    port: int = 0
+
+    @property
+    def addr(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class Swarm:
+    """N member processes on this machine. Use as a context manager; ``close`` kills what is left."""
+
+    def __init__(self, n: int, env: dict[str, str] | None = None, workdir: str | None = None) -> None:
+        self.n = n
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="torchras-swarm-")
+        self.dir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, **(env or {})}
+        self.env.setdefault("TORCHRAS_SECRET", os.urandom(16).hex())
+        self.members: list[Member] = []
+
+    def start(self, wait_mesh: bool = True, timeout: float = READY_TIMEOUT_S) -> "Swarm":
+        for i in range(self.n):
+            proc = subprocess.Popen([sys.executable, "-m", "rasd.swarm", "--dir", str(self.dir), "--index", str(i)],
+                                    env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.members.append(Member(i, proc))
+        deadline = time.monotonic() + timeout
+        for m in self.members:
+            path = self.dir / f"member-{m.index}.json"
+            while not path.exists():
+                if time.monotonic() > deadline or m.proc.poll() is not None:
+                    raise RuntimeError(f"swarm member {m.index} did not start")
+                time.sleep(0.02)
+            info = json.loads(path.read_text())
+            m.pid, m.host, m.port = info["pid"], info["host"], info["port"]
+        if wait_mesh:
+            self.wait_for(lambda: all(self.peers_known(i) >= self.n for i in range(self.n)),
+                          timeout=max(1.0, deadline - time.monotonic()), what="every member to know every peer")
+            self.wait_for(self.links_up, timeout=max(1.0, deadline - time.monotonic()), what="the ring to connect")
+        return self
+
+    # faults
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        os.kill(self.members[i].pid, sig)
+
+    def pause(self, i: int) -> None:
+        self.kill(i, signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        self.kill(i, signal.SIGCONT)
+
+    def command(self, i: int, *words: str) -> None:
+        path = self.dir / f"control-{i}"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(" ".join(words) + "\n")
+        os.replace(tmp, path)
+
+    # observation
+    def events(self, i: int, kind: str | None = None) -> list[dict[str, Any]]:
+        path = self.dir / f"events-{i}.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if kind is None or rec["kind"] == kind:
+                out.append(rec)
+        return out
+
+    def peers_known(self, i: int) -> int:
+        return len({e["addr"] for e in self.events(i, "PEER_NEW")})
+
+    def links_up(self) -> bool:
+        """Every member has connected to at least one peer (so the ring carries keepalives)."""
+        return all(self.events(i, "PEER_CONNECTED") or self.events(i, "PEER_CONNECTING") for i in range(self.n))
+
+    def saw(self, i: int, kind: str, about: int) -> dict[str, Any] | None:
+        addr = self.members[about].addr
+        for e in self.events(i, kind):
+            if e["addr"] == addr:
+                return e
+        return None
+
+    def alive(self, i: int) -> bool:
+        return self.members[i].proc.poll() is None
+
+    def wait_for(self, cond: Callable[[], bool], timeout: float, what: str = "condition", step: float = 0.02) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(step)
+
+    def close(self) -> None:
+        for m in self.members:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.killpg(m.proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                m.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> "Swarm":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    sys.exit(member_main(sys.argv[1:]))

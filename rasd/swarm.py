@@ -39,6 +39,7 @@ def member_main(argv: list[str]) -> int:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--index", type=int, required=True)
     args = parser.parse_args(argv)
+    _die_with_parent()
     import logging
 
     logging.basicConfig(level=os.environ.get("TORCHRAS_LOG_LEVEL", "WARNING"), stream=sys.stderr,
@@ -54,7 +55,8 @@ def member_main(argv: list[str]) -> int:
         events.write(json.dumps(event_record(e)) + "\n")
 
     services = _member_services(args.index)
-    rt = rasd.start(FileStore(work / "store"), rank=args.index, services=services["services"],
+    store = FileStore(os.environ.get("TORCHRAS_SWARM_STORE") or work / "store")
+    rt = rasd.start(store, rank=args.index, services=services["services"],
                     local_data=services["local_data"])
     if rt is None:
         print(f"member {args.index}: could not start its RAS node", file=sys.stderr)
@@ -73,6 +75,17 @@ def member_main(argv: list[str]) -> int:
         control.unlink()
         for line in commands:
             _obey(line.split(), services)
+
+
+def _die_with_parent() -> None:
+    """A member must not outlive the swarm that started it (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        os._exit(1)
 
 
 def _member_services(index: int) -> dict[str, Any]:
@@ -133,13 +146,16 @@ class Member:
 class Swarm:
     """N member processes on this machine. Use as a context manager; ``close`` kills what is left."""
 
-    def __init__(self, n: int, env: dict[str, str] | None = None, workdir: str | None = None) -> None:
+    def __init__(self, n: int, env: dict[str, str] | None = None, workdir: str | None = None,
+                 store_dir: str | None = None) -> None:
         self.n = n
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="torchras-swarm-")
         self.dir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         self.dir.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("TORCHRAS_SECRET", os.urandom(16).hex())
+        if store_dir:
+            self.env["TORCHRAS_SWARM_STORE"] = store_dir
         self.members: list[Member] = []
 
     def start(self, wait_mesh: bool = True, timeout: float = READY_TIMEOUT_S) -> "Swarm":
@@ -232,7 +248,7 @@ class Swarm:
             self._tmp.cleanup()
 
     def __enter__(self) -> "Swarm":
-        return self.start()
+        return self if self.members else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()

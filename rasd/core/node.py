@@ -248,6 +248,16 @@ class Node:
             self._purge_gathers(conn_id, now)
             if conn.peer is not None and conn.state is ConnState.READY:
                 self._lost(conn, now, "peer closed connection during receive operation")
+            elif conn.peer is not None:
+                # Closed by the acceptor before it was ready (its handshake timer, its pending limit): retry as after
+                # a failed connect, or the contact would wait on a connection that no longer exists until the dead
+                # limit declares a live peer dead.
+                contact = self.contacts.get(conn.peer)
+                if contact is not None and contact.conn == conn_id:
+                    contact.conn = None
+                    if contact.disconnected_since is None:
+                        contact.disconnected_since = now
+                    contact.next_connect = now + self.timers.connect_retry
             self._connect_due(now)
         return self._flush()
 
@@ -598,7 +608,9 @@ class Node:
         for a in list(self.contacts):
             if a not in wanted:
                 del self.contacts[a]  # its connection, if any, idles out unless the peer still uses it
-        for a in wanted:
+        # In table order, not set order: the order of the connects must not depend on string hashing (PYTHONHASHSEED),
+        # or a simulation would not be reproducible from its seed.
+        for a in sorted(wanted, key=Addr.sort_key):
             if a in self.contacts:
                 continue
             contact = Contact(addr=a, last_heard=now, wanted_since=now)

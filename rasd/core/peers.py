@@ -13,6 +13,7 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 from dataclasses import dataclass, field
@@ -26,12 +27,18 @@ class Addr(NamedTuple):
     port: int
 
     def sort_key(self) -> tuple[int, bytes, int]:
-        ip = ipaddress.ip_address(self.host)
-        return (ip.version, ip.packed, self.port)
+        return _sort_key(self.host, self.port)
 
     def __str__(self) -> str:
         # NCCL's socket format, used in logs and in events about unknown peers: IP<port>.
         return f"{self.host}<{self.port}>"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _sort_key(host: str, port: int) -> tuple[int, bytes, int]:
+    # Cached: the table is re-sorted on every merge and the ring compares addresses often; parsing an IP is slow.
+    ip = ipaddress.ip_address(host)
+    return (ip.version, ip.packed, port)
 
 
 @dataclass(frozen=True)

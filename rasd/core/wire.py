@@ -13,6 +13,7 @@ Nothing here does I/O; ``FrameReader`` is fed bytes and yields messages.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import struct
 from dataclasses import dataclass
@@ -156,7 +157,7 @@ class _Writer:
         self.parts.append(bytes([len(b)]) + b)
 
     def addr(self, a: Addr) -> None:
-        packed = ipaddress.ip_address(a.host).packed
+        packed = _packed_ip(a.host)
         self.parts.append(bytes([len(packed)]) + packed + struct.pack("!H", a.port))
 
     def raw(self, b: bytes) -> None:
@@ -202,8 +203,7 @@ class _Reader:
         n = self.one("B")
         if n not in (4, 16):
             raise ProtocolError(f"bad address length {n}")
-        ip = ipaddress.ip_address(self.raw(n))
-        return Addr(str(ip), self.one("H"))
+        return Addr(_ip_text(self.raw(n)), self.one("H"))
 
     def count(self, fmt: str, min_item_size: int) -> int:
         n = self.one(fmt)
@@ -220,6 +220,18 @@ class _Reader:
     def done(self) -> None:
         if self.pos != len(self.buf):
             raise ProtocolError(f"{len(self.buf) - self.pos} trailing bytes")
+
+
+# Every frame carries addresses and the same few hundred recur: parsing and formatting IPs is the slowest part of
+# encoding and decoding, so both directions are memoised (bounded; errors are raised, never cached).
+@functools.lru_cache(maxsize=1 << 16)
+def _packed_ip(host: str) -> bytes:
+    return ipaddress.ip_address(host).packed
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _ip_text(packed: bytes) -> str:
+    return str(ipaddress.ip_address(packed))
 
 
 def _enum(cls, value: int):

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any, Callable
 
+import psutil
+
 from rasd.core import node as core
 from rasd.core.comms import ProcessData
 from rasd.core.config import Timers
@@ -99,6 +101,8 @@ class Runtime:
         self._tick_handle: asyncio.TimerHandle | None = None
         self.start_error: BaseException | None = None
         self.on_action_hooks: list[Callable[[core.Action], None]] = []
+        # asyncio keeps only weak references to tasks: an unreferenced connect task can be collected mid-flight.
+        self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------------------------------------------------
     # Life cycle (any thread)
@@ -251,7 +255,9 @@ class Runtime:
                 proto.transport.close()
         elif isinstance(a, core.Connect):
             assert self.loop is not None
-            self.loop.create_task(self._connect(a))
+            task = self.loop.create_task(self._connect(a))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         elif isinstance(a, core.Emit):
             self._emit(a.event)
         elif isinstance(a, core.ProbePid):
@@ -270,8 +276,10 @@ class Runtime:
             await asyncio.wait_for(loop.create_connection(lambda: proto, a.addr.host, a.addr.port),
                                    self.timers.handshake)
         except ConnectionRefusedError:
+            log.debug("rasd: connect to %s refused", a.addr)
             self._connect_failed(a.conn_id, refused=True)
-        except (OSError, asyncio.TimeoutError):
+        except (OSError, asyncio.TimeoutError) as e:
+            log.debug("rasd: connect to %s failed: %r", a.addr, e)
             self._connect_failed(a.conn_id, refused=False)
         else:
             if a.conn_id not in self._transports:  # the node gave up on it meanwhile
@@ -324,13 +332,13 @@ class Runtime:
 
 
 def _pid_exists(pid: int) -> bool:
+    """Whether ``pid`` is a running process. A zombie (exited, not yet reaped by its parent) is not."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.Error:
         return True
-    return True
 
 
 def mesh_host(target: str | None = None) -> str:

@@ -28,6 +28,10 @@ errors. ``#x-y`` names communicator y of group x.
 
 The job-level lists: processes that did not answer (live, not dead, not left), dead processes, and processes that
 left cleanly. A process that both left and was later declared dead counts as left: it said goodbye first.
+
+Odd input never makes the report raise (NCCL crashed on half-initialised communicators, issue #2346): a record with
+size <= 0 or a rank outside [0, size) is left out, a communicator nobody holds a rank of is not listed, and a global
+rank shared by several peers (a restarted process and its dead predecessor) names the liveliest of them.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from rasd.core.comms import N_OPS, RESULT_IN_PROGRESS, RESULT_SUCCESS, CommRecor
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot
 
-from .ordering import addr_key, host_key, process_key
+from .ordering import addr_key, process_key
 from .summary import JobSummary, build_job_summary
 
 HASH_MASK = (1 << 64) - 1
@@ -73,10 +77,6 @@ ERRORS_TEXT: tuple[str, ...] = (
 def highest_status(bits: Status) -> Status:
     """The status a communicator shows: the highest bit set (NOCOMM when none is)."""
     return Status(1 << (int(bits).bit_length() - 1)) if bits else Status.NOCOMM
-
-
-def status_name(status: Status) -> str:
-    return highest_status(status).name or "NOCOMM"
 
 
 def rank_status(record: RankRecord) -> Status:
@@ -257,7 +257,8 @@ class _Context:
     everyone_answered: bool
 
     def order(self, addr: Addr) -> tuple:
-        return self.process_order.get(addr, (1, addr_key(addr)))
+        known = self.process_order.get(addr)
+        return known if known is not None else (1, addr_key(addr))
 
 
 def _merge(snapshot: JobSnapshot, context: _Context) -> list[_MergedComm]:
@@ -317,7 +318,7 @@ def _classify(comm: _MergedComm, context: _Context) -> Communicator:
     missing = tuple(_missing_rank(comm, r, context) for r in range(comm.size) if r not in comm.ranks)
     reference = min(ranks, key=lambda r: (context.order(r.addr), r.comm_rank))
 
-    per_node = Counter(host_key(r.addr.host) for r in ranks)
+    per_node = Counter(r.addr.host for r in ranks)
 
     status_bits = Status(0)
     for rank in ranks:

@@ -96,7 +96,7 @@ def build_job_summary(peers: Iterable[PeerInfo], left: Collection[Addr] = frozen
 
     nodes: list[list[PeerInfo]] = []
     for peer in members:
-        if nodes and host_key(nodes[-1][0].host) == host_key(peer.host):
+        if nodes and nodes[-1][0].host == peer.host:
             nodes[-1].append(peer)
         else:
             nodes.append([peer])

@@ -24,8 +24,8 @@ NO_COMMUNICATORS = "No communicator data collected!\n"
 def render_head(summary: JobSummary, *, version_line: str, runtime_line: str, verbose: bool = False) -> str:
     """Everything before the collection time. The lines are passed without their newline, e.g.
     ``torchras version 0.1.0 with torch 2.13.0+cpu`` and ``gloo backend, no CUDA``."""
-    return (f"{version_line.rstrip(chr(10))}\n{runtime_line.rstrip(chr(10))}\n\n"
-            f"{render_job_summary(summary, verbose)}\nCommunicators...")
+    versions = f"{version_line.rstrip()}\n{runtime_line.rstrip()}\n\n"
+    return f"{versions}{render_job_summary(summary, verbose)}\nCommunicators..."
 
 
 def render_tail(report: Report, *, verbose: bool = False) -> str:

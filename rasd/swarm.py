@@ -154,6 +154,8 @@ class Swarm:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("TORCHRAS_SECRET", os.urandom(16).hex())
+        self.env["TORCHRAS_SWARM_SIZE"] = str(n)
+        self.env.setdefault("TORCHRAS_SWARM_EPOCH", repr(time.time()))
         if store_dir:
             self.env["TORCHRAS_SWARM_STORE"] = store_dir
         self.members: list[Member] = []

@@ -101,6 +101,10 @@ class Runtime:
         self._tick_handle: asyncio.TimerHandle | None = None
         self.start_error: BaseException | None = None
         self.on_action_hooks: list[Callable[[core.Action], None]] = []
+        #: Called on the RAS thread with every event (our own code only: it must not block).
+        self.event_listeners: list[Callable[[Event], None]] = []
+        #: Called on the RAS thread when the node stops (after the goodbye is queued).
+        self.on_stop: list[Callable[[], None]] = []
         # asyncio keeps only weak references to tasks: an unreferenced connect task can be collected mid-flight.
         self._tasks: set[asyncio.Task] = set()
 
@@ -124,6 +128,8 @@ class Runtime:
                 self._carry_out(self.node.leave(time.monotonic()))
             except Exception:  # pragma: no cover - defensive
                 log.exception("rasd: error while leaving")
+            for fn in self.on_stop:
+                self._guard(fn)
             loop.call_later(STOP_DRAIN_S, lambda: (loop.stop(), done.set()))
 
         try:
@@ -299,6 +305,8 @@ class Runtime:
         if log.isEnabledFor(level):
             who = event.peer.describe() if event.peer else (str(event.addr) if event.addr else "")
             log.log(level, "rasd: %s %s %s", event.kind, who, event.details)
+        for listener in self.event_listeners:
+            self._guard(lambda: listener(event))
         self.subscribers.publish(event)
 
     def _new_accept_id(self) -> int:

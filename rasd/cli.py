@@ -1,0 +1,155 @@
+"""The ``rasd`` command: local jobs to try torchras with.
+
+    rasd swarm --peers 8          a local job of 8 lightweight RAS processes, serving localhost:28028
+    rasd demo                     a real 4-process torch.distributed (gloo) training job with the mesh
+
+While a swarm runs, type commands on its standard input (``help`` lists them), or use signals on the pids it
+prints; query it from another terminal with ``rascli -v`` or ``echo verbose status | nc localhost 28028``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import signal
+import sys
+import time
+
+SWARM_HELP = """commands (member numbers as listed above):
+  kill I        kill -9 member I                stop I / cont I   SIGSTOP / SIGCONT member I
+  exit I        member I exits cleanly (LEFT)   crash I           member I exits without a goodbye
+  lag I K       member I falls K operations behind on the world communicator
+  freeze I      member I stops counting         stuck I           member I is stuck inside an operation
+  leave-comm I world|pair                       heal I            undo lag, freeze and stuck
+  list          show the members                quit              stop the swarm"""
+
+
+def swarm_main(args: argparse.Namespace) -> int:
+    from rasd.swarm import Swarm
+
+    env = {"TORCHRAS_SWARM_STEP_S": str(args.step)}
+    if args.timeout_factor:
+        env["TORCHRAS_TIMEOUT_FACTOR"] = str(args.timeout_factor)
+    if args.addr:
+        env["TORCHRAS_ADDR"] = args.addr
+    print(f"starting a swarm of {args.peers} RAS processes...", flush=True)
+    sw = Swarm(args.peers, env=env)
+    try:
+        sw.start()
+    except (RuntimeError, TimeoutError) as e:
+        print(f"rasd swarm: {e}", file=sys.stderr)
+        sw.close()
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    addr = args.addr or os.environ.get("TORCHRAS_ADDR") or "localhost:28028"
+    _print_members(sw)
+    print(f"\nthe job serves its status on {addr} (or the next free port, see `rascli --list`):")
+    print("  rascli -v            echo verbose status | nc localhost 28028            rascli -m")
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    if interactive:
+        print("\n" + SWARM_HELP)
+    deadline = time.monotonic() + args.duration if args.duration else None
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            if interactive:
+                print("swarm> ", end="", flush=True)
+            line = _read_line(deadline)
+            if line is None:
+                continue
+            if line == "":  # EOF: keep running until Ctrl+C or the duration
+                interactive = False
+                sys.stdin = None  # type: ignore[assignment]
+                continue
+            if not _obey(sw, line.split()):
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("\nstopping the swarm")
+        sw.close()
+    return 0
+
+
+def _read_line(deadline: float | None) -> str | None:
+    timeout = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+    if sys.stdin is None:
+        time.sleep(timeout)
+        return None
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    if not ready:
+        return None
+    return sys.stdin.readline()
+
+
+def _print_members(sw) -> None:
+    print(f"\n{'member':>6}  {'pid':>7}  mesh address")
+    for m in sw.members:
+        state = "" if sw.alive(m.index) else "  (exited)"
+        print(f"{m.index:>6}  {m.pid:>7}  {m.addr}{state}")
+
+
+def _obey(sw, words: list[str]) -> bool:
+    if not words:
+        return True
+    cmd, args = words[0], words[1:]
+    if cmd in ("quit", "exit") and not args:
+        return False
+    if cmd == "help":
+        print(SWARM_HELP)
+        return True
+    if cmd == "list":
+        _print_members(sw)
+        return True
+    try:
+        i = int(args[0])
+        if not 0 <= i < sw.n:
+            raise ValueError
+    except (IndexError, ValueError):
+        print(f"unknown command or member: {' '.join(words)} (try help)")
+        return True
+    signals = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT, "term": signal.SIGTERM}
+    try:
+        if cmd in signals:
+            sw.kill(i, signals[cmd])
+        elif cmd in ("exit", "crash", "lag", "freeze", "stuck", "heal", "leave-comm", "error", "abort", "finalize"):
+            sw.command(i, cmd, *args[1:])
+        else:
+            print(f"unknown command: {cmd} (try help)")
+            return True
+    except ProcessLookupError:
+        print(f"member {i} is gone")
+    else:
+        print(f"member {i}: {cmd} {' '.join(args[1:])}".rstrip())
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rasd", description="torchras RAS node: local jobs to try it with")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sp = sub.add_parser("swarm", help="a local job of lightweight RAS processes (no torch)")
+    sp.add_argument("--peers", "-n", type=int, default=8, help="number of processes (default 8)")
+    sp.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: never)")
+    sp.add_argument("--step", type=float, default=1.0,
+                    help="seconds per synthetic collective (0 freezes the counts; default 1)")
+    sp.add_argument("--timeout-factor", type=float, default=0.0, help="scale every mesh timer (TORCHRAS_TIMEOUT_FACTOR)")
+    sp.add_argument("--addr", default="", help="client port address (TORCHRAS_ADDR; default localhost:28028)")
+    demo = sub.add_parser("demo", help="a real local torch.distributed training job with the mesh")
+    try:
+        from rasd.torch.demo import add_arguments
+    except ImportError:
+        add_arguments = None
+    if add_arguments is not None:
+        add_arguments(demo)
+    args = parser.parse_args(argv)
+    if args.command == "swarm":
+        if args.peers < 1:
+            parser.error("--peers must be at least 1")
+        return swarm_main(args)
+    from rasd.torch.demo import demo_main
+
+    return demo_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

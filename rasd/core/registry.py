@@ -1,0 +1,69 @@
+"""This process's communicators and their counters: what it contributes to a status report.
+
+Written by the training thread (``rasd.torch``'s hooks, or the swarm's synthetic job), read by the RAS thread when
+a gather asks. The hot path, ``launch`` and ``complete``, is one list-item increment each. Readers take a
+snapshot without locks: under the GIL a reader sees each counter either before or after an increment, and a
+report taken mid-collective is allowed to be a step stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .comms import N_OPS, RESULT_SUCCESS, CommRecord, ProcessData, RankRecord
+
+
+@dataclass
+class LocalComm:
+    """One communicator rank held by this process."""
+
+    comm_hash: int
+    size: int
+    rank: int
+    rank_map: tuple[tuple[int, int, int], ...] = ()
+    device: int = -1
+    init_state: int = RESULT_SUCCESS
+    async_error: int = RESULT_SUCCESS
+    finalize_called: bool = False
+    destroy_flag: bool = False
+    abort_flag: bool = False
+    launched: list[int] = field(default_factory=lambda: [0] * N_OPS)
+    completed: list[int] = field(default_factory=lambda: [0] * N_OPS)
+
+    def launch(self, op: int) -> int:
+        """Count one operation of type ``op`` as launched; return its sequence number (1-based, per op type)."""
+        self.launched[op] += 1
+        return self.launched[op]
+
+    def complete(self, op: int) -> None:
+        self.completed[op] += 1
+
+    def record(self) -> RankRecord:
+        return RankRecord(comm_rank=self.rank, init_state=self.init_state, async_error=self.async_error,
+                          finalize_called=self.finalize_called, destroy_flag=self.destroy_flag,
+                          abort_flag=self.abort_flag, device=self.device, launched=tuple(self.launched),
+                          completed=tuple(self.completed))
+
+
+class CommRegistry:
+    def __init__(self) -> None:
+        self._comms: dict[tuple[int, int], LocalComm] = {}
+
+    def register(self, comm: LocalComm) -> LocalComm:
+        self._comms[(comm.comm_hash, comm.rank)] = comm
+        return comm
+
+    def unregister(self, comm: LocalComm) -> None:
+        self._comms.pop((comm.comm_hash, comm.rank), None)
+
+    def comms(self) -> list[LocalComm]:
+        return list(self._comms.values())
+
+    def snapshot(self) -> ProcessData:
+        by_hash: dict[tuple[int, int], list[LocalComm]] = {}
+        for c in list(self._comms.values()):
+            by_hash.setdefault((c.comm_hash, c.size), []).append(c)
+        return ProcessData(comms=tuple(
+            CommRecord(comm_hash=h, size=size, ranks=tuple(c.record() for c in sorted(cs, key=lambda c: c.rank)),
+                       rank_map=cs[0].rank_map)
+            for (h, size), cs in sorted(by_hash.items())))

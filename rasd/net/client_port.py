@@ -1,0 +1,288 @@
+"""The client port: NCCL's RAS text protocol on ``localhost:28028``, served by every process of the job.
+
+What happens per client is decided by ``core.client_session``; this module binds the port, moves bytes, runs a
+gather for each STATUS, renders the report with ``rasd.report`` and pushes MONITOR events.
+
+Binding (DESIGN.md section 4): ``TORCHRAS_ADDR`` (default ``localhost:28028``; ``off`` disables) on 127.0.0.1 and
+::1 where localhost has both, with SO_REUSEPORT so the processes of one job share the port and any of them
+answers. A different job never shares it: under the registry's lock, a process joins the port its job already
+serves, or takes the first port from the default that no other job holds and that binds. With an explicit
+``TORCHRAS_ADDR`` only that port is tried. A process that cannot bind carries on without a client port and says
+why in one log line.
+
+Clients are independent: every write is asynchronous, a client that stops reading is dropped once it has
+``MAX_CLIENT_BUFFER`` bytes waiting, and at most ``MAX_CLIENTS`` are connected to one process at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rasd.core.client_session import ClientSession, CloseClient, Format, Reply, StartStatus
+from rasd.core.events import Event
+from rasd.core.snapshot import JobSnapshot
+from rasd.report.events import format_event_json, format_event_text
+from rasd.report.json_format import render_json
+from rasd.report.model import build_report
+from rasd.report.summary import build_job_summary
+from rasd.report.text import render_head, render_tail
+
+from .endpoints import EndpointRegistry
+from .runtime import Runtime
+
+log = logging.getLogger("rasd")
+
+DEFAULT_HOST = "localhost"
+DEFAULT_PORT = 28028
+#: How many ports past the default a later job may move to.
+PORT_SEARCH = 16
+MAX_CLIENTS = 128
+MAX_CLIENT_BUFFER = 4 * 1024 * 1024
+#: NCCL's own RAS moves this far from ours, unless the user placed it.
+NCCL_PORT_OFFSET = 100
+
+
+def parse_addr(spec: str) -> tuple[str, int]:
+    """``host:port`` or ``[ipv6]:port`` (NCCL_RAS_ADDR's format)."""
+    spec = spec.strip()
+    if spec.startswith("["):
+        host, _, rest = spec[1:].partition("]")
+        port = rest.lstrip(":")
+    else:
+        host, _, port = spec.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad address {spec!r}: expected host:port or [ipv6]:port")
+    return host, int(port)
+
+
+def bind_addresses(host: str, port: int) -> list[tuple[int, tuple]]:
+    """Where to listen: both loopbacks for ``localhost`` (where the host has them), else getaddrinfo's first."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    if host == "localhost":
+        seen, out = set(), []
+        for family, _, _, _, sockaddr in infos:
+            if family not in seen:
+                seen.add(family)
+                out.append((family, sockaddr))
+        return out
+    family, _, _, _, sockaddr = infos[0]
+    return [(family, sockaddr)]
+
+
+def job_id_of(secret: bytes) -> str:
+    return hashlib.sha256(b"torchras job id" + secret).hexdigest()[:16]
+
+
+def version_lines() -> tuple[str, str]:
+    from importlib import metadata
+
+    import rasd
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "none"
+    runtime = f"Python {sys.version.split()[0]}, CPU only (no CUDA runtime)"
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch.version, "cuda", None) and torch.cuda.is_available():
+        runtime = f"Python {sys.version.split()[0]}, CUDA runtime version {torch.version.cuda}"
+    return f"torchras version {rasd.__version__} with torch {torch_version}", runtime
+
+
+class _Client(asyncio.Protocol):
+    def __init__(self, port: "ClientPort") -> None:
+        self.port = port
+        self.session = ClientSession()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if len(self.port.clients) >= MAX_CLIENTS:
+            transport.write(f"ERROR: Too many client connections (limit {MAX_CLIENTS})\n".encode())  # type: ignore[attr-defined]
+            transport.close()
+            return
+        self.port.clients.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for out in self.session.feed(data):
+                if isinstance(out, Reply):
+                    self.write(out.text)
+                elif isinstance(out, StartStatus):
+                    self.port.start_status(self, out)
+                elif isinstance(out, CloseClient):
+                    log.info("rasd: client %s: %s; closing", self.peername(), out.reason)
+                    self.close()
+        except Exception:
+            log.exception("rasd: client error (connection closed)")
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.session.closed = True
+        self.port.clients.discard(self)
+
+    def peername(self) -> Any:
+        return self.transport.get_extra_info("peername") if self.transport else None
+
+    def write(self, text: str) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if t.get_write_buffer_size() > MAX_CLIENT_BUFFER:
+            log.info("rasd: client %s is not reading; dropping it", self.peername())
+            t.abort()
+            return
+        t.write(text.encode("utf-8", errors="replace"))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class ClientPort:
+    """Serves the client port of one process (runs on the RAS thread)."""
+
+    def __init__(self, runtime: Runtime, spec: str | None = None, registry: EndpointRegistry | None = None) -> None:
+        self.runtime = runtime
+        self.spec = spec if spec is not None else os.environ.get("TORCHRAS_ADDR", "")
+        self.registry = registry or EndpointRegistry()
+        self.clients: set[_Client] = set()
+        self.servers: list[asyncio.base_events.Server] = []
+        self.port: int | None = None
+        self.host: str = DEFAULT_HOST
+        self._registration: Path | None = None
+        self._versions = version_lines()
+
+    async def open(self) -> None:
+        if self.spec.strip().lower() in ("off", "none", "0"):
+            return
+        explicit = bool(self.spec.strip())
+        try:
+            self.host, base = parse_addr(self.spec) if explicit else (DEFAULT_HOST, DEFAULT_PORT)
+        except ValueError as e:
+            log.warning("rasd: no client port: %s", e)
+            return
+        job = job_id_of(self.runtime.node.secret)
+        loop = asyncio.get_running_loop()
+        with self.registry.locked():
+            live = self.registry.live()
+            ours = sorted({e.port for e in live if e.job_id == job})
+            others = {e.port for e in live if e.job_id != job}
+            if ours:
+                candidates = ours[:1]
+            elif explicit:
+                candidates = [base]
+            else:
+                candidates = [p for p in range(base, base + PORT_SEARCH) if p not in others]
+            reason = "another torchras job serves it" if explicit and base in others else ""
+            for port in candidates if not reason else []:
+                socks, reason = self._bind(port)
+                if socks:
+                    for sock in socks:
+                        self.servers.append(await loop.create_server(lambda: _Client(self), sock=sock))
+                        self.runtime._fds.add(sock.fileno())
+                    self.port = port
+                    self._registration = self.registry.register(self.host, port, job)
+                    break
+        if self.port is None:
+            log.warning("rasd: no client port at %s:%d (%s); the RAS node runs without one", self.host, base,
+                        reason or "no free port")
+            return
+        if self.port != base:
+            log.warning("rasd: client port %d is held by another job or program; this job serves on %s:%d",
+                        base, self.host, self.port)
+        else:
+            log.info("rasd: client port listening at %s:%d", self.host, self.port)
+        self.runtime.event_listeners.append(self.on_event)
+
+    def _bind(self, port: int) -> tuple[list[socket.socket], str]:
+        socks: list[socket.socket] = []
+        reason = ""
+        for family, sockaddr in bind_addresses(self.host, port):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(sockaddr)
+                sock.listen(128)
+                sock.setblocking(False)
+                socks.append(sock)
+            except OSError as e:
+                sock.close()
+                if e.errno == errno.EADDRNOTAVAIL and socks:
+                    continue  # this host has no such loopback; serve the one it has
+                reason = e.strerror or str(e)
+                if not socks:
+                    return [], reason
+        return socks, reason
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        for client in list(self.clients):
+            client.close()
+        if self._registration is not None:
+            self.registry.unregister(self._registration)
+            self._registration = None
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def start_status(self, client: _Client, req: StartStatus) -> None:
+        node = self.runtime.node
+        version_line, runtime_line = self._versions
+        if req.format is Format.TEXT:
+            summary = build_job_summary(node.table, node.left)
+            client.write(render_head(summary, version_line=version_line, runtime_line=runtime_line,
+                                     verbose=req.verbose))
+
+        def done(snapshot: JobSnapshot) -> None:
+            if client.session.closed:
+                return
+            try:
+                report = build_report(snapshot)
+                if req.format is Format.TEXT:
+                    client.write(render_tail(report, verbose=req.verbose))
+                else:
+                    client.write(render_json(report, timestamp=time.time(),
+                                             torchras_version=version_line.split()[2],
+                                             torch_version=version_line.split()[-1]))
+            except Exception:
+                log.exception("rasd: could not render the report")
+                client.write("ERROR: internal error while building the report\n")
+            client.close()
+
+        self.runtime.gather(done, timeout=req.timeout)
+
+    def on_event(self, event: Event) -> None:
+        monitors = [c for c in self.clients if c.session.monitoring and event.group & c.session.monitor]
+        if not monitors:
+            return
+        wall = time.time() - (time.monotonic() - event.at)
+        peers = None if event.peer is not None else {p.addr: p for p in self.runtime.node.table}
+        text = json_text = None
+        for c in monitors:
+            if c.session.format is Format.JSON:
+                json_text = json_text or format_event_json(event, wall_time=wall, peers=peers)
+                c.write(json_text)
+            else:
+                text = text or format_event_text(event, wall_time=wall, peers=peers)
+                c.write(text)
+
+
+async def serve(runtime: Runtime) -> ClientPort:
+    """A runtime service: open the client port and close it when the runtime stops."""
+    port = ClientPort(runtime)
+    await port.open()
+    runtime.on_stop.append(port.close)
+    return port

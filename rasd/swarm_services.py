@@ -1,0 +1,96 @@
+"""What a ``rasd swarm`` member adds to its RAS node: the client port and a synthetic job's communicators.
+
+Each member holds one rank of a job-wide communicator (``world``, N ranks) and of a two-rank communicator with its
+neighbour in index order (``pair``). Their AllReduce counts advance together, one step every
+``TORCHRAS_SWARM_STEP_S`` seconds (default 1; 0 freezes them) counted from the swarm's shared start time, so a
+healthy swarm reports equal counts. Control commands make a member misbehave (see ``obey``):
+
+    lag K            this member is K operations behind on world
+    freeze           this member stops counting (the others go on)
+    stuck            this member launched one more operation than it completed (stuck inside it)
+    leave-comm NAME  this member leaves world or pair (the others see NOCOMM)
+    error CODE       an asynchronous error on world
+    abort | finalize set that status on world
+    heal             undo lag, freeze and stuck
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from typing import Any
+
+from rasd.core.comms import OP_TYPES
+from rasd.core.registry import CommRegistry, LocalComm
+from rasd.net import client_port
+
+ALLREDUCE = OP_TYPES.index("AllReduce")
+BROADCAST = OP_TYPES.index("Broadcast")
+
+
+def _hash(name: str) -> int:
+    job = os.environ.get("TORCHRAS_SECRET", "")
+    return int.from_bytes(hashlib.blake2b(f"{job}|{name}".encode(), digest_size=8).digest(), "big")
+
+
+class SyntheticJob:
+    def __init__(self, index: int, size: int, epoch: float, step_s: float) -> None:
+        self.index = index
+        self.epoch = epoch
+        self.step_s = step_s
+        self.lag = 0
+        self.frozen_at: int | None = None
+        self.stuck = 0
+        self.registry = CommRegistry()
+        self.world = self.registry.register(LocalComm(_hash("world"), size, index, ((0, size, 1),)))
+        pair_first = index - index % 2
+        pair_size = min(2, size - pair_first)
+        self.pair = self.registry.register(
+            LocalComm(_hash(f"pair{pair_first}"), pair_size, index - pair_first, ((pair_first, pair_size, 1),)))
+
+    def steps(self) -> int:
+        if self.frozen_at is not None:
+            return self.frozen_at
+        if self.step_s <= 0:
+            return 0
+        return max(0, math.floor((time.time() - self.epoch) / self.step_s))
+
+    def snapshot(self):
+        base = 10 + self.steps()
+        world = max(0, base - self.lag)
+        self.world.launched[ALLREDUCE] = world + self.stuck
+        self.world.completed[ALLREDUCE] = world
+        self.world.launched[BROADCAST] = self.world.completed[BROADCAST] = 1
+        self.pair.launched[ALLREDUCE] = self.pair.completed[ALLREDUCE] = base
+        return self.registry.snapshot()
+
+    def obey(self, words: list[str]) -> bool:
+        cmd, args = words[0], words[1:]
+        if cmd == "lag":
+            self.lag = int(args[0]) if args else 1
+        elif cmd == "freeze":
+            self.frozen_at = self.steps()
+        elif cmd == "stuck":
+            self.stuck = 1
+        elif cmd == "heal":
+            self.lag, self.frozen_at, self.stuck = 0, None, 0
+        elif cmd == "leave-comm":
+            self.registry.unregister(self.pair if args and args[0] == "pair" else self.world)
+        elif cmd == "error":
+            self.world.async_error = int(args[0]) if args else 2
+        elif cmd == "abort":
+            self.world.abort_flag = True
+        elif cmd == "finalize":
+            self.world.finalize_called = True
+        else:
+            return False
+        return True
+
+
+def member_services(index: int) -> dict[str, Any]:
+    size = int(os.environ.get("TORCHRAS_SWARM_SIZE", "1"))
+    epoch = float(os.environ.get("TORCHRAS_SWARM_EPOCH", "0") or time.time())
+    job = SyntheticJob(index, size, epoch, float(os.environ.get("TORCHRAS_SWARM_STEP_S", "1")))
+    return {"services": [client_port.serve], "local_data": job.snapshot, "obey": job.obey}

@@ -1,0 +1,9 @@
+"""rascli: the ``ncclras``-like command line client of torchras.
+
+It speaks the RAS client protocol (version 2) to the status port of a running job and shows what it answers:
+drawn with rich on a terminal, byte for byte in a pipe, JSON for machines, and a live event monitor. It stands
+alone: nothing here imports ``rasd``.
+"""
+
+#: The version when the distribution's metadata is not installed (running from a checkout).
+__version__ = "0.1.0"

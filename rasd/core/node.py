@@ -126,7 +126,8 @@ class Contact:
     next_connect: float = 0.0
     disconnected_since: float | None = None
     delayed: bool = False
-    hung: bool = False
+    hung: bool = False  # we flagged it HUNG and keep refreshing that verdict while the silence lasts
+    hung_refreshed: float = 0.0
     heard_ever: bool = False
     lost_connection: bool = False  # the peer closed our connection; a refused reconnect now means it is gone
 
@@ -164,7 +165,10 @@ class Node:
         self.table.merge([info])
         self.dead: set[Addr] = set()
         self.left: set[Addr] = set()
-        self.hung: set[Addr] = set()  # peers currently under a HUNG verdict (ours or flooded to us)
+        # Peers under a HUNG verdict (ours or flooded to us), with when it was last confirmed. The peers that flag
+        # a hang re-flood it every hang limit while it lasts; a verdict nobody confirms expires, so a node that
+        # missed the RECOVERED flood (cut off, paused) does not keep a stale verdict.
+        self.hung: dict[Addr, float] = {}
         self.conns: dict[int, Conn] = {}
         self.contacts: dict[Addr, Contact] = {}
         self.gathers: dict[tuple[Addr, int], Gather] = {}
@@ -293,6 +297,7 @@ class Node:
         self._last_tick = now
         self._handshake_timeouts(now)
         self._liveness(now)
+        self._expire_hung(now)
         self._connect_due(now)
         self._keepalives(now)
         self._close_idle(now)
@@ -494,15 +499,10 @@ class Node:
         elif msg.kind is wire.FloodKind.LEFT:
             self._mark_left(subject, now, flood=False)
         elif msg.kind is wire.FloodKind.HUNG:
-            if subject in self.hung:
-                return
-            self.hung.add(subject)
-            self._emit(Kind.PEER_HUNG, now, self.table.get(subject), "peer silent beyond the hang limit")
+            self._hung_verdict(subject, now, "peer silent beyond the hang limit")
         elif msg.kind is wire.FloodKind.RECOVERED:
-            if subject not in self.hung:
-                return
-            self.hung.discard(subject)
-            self._emit(Kind.PEER_RECOVERED, now, self.table.get(subject), "peer responding again")
+            if self.hung.pop(subject, None) is not None:
+                self._emit(Kind.PEER_RECOVERED, now, self.table.get(subject), "peer responding again")
         self._pass_on(msg, except_conn=conn.id)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -647,15 +647,17 @@ class Node:
         if contact is None:
             return
         contact.last_heard = now
-        if contact.delayed and contact.conn == conn.id:
+        was_delayed = contact.delayed and contact.conn == conn.id
+        if was_delayed:
             contact.delayed = False
             self._emit(Kind.PEER_RECOVERED, now, self.table.get(contact.addr), "peer responding again")
-            if contact.hung:
-                contact.hung = False
-                if contact.addr in self.hung:
-                    self.hung.discard(contact.addr)
-                    self._pass_on(self._new_flood(wire.FloodKind.RECOVERED, contact.addr,
-                                                  self._incarnation(contact.addr)), except_conn=None)
+        if contact.hung:
+            contact.hung = False
+            if self.hung.pop(contact.addr, None) is not None and not was_delayed:
+                self._emit(Kind.PEER_RECOVERED, now, self.table.get(contact.addr), "peer responding again")
+            self._pass_on(self._new_flood(wire.FloodKind.RECOVERED, contact.addr, self._incarnation(contact.addr)),
+                          except_conn=None)
+        if was_delayed:
             self._relink(now)
 
     def _lost(self, conn: Conn, now: float, why: str) -> None:
@@ -690,12 +692,12 @@ class Node:
                     self._flag_delayed(contact, now,
                                        f"peer not responding for {int(now - contact.disconnected_since)}s "
                                        "(connect timeout)")
-            if silence > t.hang and not contact.hung and contact.heard_ever:
+            if silence > t.hang and contact.heard_ever and (
+                    not contact.hung or now - contact.hung_refreshed >= t.hang):
                 contact.hung = True
-                if a not in self.hung:
-                    self.hung.add(a)
-                    self._emit(Kind.PEER_HUNG, now, self.table.get(a), f"peer silent for {int(silence)}s")
-                    self._pass_on(self._new_flood(wire.FloodKind.HUNG, a, self._incarnation(a)), except_conn=None)
+                contact.hung_refreshed = now
+                self._hung_verdict(a, now, f"peer silent for {int(silence)}s")
+                self._pass_on(self._new_flood(wire.FloodKind.HUNG, a, self._incarnation(a)), except_conn=None)
             if silence > t.dead:
                 self._emit(Kind.PEER_TIMEOUT_DEAD, now, self.table.get(a),
                            f"peer failed to respond for {int(silence)}s, declaring dead")
@@ -709,6 +711,20 @@ class Node:
                 contact.conn = None
                 contact.disconnected_since = contact.last_heard
                 contact.next_connect = now
+
+    def _hung_verdict(self, a: Addr, now: float, why: str) -> None:
+        if a not in self.hung:
+            self._emit(Kind.PEER_HUNG, now, self.table.get(a), why)
+        self.hung[a] = now
+
+    def _expire_hung(self, now: float) -> None:
+        for a, confirmed in list(self.hung.items()):
+            contact = self.contacts.get(a)
+            if contact is not None and contact.hung:
+                continue  # our own verdict: it stands while we hear nothing
+            if now - confirmed > 2.5 * self.timers.hang:
+                del self.hung[a]
+                self._emit(Kind.PEER_RECOVERED, now, self.table.get(a), "hang verdict no longer confirmed")
 
     def _flag_delayed(self, contact: Contact, now: float, why: str) -> None:
         contact.delayed = True
@@ -760,8 +776,11 @@ class Node:
 
     def _forgive_pause(self, gap: float) -> None:
         """This node did not run for ``gap`` seconds: its peers' silence over that time is not their fault."""
+        for a in self.hung:
+            self.hung[a] += gap
         for contact in self.contacts.values():
             contact.last_heard += gap
+            contact.hung_refreshed += gap
             if contact.disconnected_since is not None:
                 contact.disconnected_since += gap
         for conn in self.conns.values():
@@ -777,7 +796,7 @@ class Node:
         peer = self.table.get(addr)
         self.dead.add(addr)
         self.left.discard(addr)
-        self.hung.discard(addr)
+        self.hung.pop(addr, None)
         self._dead_hash = self._gone_hash()
         self._disconnect(addr, now)
         self._emit(Kind.PEER_DEAD, now, peer, why or "")
@@ -789,7 +808,7 @@ class Node:
         if addr in self.left or addr in self.dead or addr == self.me.addr:
             return
         self.left.add(addr)
-        self.hung.discard(addr)
+        self.hung.pop(addr, None)
         self._dead_hash = self._gone_hash()
         self._disconnect(addr, now)
         self._emit(Kind.PEER_LEFT, now, self.table.get(addr), "process left the job")

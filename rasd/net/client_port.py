@@ -166,8 +166,11 @@ class ClientPort:
         if self.spec.strip().lower() in ("off", "none", "0"):
             return
         explicit = bool(self.spec.strip())
+        # TORCHRAS_DEFAULT_ADDR moves the default itself (tests, sites that reserve another range); unlike
+        # TORCHRAS_ADDR it keeps the default's behaviour of moving a later job to the next free port.
+        default = os.environ.get("TORCHRAS_DEFAULT_ADDR") or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
         try:
-            self.host, base = parse_addr(self.spec) if explicit else (DEFAULT_HOST, DEFAULT_PORT)
+            self.host, base = parse_addr(self.spec if explicit else default)
         except ValueError as e:
             log.warning("rasd: no client port: %s", e)
             return

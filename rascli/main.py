@@ -1,0 +1,148 @@
+"""``rascli``: the entry point. Parses the options and hands over to one mode: status (the default), --check,
+--watch, --monitor or --list. Every failure ends here as one message on stderr and a documented exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from importlib import metadata
+from typing import Mapping, Sequence
+
+from . import __version__, endpoints, monitor, watch
+from .errors import Exit, RasCliError
+from .options import USAGE, Options, parse
+from .output import Streams, from_sys
+from .protocol import PROTOCOL_VERSION, Timeouts
+from .render import render_report
+from .report import ReportFormatError, parse_report
+from .status import ReportCut, chunks, fetch
+
+log = logging.getLogger(__name__)
+
+LOG_ENV = "TORCHRAS_LOG_LEVEL"
+#: --check names at most this many problems on its one line.
+CHECK_ITEMS_SHOWN = 5
+
+
+def version() -> str:
+    try:
+        number = metadata.version("torchras")
+    except metadata.PackageNotFoundError:
+        number = __version__
+    return f"rascli (torchras) {number}, RAS client protocol {PROTOCOL_VERSION}"
+
+
+def show_status(options: Options, timeouts: Timeouts, streams: Streams) -> int:
+    if streams.console is None or options.json:
+        for data in chunks(options, timeouts, streams.error):
+            streams.write(data)
+        return Exit.OK
+    with streams.waiting(f"Asking the job at {options.host}:{options.port}..."):
+        data = fetch(options, timeouts, streams.error)
+    try:
+        # Rich writes nothing until the whole renderable is drawn, so a failure here prints nothing.
+        streams.console.print(render_report(parse_report(data.decode("utf-8", "replace"))))
+    except Exception as err:  # noqa: BLE001 - whatever the text holds, the user sees it as the job sent it
+        log.debug("showing the report as text: %s", err)
+        streams.write(data)
+    return Exit.OK
+
+
+def check(options: Options, timeouts: Timeouts, streams: Streams) -> int:
+    data = fetch(options, timeouts, streams.error)
+    try:
+        report = parse_report(data.decode("utf-8", "replace"))
+    except ReportFormatError as err:
+        raise RasCliError(f"cannot tell whether the job is healthy: the report does not parse ({err})",
+                          Exit.PROTOCOL) from None
+    where = f"{options.host}:{options.port}"
+    if report.healthy:
+        streams.write(f"healthy: the job at {where} reports no errors and no warnings\n".encode())
+        return Exit.OK
+    problems = [f"error {item.header}" for item in report.errors]
+    problems += [f"warning {item.header}" for item in report.warnings]
+    shown = "; ".join(problems[:CHECK_ITEMS_SHOWN])
+    if len(problems) > CHECK_ITEMS_SHOWN:
+        shown += f"; and {len(problems) - CHECK_ITEMS_SHOWN} more"
+    streams.write(f"unhealthy: the job at {where} reports {shown}\n".encode())
+    return Exit.UNHEALTHY
+
+
+def list_jobs(options: Options, streams: Streams, environ: Mapping[str, str]) -> int:
+    directory = endpoints.run_dir(environ)
+    jobs = endpoints.group_jobs(endpoints.read_endpoints(directory))
+    now = time.time()
+    if options.json:
+        streams.write((json.dumps([job.as_json() for job in jobs], indent=2) + "\n").encode())
+    elif not jobs:
+        streams.message(f"No torchras job is serving on this node (no live endpoints in {directory}).")
+    elif streams.console is not None:
+        streams.console.print(endpoints.rich_table(jobs, now))
+    else:
+        streams.write(endpoints.plain_table(jobs, now).encode())
+    return Exit.OK
+
+
+def run(argv: Sequence[str], streams: Streams | None = None, environ: Mapping[str, str] | None = None,
+        timeouts: Timeouts = Timeouts()) -> int:
+    """Run rascli with ``argv`` (without the program name); returns the exit code."""
+    environ = os.environ if environ is None else environ
+    err = streams.err if streams is not None else sys.stderr
+    try:
+        options = parse(argv, environ)
+    except RasCliError as error:
+        err.write(f"rascli: {error.message}\n")
+        return error.code
+    if options.help:
+        (streams.out if streams else sys.stdout.buffer).write(USAGE.encode())
+        return Exit.OK
+    if options.version:
+        (streams.out if streams else sys.stdout.buffer).write((version() + "\n").encode())
+        return Exit.OK
+    streams = streams if streams is not None else from_sys(options.no_color)
+    if options.no_color:
+        streams.console = streams.progress = None
+    try:
+        if options.list:
+            return list_jobs(options, streams, environ)
+        if options.monitor is not None:
+            return monitor.run(options, timeouts, streams)
+        if options.watch is not None:
+            return watch.run(options, timeouts, streams)
+        if options.check:
+            return check(options, timeouts, streams)
+        return show_status(options, timeouts, streams)
+    except ReportCut as cut:
+        if streams.console is not None and cut.received and not options.json:
+            streams.write(cut.received)
+        streams.error(cut.message)
+        return cut.code
+    except RasCliError as error:
+        streams.error(error.message)
+        return error.code
+    except KeyboardInterrupt:
+        streams.error("interrupted")
+        return Exit.INTERRUPTED
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    level = os.environ.get(LOG_ENV, "WARNING").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.WARNING), format="rascli: %(name)s: %(message)s")
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (rascli | head): not an error of ours. Point stdout at /dev/null so the
+        # interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = Exit.OK
+    sys.exit(int(code))
+
+
+if __name__ == "__main__":
+    main()

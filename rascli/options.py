@@ -1,0 +1,246 @@
+"""Command line options: the ``ncclras`` options, the same defaults, plus ``--list``, ``--watch``, ``--check``.
+
+The parser is a small getopt: a table of options, short options that cluster (``-vt10``), long options with
+``=VALUE`` or a separate word, unique prefixes of long names. It is hand-written because ``-m``/``--monitor`` takes
+an *optional, attached* argument (``-mtrace``, ``--monitor=lifecycle,trace``), as in ``ncclras``, and ``-h`` means
+host, not help. Unlike ``ncclras``, a stray word is an error rather than silently ignored (``-m trace`` would
+otherwise monitor the default group and drop ``trace``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .errors import EXIT_CODE_HELP, Exit, RasCliError
+
+DEFAULT_HOST = "localhost"
+DEFAULT_PORT = 28028
+ADDR_ENV = "TORCHRAS_ADDR"
+
+
+class Arg(enum.Enum):
+    NONE = "none"
+    REQUIRED = "required"
+    OPTIONAL = "optional"  # attached only: -mGROUPS, --monitor=GROUPS
+
+
+@dataclass(frozen=True)
+class Spec:
+    short: str | None
+    long: str
+    arg: Arg
+
+
+SPECS: tuple[Spec, ...] = (
+    Spec("h", "host", Arg.REQUIRED),
+    Spec("p", "port", Arg.REQUIRED),
+    Spec("t", "timeout", Arg.REQUIRED),
+    Spec("v", "verbose", Arg.NONE),
+    Spec("f", "format", Arg.REQUIRED),
+    Spec("m", "monitor", Arg.OPTIONAL),
+    Spec(None, "help", Arg.NONE),
+    Spec(None, "version", Arg.NONE),
+    Spec(None, "list", Arg.NONE),
+    Spec(None, "watch", Arg.REQUIRED),
+    Spec(None, "check", Arg.NONE),
+    Spec(None, "no-color", Arg.NONE),
+)
+
+USAGE = f"""\
+Usage: rascli [OPTIONS]
+
+Ask a running torchras job what is wrong with it (an ncclras-compatible client).
+
+Options:
+  -h, --host=HOST        host of the RAS status port (default: localhost, or TORCHRAS_ADDR)
+  -p, --port=PORT        port of the RAS status port (default: 28028, or TORCHRAS_ADDR)
+  -t, --timeout=SECS     how long the job may take to gather the report; 0 disables the timeouts
+                         (the job's default is 5 s)
+  -v, --verbose          verbose report: list every rank and process that is out of line
+  -f, --format=FMT       text or json (json is always passed through unchanged)
+  -m, --monitor[=GROUPS] print events as they happen until the job ends or Ctrl+C; GROUPS is
+                         lifecycle (default), trace or all, comma-separated, attached: -mtrace
+      --watch=SECS       repeat the report every SECS seconds, highlighting what changed
+      --check            print a one-line verdict; the exit code says healthy (0) or not (1)
+                         healthy = the report lists nothing under Errors and nothing under Warnings
+      --list             list the torchras jobs serving on this node, with their ports
+      --no-color         print the job's text exactly, even on a terminal (also: NO_COLOR=1)
+      --help             show this help and exit
+      --version          show the version and exit
+
+Environment:
+  TORCHRAS_ADDR          host:port or [ipv6]:port of the status port (default localhost:28028)
+  TORCHRAS_RUN_DIR       where --list finds the jobs (default /tmp/torchras-<uid>/endpoints)
+
+On a terminal the report is drawn as tables, problems first. In a pipe, or with --no-color, the
+job's text is printed byte for byte.
+
+{EXIT_CODE_HELP}
+"""
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    #: True when neither -h, -p nor TORCHRAS_ADDR chose the address (it changes the connect-failure hint).
+    default_addr: bool = True
+    timeout: int | None = None
+    verbose: bool = False
+    #: As the user typed it (sent verbatim, as ncclras does); ``None`` when -f was not given.
+    format: str | None = None
+    #: ``None``: no monitor; ``""``: MONITOR (lifecycle); otherwise the groups, verbatim.
+    monitor: str | None = None
+    watch: float | None = None
+    check: bool = False
+    list: bool = False
+    no_color: bool = False
+    help: bool = False
+    version: bool = False
+
+    @property
+    def json(self) -> bool:
+        return self.format is not None and self.format.lower() == "json"
+
+
+def usage_error(message: str) -> RasCliError:
+    return RasCliError(f"{message}\nTry 'rascli --help' for more information.", Exit.USAGE)
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    """``host:port``, ``[ipv6]:port``, or a bare host (the default port)."""
+    match = re.fullmatch(r"\[([^\]]+)\](?::(\d+))?", text)
+    if match:
+        host, port = match.group(1), match.group(2)
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    elif ":" not in text:
+        host, port = text, None
+    else:
+        raise ValueError(f"'{text}' is not host:port or [ipv6]:port")
+    if not host:
+        raise ValueError(f"'{text}' has no host")
+    return host, DEFAULT_PORT if port is None else _port(port)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(f"invalid port '{text}' (1-65535)")
+    return int(text)
+
+
+def _lookup_long(name: str) -> Spec:
+    exact = [s for s in SPECS if s.long == name]
+    matches = exact or [s for s in SPECS if s.long.startswith(name)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise usage_error(f"unrecognized option '--{name}'")
+    raise usage_error(f"option '--{name}' is ambiguous ({', '.join('--' + s.long for s in matches)})")
+
+
+def _tokens(argv: Sequence[str]) -> list[tuple[Spec, str | None]]:
+    """Split argv into (option, value) pairs, getopt-style; a non-option word is an error."""
+    pairs: list[tuple[Spec, str | None]] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if word.startswith("--") and len(word) > 2:
+            name, eq, value = word[2:].partition("=")
+            spec = _lookup_long(name)
+            if spec.arg is Arg.NONE and eq:
+                raise usage_error(f"option '--{spec.long}' doesn't allow an argument")
+            if spec.arg is Arg.REQUIRED and not eq:
+                if i == len(argv):
+                    raise usage_error(f"option '--{spec.long}' requires an argument")
+                value, i = argv[i], i + 1
+            pairs.append((spec, value if (eq or spec.arg is Arg.REQUIRED) else None))
+        elif word.startswith("-") and len(word) > 1 and word != "--":
+            j = 1
+            while j < len(word):
+                letter = word[j]
+                spec = next((s for s in SPECS if s.short == letter), None)
+                if spec is None:
+                    raise usage_error(f"invalid option -- '{letter}'")
+                j += 1
+                if spec.arg is Arg.NONE:
+                    pairs.append((spec, None))
+                    continue
+                rest = word[j:]
+                if spec.arg is Arg.REQUIRED and not rest:
+                    if i == len(argv):
+                        raise usage_error(f"option requires an argument -- '{letter}'")
+                    rest, i = argv[i], i + 1
+                pairs.append((spec, rest if rest or spec.arg is Arg.REQUIRED else None))
+                break
+        else:
+            hint = ""
+            if pairs and pairs[-1][0].long == "monitor" and pairs[-1][1] is None:
+                hint = f" (monitor groups must be attached: -m{word} or --monitor={word})"
+            raise usage_error(f"unexpected argument '{word}'{hint}")
+    return pairs
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Options:
+    """Parse the command line (without the program name); raises ``RasCliError`` with ``Exit.USAGE``."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    host = port = None
+    for spec, value in _tokens(argv):
+        key = spec.long.replace("-", "_")
+        if spec.long == "host":
+            host = value
+        elif spec.long == "port":
+            try:
+                port = _port(value or "")
+            except ValueError as err:
+                raise usage_error(str(err)) from None
+        elif spec.long == "timeout":
+            if value is None or not re.fullmatch(r"\d+", value):
+                raise usage_error(f"invalid timeout '{value}' (whole seconds, 0 disables the timeouts)")
+            values["timeout"] = int(value)
+        elif spec.long == "format":
+            if (value or "").lower() not in ("text", "json"):
+                raise usage_error(f"invalid format '{value}' (must be text or json)")
+            values["format"] = value
+        elif spec.long == "monitor":
+            values["monitor"] = value or ""
+        elif spec.long == "watch":
+            try:
+                seconds = float(value or "")
+            except ValueError:
+                seconds = -1.0
+            if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+                raise usage_error(f"invalid --watch interval '{value}' (seconds, more than 0)")
+            values["watch"] = seconds
+        else:
+            values[key] = True
+
+    default_addr = host is None and port is None
+    env_addr = environ.get(ADDR_ENV, "").strip()
+    env_host, env_port = DEFAULT_HOST, DEFAULT_PORT
+    if env_addr:
+        default_addr = False
+        try:
+            env_host, env_port = parse_addr(env_addr)
+        except ValueError as err:
+            if host is None or port is None:
+                raise usage_error(f"{ADDR_ENV}: {err}") from None
+    options = Options(host=host if host is not None else env_host, port=port if port is not None else env_port,
+                      default_addr=default_addr, **values)  # type: ignore[arg-type]
+    _check_combinations(options)
+    return options
+
+
+def _check_combinations(options: Options) -> None:
+    modes = [name for name, on in (("--monitor", options.monitor is not None), ("--watch", options.watch is not None),
+                                   ("--check", options.check), ("--list", options.list)) if on]
+    if len(modes) > 1:
+        raise usage_error(f"{' and '.join(modes)} cannot be used together")
+    if options.json and (options.watch is not None or options.check):
+        raise usage_error(f"{modes[0]} reads the text report; it cannot be used with --format=json")

@@ -1,0 +1,123 @@
+"""Launch a multi-process gloo job of ``workload.py`` and read back what every rank reported."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+WORKLOAD = Path(__file__).with_name("workload.py")
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports (bound to port 0 together, then released)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclasses.dataclass
+class Job:
+    world_size: int
+    directory: Path
+    scenario: dict
+    processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
+
+    def start(self) -> "Job":
+        master_port, wrapper_port = free_ports(2)
+        self.scenario = dict(
+            self.scenario,
+            out=str(self.directory / "rank{rank}.jsonl"),
+            pidfile=str(self.directory / "monitor{rank}.pid"),
+            logfile=str(self.directory / "monitor{rank}.log"),
+            wrapper_port=wrapper_port,
+        )
+        for rank in range(self.world_size):
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                WORLD_SIZE=str(self.world_size),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(master_port),
+                INPROCESS_TEST_SCENARIO=json.dumps(self.scenario),
+                PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+                TORCH_CPP_LOG_LEVEL="ERROR",
+            )
+            log = open(self.directory / f"rank{rank}.stderr", "w")
+            self.processes.append(
+                subprocess.Popen([sys.executable, *([os.environ["INPROCESS_TEST_DEBUG"]] if os.environ.get("INPROCESS_TEST_DEBUG") else []), str(WORKLOAD)], env=env, stdout=log, stderr=subprocess.STDOUT)
+            )
+        return self
+
+    def wait(self, timeout: float, ranks: Optional[list[int]] = None) -> list[Optional[int]]:
+        """Exit codes of ``ranks`` (default: all; None: still running at the deadline)."""
+        deadline = time.monotonic() + timeout
+        codes: list[Optional[int]] = []
+        for rank, process in enumerate(self.processes):
+            if ranks is not None and rank not in ranks:
+                continue
+            try:
+                codes.append(process.wait(max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        return codes
+
+    def events(self, rank: int) -> list[dict]:
+        path = self.directory / f"rank{rank}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def all_events(self) -> dict[int, list[dict]]:
+        return {rank: self.events(rank) for rank in range(self.world_size)}
+
+    def wait_for_event(self, rank: int, event: str, timeout: float) -> Optional[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for item in self.events(rank):
+                if item.get("event") == event:
+                    return item
+            time.sleep(0.1)
+        return None
+
+    def diagnostics(self) -> str:
+        parts = []
+        for path in sorted(self.directory.iterdir()):
+            if path.suffix in (".stderr", ".log", ".jsonl"):
+                parts.append(f"--- {path.name}\n{path.read_text()[-3000:]}")
+        return "\n".join(parts)
+
+    def kill(self) -> None:
+        """Kill every trainer and every monitor process still alive (teardown)."""
+        for process in self.processes:
+            if process.poll() is None:
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        process.send_signal(sig)
+                    except ProcessLookupError:
+                        pass
+        for process in self.processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        for pidfile in self.directory.glob("monitor*.pid"):
+            try:
+                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass

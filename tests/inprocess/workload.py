@@ -1,0 +1,171 @@
+"""One rank of a test job: a gloo training loop inside ``inprocess.Wrapper``, faults injected on cue.
+
+Configured by the JSON in ``INPROCESS_TEST_SCENARIO``; reports JSON lines to ``out`` (``{rank}`` = initial rank).
+Not a test module itself: ``tests/inprocess/jobs.py`` launches it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+SCENARIO = json.loads(os.environ["INPROCESS_TEST_SCENARIO"])
+INITIAL_RANK = int(os.environ["RANK"])
+OUT = open(SCENARIO["out"].format(rank=INITIAL_RANK), "a", buffering=1)
+
+
+def emit(**fields: object) -> None:
+    fields.setdefault("initial_rank", INITIAL_RANK)
+    fields.setdefault("time", time.time())
+    OUT.write(json.dumps(fields) + "\n")
+
+
+if os.environ.get("INPROCESS_TEST_LOG"):
+    import logging
+
+    logging.basicConfig(level=logging.DEBUG, format="%(asctime)s.%(msecs)03d %(name)s %(message)s", datefmt="%H:%M:%S")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import inprocess  # noqa: E402
+from inprocess import rank_assignment as ra  # noqa: E402
+
+
+def wrapper_kwargs() -> dict:
+    seconds = datetime.timedelta(seconds=1)
+    settings = SCENARIO.get("wrapper", {})
+    kwargs: dict = dict(
+        store_kwargs={"port": SCENARIO["wrapper_port"], "timeout": 60 * seconds},
+        monitor_thread_interval=settings.get("monitor_thread_interval", 0.1) * seconds,
+        monitor_process_interval=settings.get("monitor_process_interval", 0.1) * seconds,
+        progress_watchdog_interval=settings.get("progress_watchdog_interval", 0.1) * seconds,
+        heartbeat_interval=settings.get("heartbeat_interval", 0.5) * seconds,
+        heartbeat_timeout=settings.get("heartbeat_timeout", 20) * seconds,
+        soft_timeout=settings.get("soft_timeout", 20) * seconds,
+        hard_timeout=settings.get("hard_timeout", 30) * seconds,
+        barrier_timeout=settings.get("barrier_timeout", 60) * seconds,
+        completion_timeout=60 * seconds,
+        last_call_wait=settings.get("last_call_wait", 0.1) * seconds,
+        termination_grace_time=0.5 * seconds,
+        monitor_process_pidfile=SCENARIO["pidfile"],
+        monitor_process_logfile=SCENARIO.get("logfile"),
+    )
+    if "max_iterations" in settings:
+        kwargs["initialize"] = inprocess.initialize.RetryController(max_iterations=settings["max_iterations"])
+    if "max_active" in settings:
+        kwargs["rank_assignment"] = inprocess.Compose(ra.MaxActiveWorldSize(settings["max_active"]), ra.ShiftRanks())
+    return kwargs
+
+
+def faults_now(call: int, iteration: int, step: int) -> list[dict]:
+    return [
+        fault
+        for fault in SCENARIO.get("faults", [])
+        if fault["iteration"] == iteration and fault["rank"] == INITIAL_RANK and fault["step"] == step
+        and fault.get("call", 0) == call
+    ]
+
+
+def report_verdicts(call_wrapper: inprocess.CallWrapper, fault: dict) -> None:
+    from inprocess.fault_source import ExternalVerdict, report_fault
+
+    time.sleep(fault.get("delay", 0.5))
+    verdict = ExternalVerdict(iteration=call_wrapper.iteration, ranks=frozenset(fault["victims"]),
+                              reason="injected by the test", kind=fault.get("verdict_kind", "PEER_HUNG"))
+    first = report_fault(verdict)
+    again = report_fault(verdict)  # idempotent
+    emit(event="verdict", first=first, again=again, iteration=verdict.iteration)
+    while call_wrapper.iteration == verdict.iteration:
+        time.sleep(0.05)
+    stale = ExternalVerdict(iteration=verdict.iteration, ranks=frozenset(fault["stale_victims"]), kind="PEER_DEAD")
+    emit(event="stale_verdict", applied=report_fault(stale))
+    future = ExternalVerdict(iteration=call_wrapper.iteration + 5, ranks=frozenset(fault["stale_victims"]))
+    emit(event="future_verdict", applied=report_fault(future))
+    time.sleep(0.3)
+    stuck = ExternalVerdict(iteration=call_wrapper.iteration, ranks=frozenset(fault["stale_victims"]),
+                            kind="COMM_STUCK", reason="injected by the test")
+    emit(event="stuck_verdict", applied=report_fault(stuck), iteration=stuck.iteration)
+
+
+def inject(fault: dict, call_wrapper: inprocess.CallWrapper) -> None:
+    kind = fault["kind"]
+    emit(event="fault", kind=kind, iteration=call_wrapper.iteration)
+    if kind == "exception":
+        time.sleep(fault.get("delay", 0))
+        raise RuntimeError("injected fault")
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "node":  # the whole "node" dies: the monitor process first, then the trainer
+        with open(SCENARIO["pidfile"].format(rank=INITIAL_RANK)) as pidfile:
+            os.kill(int(pidfile.read()), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if kind == "livelock":
+        call_wrapper.ping()
+        while True:
+            time.sleep(0.01)
+    if kind == "quiet_sleep":  # longer than the soft timeout, but hang protection is off
+        with call_wrapper.disable_hang_protection():
+            time.sleep(fault["seconds"])
+        emit(event="quiet_sleep_end", iteration=call_wrapper.iteration)
+    if kind == "gil":
+        sum(range(10**12))  # one C call that never releases the GIL
+    if kind == "atomic":
+        with call_wrapper.atomic():
+            emit(event="atomic_start", iteration=call_wrapper.iteration)
+            time.sleep(fault.get("hold", 1.5))
+            emit(event="atomic_end", iteration=call_wrapper.iteration)
+    if kind == "verdict":
+        threading.Thread(target=report_verdicts, args=(call_wrapper, fault), daemon=True).start()
+
+
+def main() -> None:
+    app_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+        INITIAL_RANK == 0, timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
+    )
+    steps = SCENARIO.get("steps", 20)
+    call = 0
+
+    @inprocess.Wrapper(**wrapper_kwargs())
+    def train(call_wrapper: inprocess.CallWrapper, sizes: list[int] = [1], note: "str" = "") -> int:
+        iteration = call_wrapper.iteration
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(
+            "gloo", store=dist.PrefixStore(f"call{call}pg{iteration}", app_store), rank=rank, world_size=world_size,
+            timeout=datetime.timedelta(seconds=SCENARIO.get("pg_timeout", 120)),
+        )
+        emit(event="start", iteration=iteration, rank=rank, world_size=world_size, call=call)
+        tensor = torch.ones(sizes[0])
+        for step in range(steps):
+            tensor.fill_(1.0)
+            dist.all_reduce(tensor)
+            if int(tensor[0].item()) != world_size:
+                raise AssertionError(f"all_reduce gave {tensor[0].item()} with world size {world_size}")
+            for fault in faults_now(call, iteration, step):
+                inject(fault, call_wrapper)
+            time.sleep(SCENARIO.get("step_sleep", 0.05))
+        emit(event="done", iteration=iteration, rank=rank, world_size=world_size)
+        dist.destroy_process_group()
+        return rank
+
+    for call in range(SCENARIO.get("calls", 1)):
+        try:
+            result = train()
+            emit(event="return", value=result, env_rank=os.environ.get("RANK"), env_world=os.environ.get("WORLD_SIZE"),
+                 call=call)
+        except BaseException as error:  # noqa: BLE001 - reported to the test
+            emit(event="raised", type=type(error).__name__, message=str(error), call=call)
+            raise SystemExit(3)
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

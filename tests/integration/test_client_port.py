@@ -1,0 +1,277 @@
+"""The client port of a real swarm, used the way an operator uses it: ``echo verbose status | nc localhost PORT``.
+
+Each test gets its own port range and endpoint registry, so tests never see each other's jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rasd.swarm import Swarm
+
+_next_port = [29300]
+
+
+def _free_base() -> int:
+    """A base port with a few free ports after it (fixed ports stay below 32768: machine-facts.md)."""
+    while True:
+        _next_port[0] += 8
+        base = _next_port[0]
+        try:
+            for p in range(base, base + 4):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+
+
+@pytest.fixture
+def port_env(tmp_path: Path) -> dict[str, str]:
+    base = _free_base()
+    return {"TORCHRAS_DEFAULT_ADDR": f"localhost:{base}", "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
+            "TORCHRAS_SWARM_STEP_S": "0", "TORCHRAS_TIMEOUT_FACTOR": "0.2"}
+
+
+def base_port(env: dict[str, str]) -> int:
+    return int(env["TORCHRAS_DEFAULT_ADDR"].rsplit(":", 1)[1])
+
+
+def connect(port: int, attempts: int = 8) -> socket.socket:
+    """A connection to a process that answers the handshake. With SO_REUSEPORT the kernel may hand a connection
+    to a stopped process that never answers; a new connection (a new source port) lands elsewhere, so a client
+    retries the handshake a few times, as rascli does."""
+    for _ in range(attempts):
+        s = socket.create_connection(("localhost", port), 5)
+        s.settimeout(1.0)
+        s.sendall(b"CLIENT PROTOCOL 2\n")
+        try:
+            if s.recv(64) == b"SERVER PROTOCOL 2\n":
+                return s
+        except (TimeoutError, ConnectionResetError):
+            pass
+        s.close()
+    raise AssertionError("no process of the job answered the handshake")
+
+
+def server_pid(sock: socket.socket) -> int:
+    """The pid of the process that accepted this client connection."""
+    mine = sock.getsockname()[:2]
+    for c in psutil.net_connections("tcp"):
+        if c.raddr and (c.raddr.ip, c.raddr.port) == mine and c.pid:
+            return c.pid
+    raise AssertionError("no process holds the other end")
+
+
+def ask(port: int, text: bytes, timeout: float = 30.0) -> str:
+    with connect(port) as s:
+        s.sendall(text)
+        s.settimeout(timeout)
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return b"".join(chunks).decode()
+            chunks.append(data)
+
+
+def status(port: int, verbose: bool = True, timeout_cmd: str = "") -> str:
+    return ask(port, timeout_cmd.encode() + (b"VERBOSE STATUS\n" if verbose else b"STATUS\n"))
+
+
+def wait_for_report(port: int, predicate, deadline: float = 20.0) -> str:
+    end = time.monotonic() + deadline
+    report = ""
+    while time.monotonic() < end:
+        try:
+            report = status(port)
+        except ConnectionResetError:
+            # With SO_REUSEPORT a connection can land in the backlog of a process being killed: ask again.
+            continue
+        if predicate(report):
+            return report
+        time.sleep(0.2)
+    raise AssertionError(f"no report matched within {deadline}s; last:\n{report}")
+
+
+def test_a_healthy_job(port_env):
+    with Swarm(4, env=port_env) as sw:
+        port = base_port(port_env)
+        report = wait_for_report(port, lambda r: "      1          4            0          4        0" in r)
+        lines = report.splitlines()
+        assert lines[0].startswith("torchras version ") and " with torch " in lines[0]
+        assert "Communicators... (" in report
+        assert "    0         1         1         4         4         4   RUNNING      OK" in report
+        assert "    1         2         1         2         2         4   RUNNING      OK" in report
+        assert report.endswith("Errors\n======\n\nWarnings\n========\n\n")
+        doc = json.loads(ask(port, b"SET FORMAT json\nSTATUS\n").removeprefix("OK\n"))
+        assert doc["communicators_count"] == 3
+        assert {r["pid"] for c in doc["communicators"] for r in c["ranks"]} == {m.pid for m in sw.members}
+        assert doc["ras"]["timeouts_count"] == 0
+
+
+def test_a_lagging_rank_is_a_mismatch_that_names_it(port_env):
+    with Swarm(4, env=port_env) as sw:
+        sw.command(2, "lag", "3")
+        report = wait_for_report(base_port(port_env), lambda r: "MISMATCH\n" in r)
+        assert "Communicator ranks have different AllReduce operation counts" in report
+        assert f"Rank 2 has launched up to operation 7 -- CPU managed by process {sw.members[2].pid}" in report
+        assert "3 ranks have launched up to operation 10" in report
+
+
+def test_kill_9_is_dead_in_the_report_within_about_a_second(port_env):
+    with Swarm(4, env=port_env) as sw:
+        port = base_port(port_env)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        sw.kill(1)
+        report = wait_for_report(port, lambda r: "DEAD\n" in r, deadline=10)
+        assert "1 job process is considered dead (unreachable via the RAS network)" in report
+        assert f"Process {sw.members[1].pid} on node 127.0.0.1 managing CPU" in report
+        assert "Missing communicator data from 1 rank" in report
+
+
+def test_without_fast_death_a_kill_is_incomplete_at_once_and_dead_after_the_limit(port_env):
+    env = {**port_env, "TORCHRAS_FAST_DEATH": "0", "TORCHRAS_TIMEOUT_FACTOR": "0.1"}  # dead after 6 s
+    with Swarm(4, env=env) as sw:
+        port = base_port(env)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        sw.kill(3)
+        time.sleep(0.3)  # the neighbours read the EOF (a query racing the EOF counts a leg timeout, as in NCCL)
+        first = status(port)
+        assert "INCOMPLETE\n  Missing communicator data from 1 job process" in first
+        assert "DEAD\n" not in first
+        assert "TIMEOUT" not in first  # a closed connection is never waited on
+        report = wait_for_report(port, lambda r: "DEAD\n" in r, deadline=30)
+        assert "considered dead" in report
+
+
+def test_sigstop_gives_a_timeout_warning_once_then_fast_queries(port_env):
+    env = {**port_env, "TORCHRAS_TIMEOUT_FACTOR": "1"}  # unresponsive after 5 s: the first query is inside that
+    with Swarm(4, env=env) as sw:
+        port = base_port(env)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        sw.pause(2)
+        try:
+            first = status(port)
+            assert "TIMEOUT\n  Encountered" in first
+            assert "INCOMPLETE" in first
+            later = [status(port) for _ in range(3)]
+            for report in later:
+                assert "INCOMPLETE" in report
+                assert "TIMEOUT" not in report
+        finally:
+            sw.resume(2)
+
+
+def test_fifty_concurrent_clients_and_idle_ones(port_env):
+    with Swarm(4, env=port_env):
+        port = base_port(port_env)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        idle = [socket.create_connection(("localhost", port), 5) for _ in range(10)]
+        results: list[str] = []
+        errors: list[BaseException] = []
+
+        def one() -> None:
+            try:
+                results.append(status(port, verbose=False))
+            except BaseException as e:  # noqa: BLE001 - collected and reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=one) for _ in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for s in idle:
+            s.close()
+        assert not errors
+        assert len(results) == 50
+        assert all(r.endswith("Warnings\n========\n\n") and "RUNNING" in r for r in results)
+
+
+def test_overlong_lines_and_garbage_close_only_that_client(port_env):
+    with Swarm(3, env=port_env):
+        port = base_port(port_env)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        with connect(port) as s:
+            s.sendall(b"x" * 5000)
+            s.settimeout(10)
+            assert s.recv(100) == b""  # closed silently
+        out = ask(port, b"\x00\xff\xfe garbage\nSTATUS \nSTATUS\n")
+        assert out.startswith("ERROR: Unknown command \x00\ufffd\ufffd garbage\nERROR: Unknown command STATUS \n")
+        assert "RUNNING      OK" in out
+
+
+def test_monitor_pushes_events_as_they_happen(port_env):
+    with Swarm(4, env=port_env) as sw:
+        port = base_port(port_env)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        text = connect(port)
+        text.sendall(b"MONITOR\n")
+        js = connect(port)
+        js.sendall(b"SET FORMAT json\nMONITOR all\n")
+        for s in (text, js):
+            s.settimeout(20)
+        assert text.recv(3) == b"OK\n"
+        sw.kill(1)
+        got = b""
+        while b"PEER_DEAD" not in got:
+            got += text.recv(4096)
+        line = got.decode().splitlines()[-1]
+        assert line.startswith("[") and f"PEER_DEAD: Process {sw.members[victim].pid} on node 127.0.0.1 managing CPU" in line
+        raw = b""
+        events: list[dict] = []
+        while not any(e["event"] == "PEER_DEAD" for e in events):
+            raw += js.recv(4096)
+            body = raw.decode().split("OK\n", 1)[-1]
+            # Each event is one pretty-printed object whose closing brace starts a line.
+            events = [json.loads(chunk + "}") for chunk in body.split("\n}\n")[:-1]]
+        dead = next(e for e in events if e["event"] == "PEER_DEAD")
+        assert dead["group"] == "LIFECYCLE" and dead["peer"]["pid"] == sw.members[victim].pid
+        text.close()
+        js.close()
+
+
+def test_two_jobs_on_one_node_serve_different_ports(port_env):
+    with Swarm(2, env=port_env) as a, Swarm(2, env=port_env) as b:
+        first, second = base_port(port_env), base_port(port_env) + 1
+        ra = wait_for_report(first, lambda r: "RUNNING      OK" in r)
+        rb = wait_for_report(second, lambda r: "RUNNING      OK" in r)
+        pids_a = {m.pid for m in a.members}
+        pids_b = {m.pid for m in b.members}
+        for _ in range(5):
+            doc_a = json.loads(ask(first, b"SET FORMAT json\nSTATUS\n").removeprefix("OK\n"))
+            doc_b = json.loads(ask(second, b"SET FORMAT json\nSTATUS\n").removeprefix("OK\n"))
+            assert {r["pid"] for c in doc_a["communicators"] for r in c["ranks"]} == pids_a
+            assert {r["pid"] for c in doc_b["communicators"] for r in c["ranks"]} == pids_b
+        regs = [json.loads(p.read_text()) for p in Path(port_env["TORCHRAS_RUN_DIR"]).glob("*.json")]
+        assert {(r["port"], r["pid"]) for r in regs} == {(first, p) for p in pids_a} | {(second, p) for p in pids_b}
+        assert ra and rb
+
+
+def test_a_port_taken_by_another_program(port_env):
+    base = base_port(port_env)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", base))
+    blocker.listen(1)
+    try:
+        # With the default address the job moves to the next free port.
+        with Swarm(2, env=port_env):
+            assert "RUNNING      OK" in wait_for_report(base + 1, lambda r: "RUNNING      OK" in r)
+        # With an explicit address it runs without a client port; the mesh still works.
+        env = {**port_env, "TORCHRAS_ADDR": f"localhost:{base}"}
+        with Swarm(3, env=env) as sw:
+            with socket.socket() as probe:
+                probe.settimeout(2)
+                probe.connect(("127.0.0.1", base))  # only the blocker listens there
+            sw.kill(0)
+            sw.wait_for(lambda: all(sw.saw(i, "PEER_DEAD", 0) for i in (1, 2)), 10, "PEER_DEAD")
+    finally:
+        blocker.close()

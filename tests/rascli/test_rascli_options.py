@@ -1,0 +1,120 @@
+"""Options: ncclras's options with its defaults, the getopt conventions, TORCHRAS_ADDR, and clear usage errors."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rascli.errors import Exit, RasCliError
+from rascli.options import DEFAULT_PORT, Options, parse, parse_addr
+from rascli_helpers import run_cli
+
+
+def test_defaults_are_ncclras_defaults() -> None:
+    options = parse([], {})
+    assert (options.host, options.port, options.timeout, options.verbose, options.format, options.monitor) == (
+        "localhost", 28028, None, False, None, None)
+    assert options.default_addr
+
+
+def test_h_is_host_not_help() -> None:
+    assert parse(["-h", "node7"], {}).host == "node7"
+    assert parse(["--host=node7"], {}).host == "node7"
+    assert not parse(["-h", "node7"], {}).default_addr
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["-p", "1234"], {"port": 1234}),
+    (["--port", "1234"], {"port": 1234}),
+    (["-p1234"], {"port": 1234}),
+    (["-t", "10"], {"timeout": 10}),
+    (["-t0"], {"timeout": 0}),
+    (["--timeout=7"], {"timeout": 7}),
+    (["-v"], {"verbose": True}),
+    (["-vt10"], {"verbose": True, "timeout": 10}),
+    (["-f", "JSON"], {"format": "JSON"}),
+    (["--format=text"], {"format": "text"}),
+    (["-m"], {"monitor": ""}),
+    (["-mtrace"], {"monitor": "trace"}),
+    (["--monitor"], {"monitor": ""}),
+    (["--monitor=lifecycle,trace"], {"monitor": "lifecycle,trace"}),
+    (["-vmall"], {"verbose": True, "monitor": "all"}),
+    (["--verb", "--watch", "2.5"], {"verbose": True, "watch": 2.5}),
+    (["--check"], {"check": True}),
+    (["--list"], {"list": True}),
+    (["--no-color"], {"no_color": True}),
+])
+def test_options(argv: list[str], expected: dict[str, object]) -> None:
+    options = parse(argv, {})
+    for name, value in expected.items():
+        assert getattr(options, name) == value, name
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-t", "x"], "invalid timeout 'x'"),
+    (["-t", "-1"], "invalid timeout '-1'"),
+    (["-t", "1.5"], "invalid timeout '1.5'"),
+    (["-f", "xml"], "invalid format 'xml' (must be text or json)"),
+    (["-p", "0"], "invalid port '0'"),
+    (["-p", "http"], "invalid port 'http'"),
+    (["-x"], "invalid option -- 'x'"),
+    (["--bogus"], "unrecognized option '--bogus'"),
+    (["--verbose=yes"], "doesn't allow an argument"),
+    (["-h"], "requires an argument -- 'h'"),
+    (["--port"], "option '--port' requires an argument"),
+    (["-m", "trace"], "monitor groups must be attached: -mtrace or --monitor=trace"),
+    (["stray"], "unexpected argument 'stray'"),
+    (["-m", "--check"], "--monitor and --check cannot be used together"),
+    (["--watch", "0"], "invalid --watch interval '0'"),
+    (["--watch", "nan"], "invalid --watch interval"),
+    (["--check", "-f", "json"], "--check reads the text report"),
+    (["--watch=1", "-fjson"], "--watch reads the text report"),
+    (["--list", "--check"], "--check and --list cannot be used together"),
+])
+def test_usage_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(RasCliError) as caught:
+        parse(argv, {})
+    assert caught.value.code == Exit.USAGE
+    assert message in caught.value.message
+    result = run_cli(argv)
+    assert result.code == 2
+    assert message in result.err and "rascli --help" in result.err
+    assert result.out == b""
+
+
+def test_addr_from_environment() -> None:
+    options = parse([], {"TORCHRAS_ADDR": "node3:29000"})
+    assert (options.host, options.port, options.default_addr) == ("node3", 29000, False)
+    assert parse([], {"TORCHRAS_ADDR": "[::1]:29001"}).host == "::1"
+    assert parse(["-p", "5"], {"TORCHRAS_ADDR": "node3:29000"}).host == "node3"
+    assert parse(["-h", "other"], {"TORCHRAS_ADDR": "node3:29000"}).port == 29000
+    # -h and -p together do not need TORCHRAS_ADDR to make sense
+    assert parse(["-h", "a", "-p", "9"], {"TORCHRAS_ADDR": "junk:junk"}).port == 9
+
+
+def test_bad_environment_address_is_a_usage_error() -> None:
+    result = run_cli([], environ={"TORCHRAS_ADDR": "a:b:c"})
+    assert result.code == 2 and "TORCHRAS_ADDR" in result.err
+
+
+@given(st.from_regex(r"[a-z][a-z0-9.\-]{0,20}", fullmatch=True), st.integers(1, 65535))
+def test_addr_roundtrip(host: str, port: int) -> None:
+    assert parse_addr(f"{host}:{port}") == (host, port)
+    assert parse_addr(f"[{host}]:{port}") == (host, port)
+    assert parse_addr(host) == (host, DEFAULT_PORT)
+
+
+def test_help_and_version_go_to_stdout_and_exit_0() -> None:
+    result = run_cli(["--help"])
+    assert result.code == 0
+    text = result.out.decode()
+    for word in ("--host", "--timeout", "--monitor[=GROUPS]", "--watch", "--check", "--list", "Exit codes:",
+                 "TORCHRAS_ADDR"):
+        assert word in text
+    version = run_cli(["--version"])
+    assert version.code == 0 and version.out.decode().startswith("rascli (torchras) ")
+
+
+def test_options_are_frozen_values() -> None:
+    assert parse(["-v"], {}) == Options(verbose=True)

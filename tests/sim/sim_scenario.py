@@ -1,0 +1,120 @@
+"""A fault schedule for the simulator, recorded so the invariants can be checked against it afterwards.
+
+Every fault is applied between ``run_until`` calls, at a virtual time chosen by the test; the record says, for every
+node, when it was killed, paused (and for how long) and cut off by a partition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rasd.core.events import Kind
+from rasd.sim import Simulation
+
+
+@dataclass
+class Record:
+    killed: dict[int, float] = field(default_factory=dict)
+    paused: dict[int, tuple[float, float]] = field(default_factory=dict)  # node -> (from, to); to = inf if never
+    partitions: list[tuple[frozenset[int], frozenset[int], float, float]] = field(default_factory=list)
+
+
+class Scenario:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.rec = Record()
+        self._open: dict[object, tuple[frozenset[int], frozenset[int], float]] = {}
+
+    @property
+    def timers(self):
+        return self.sim.timers
+
+    def run_until(self, t: float) -> None:
+        self.sim.run_until(t)
+
+    def kill(self, nodes) -> None:
+        for i in nodes:
+            self.sim.kill(i)
+            self.rec.killed[i] = self.sim.now
+
+    def pause(self, nodes) -> None:
+        for i in nodes:
+            self.sim.pause(i)
+            self.rec.paused[i] = (self.sim.now, float("inf"))
+
+    def resume(self, nodes) -> None:
+        for i in nodes:
+            self.sim.resume(i)
+            start, _ = self.rec.paused[i]
+            self.rec.paused[i] = (start, self.sim.now)
+
+    def partition(self, a, b):
+        p = self.sim.partition(set(a), set(b))
+        self._open[p] = (p[0], p[1], self.sim.now)
+        return p
+
+    def heal(self, p) -> None:
+        self.sim.heal(p)
+        a, b, start = self._open.pop(p)
+        self.rec.partitions.append((a, b, start, self.sim.now))
+
+    # ------------------------------------------------------------------------------------------------------------
+    # What the record implies
+
+    def doomed(self) -> set[int]:
+        """Nodes the job must end up declaring dead: killed, or paused longer than the dead limit."""
+        dead = self.timers.dead
+        return set(self.rec.killed) | {i for i, (a, b) in self.rec.paused.items() if b - a > dead}
+
+    def zombies(self) -> set[int]:
+        """Paused past the dead limit and resumed since."""
+        dead = self.timers.dead
+        return {i for i, (a, b) in self.rec.paused.items() if b - a > dead and b != float("inf")
+                and i not in self.rec.killed}
+
+    def survivors(self) -> list[int]:
+        doomed = self.doomed()
+        return [s.index for s in self.sim.nodes if s.index not in doomed]
+
+    def may_be_declared_dead(self, subject: int, at: float) -> bool:
+        """A verdict about ``subject`` at ``at`` is justified only if it was killed by then, or had been silent for
+        about the dead limit by then because it was paused past it. Slack: the last message heard from it may
+        predate the pause by up to a keepalive interval (and a tick)."""
+        if subject in self.rec.killed and self.rec.killed[subject] <= at:
+            return True
+        if subject in self.rec.paused:
+            start, end = self.rec.paused[subject]
+            slack = self.timers.keepalive + 2 * self.timers.tick
+            if end - start > self.timers.dead and at >= start + self.timers.dead - slack:
+                return True
+        return False
+
+    def cut_off_until(self, observer: int, at: float) -> float:
+        """When ``observer`` can next hear the job after ``at``: later than ``at`` if it was paused or partitioned
+        away from most of the job at that time."""
+        t = at
+        if observer in self.rec.paused:
+            a, b = self.rec.paused[observer]
+            if a <= t < b:
+                t = b
+        for x, y, a, b in self.rec.partitions:
+            if (observer in x or observer in y) and a <= t < b:
+                t = b
+        return t
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def dead_verdicts(self) -> list[tuple[int, int, float]]:
+        """(observer, subject, time) of every PEER_DEAD about another node."""
+        idx = self.sim.addr_index
+        out = []
+        for observer, at, e in self.sim.events(Kind.PEER_DEAD):
+            subject = idx[e.addr]
+            if subject != observer:
+                out.append((observer, subject, at))
+        return out
+
+    def trace(self) -> list[tuple]:
+        """Every event but PEER_NEW (of which there are N squared), in a comparable form."""
+        return [(s.index, round(t, 9), e.kind.value, str(e.addr), e.details) for s in self.sim.nodes
+                for t, e in s.events if e.kind is not Kind.PEER_NEW]

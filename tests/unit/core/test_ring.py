@@ -1,0 +1,139 @@
+"""Link selection: ring neighbours, chained fallbacks over unhealthy peers, host skipping, express links."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rasd.core import ring
+
+
+def links(n, me, dead=(), bad=(), per_host=1, express=True):
+    order = list(range(n))
+    return ring.links(order, me, set(dead).__contains__, set(bad).__contains__, lambda i: f"h{i // per_host}",
+                      express)
+
+
+def test_one_peer_has_no_links():
+    assert links(1, 0) == set()
+
+
+def test_two_peers_link_to_each_other_once():
+    assert links(2, 0) == {1} and links(2, 1) == {0}
+
+
+def test_neighbours_and_wrap_around():
+    assert links(5, 2) == {1, 3}
+    assert links(5, 0) == {4, 1}
+    assert links(5, 4) == {3, 0}
+
+
+def test_dead_peers_are_skipped_as_if_absent():
+    assert links(6, 2, dead={3}) == {1, 4}
+    assert links(6, 0, dead={5, 4}) == {3, 1}
+    assert links(3, 0, dead={1, 2}) == set()
+    assert links(3, 0, dead={1}) == {2}
+
+
+def test_an_unhealthy_primary_gets_a_fallback_beyond_it():
+    assert links(8, 2, bad={3}) == {1, 3, 4}
+    assert links(8, 2, bad={1}) == {0, 1, 3}
+
+
+def test_fallbacks_chain_while_they_are_unhealthy():
+    assert links(10, 2, bad={3, 4, 5}) == {1, 3, 4, 5, 6}
+
+
+def test_fallbacks_skip_dead_peers():
+    assert links(10, 2, dead={4}, bad={3}) == {1, 3, 5}
+
+
+def test_a_fallback_of_a_fallback_on_another_host_skips_the_rest_of_that_host():
+    # 4 hosts of 4 processes; me is 1 (host 0). Host 1 (4..7) is all silent, and so is my successor 2, 3.
+    got = links(16, 1, bad={2, 3, 4, 5, 6, 7}, per_host=4)
+    # 2 and 3 on my own host are walked one by one; 4 is the first fallback on host 1, the rest of host 1 skipped.
+    assert got == {0, 2, 3, 4, 8}
+
+
+def test_host_skipping_keeps_a_healthy_process_of_that_host():
+    got = links(16, 1, bad={2, 3, 4, 5, 7}, per_host=4)
+    assert got == {0, 2, 3, 4, 6}  # 6 is healthy: the walk stops there, 5 skipped with its host
+
+
+def test_the_walk_is_bounded_by_max_fallbacks():
+    n = 100
+    bad = set(range(n)) - {0}
+    got = links(n, 0, bad=bad, express=False)
+    forward = {i for i in got if i <= n // 2}
+    backward = got - forward
+    # The primary plus at most MAX_FALLBACKS beyond it, in each direction.
+    assert len(forward) == len(backward) == ring.MAX_FALLBACKS + 1
+    assert forward == set(range(1, ring.MAX_FALLBACKS + 2))
+
+
+def test_a_whole_ring_unhealthy_never_links_to_self():
+    assert 0 not in links(5, 0, bad={1, 2, 3, 4})
+    assert links(5, 0, bad={1, 2, 3, 4}) == {1, 2, 3, 4}
+
+
+def test_no_express_links_below_the_threshold():
+    n = ring.EXPRESS_MIN_PEERS - 1
+    assert links(n, 10) == {9, 11}
+
+
+def test_express_links_at_the_threshold():
+    n = ring.EXPRESS_MIN_PEERS
+    stride = math.isqrt(n)
+    assert links(n, 10) == {9, 11, 10 + stride, 10 - stride}
+    assert links(n, 10, express=False) == {9, 11}
+
+
+def test_express_links_count_only_live_peers_and_wrap():
+    n = 200
+    dead = set(range(100, 200, 2))  # 50 dead, 150 live
+    live = [i for i in range(n) if i not in dead]
+    stride = math.isqrt(len(live))
+    me = 0
+    got = links(n, me, dead=dead)
+    assert live[stride] in got and live[-stride] in got
+    assert not got & dead
+    # Below the threshold by deaths, the express links go away.
+    assert links(n, 0, dead=set(range(60, 200))) == {1, 59}
+
+
+def test_an_unhealthy_express_peer_is_bridged_one_step_further():
+    n = 100
+    stride = math.isqrt(n)
+    got = links(n, 0, bad={stride})
+    assert {stride, stride + 1} <= got
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(1, 150), per_host=st.integers(1, 8), express=st.booleans())
+def test_links_never_include_self_or_excluded_peers(data, n, per_host, express):
+    me = data.draw(st.integers(0, n - 1))
+    others = [i for i in range(n) if i != me]
+    dead = set(data.draw(st.lists(st.sampled_from(others), unique=True))) if others else set()
+    bad = set(data.draw(st.lists(st.sampled_from(others), unique=True))) if others else set()
+    got = links(n, me, dead=dead, bad=bad, per_host=per_host, express=express)
+    assert me not in got
+    assert not got & dead
+    live = set(others) - dead
+    # Everyone has at least one link while anyone else is alive; the ring neighbours are always among them.
+    if live:
+        assert got
+        after = next(i % n for i in range(me + 1, me + n) if i % n in live)
+        before = next(i % n for i in range(me - 1, me - n, -1) if i % n in live)
+        assert after in got and before in got
+    # Bounded: two walks of at most 1 + MAX_FALLBACKS, plus 4 express links.
+    assert len(got) <= 2 * (ring.MAX_FALLBACKS + 1) + 4
+    # Healthy peers end a walk: with nobody unhealthy the links are the neighbours (and express ones).
+    if not bad:
+        assert len(got) <= 4
+
+
+def test_it_works_on_any_sortable_item():
+    order = ["a", "b", "c", "d"]
+    got = ring.links(order, 0, lambda x: x == "b", lambda x: x == "c", lambda x: "h", True)
+    assert got == {"c", "d"}

@@ -1,0 +1,319 @@
+"""The mesh's wire format: every message round-trips, and anything malformed is a ``ProtocolError`` (and nothing
+else), however it is cut into chunks."""
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rasd.core import wire
+from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
+from rasd.core.peers import Addr, PeerInfo
+
+V4 = PeerInfo(Addr("10.1.2.3", 40001), pid=4242, hostname="node-a", incarnation=2**64 - 1, devices=(0, 3), rank=17)
+V6 = PeerInfo(Addr("fe80::1", 65535), pid=1, hostname="ünï-cödé", incarnation=0, devices=(), rank=-1)
+
+DATA = ProcessData(comms=(
+    CommRecord(comm_hash=2**64 - 1, size=4, rank_map=((0, 2, 1), (8, 2, 4)), ranks=(
+        RankRecord(comm_rank=0, init_state=0, async_error=7, finalize_called=True, destroy_flag=False,
+                   abort_flag=True, device=3, launched=tuple(range(N_OPS)), completed=tuple(range(N_OPS))),
+        RankRecord(comm_rank=3, device=-1, launched=(2**64 - 1,) * N_OPS),
+    )),
+    CommRecord(comm_hash=5, size=1, ranks=()),
+))
+
+MESSAGES = [
+    wire.Hello(b"n" * wire.NONCE_LEN),
+    wire.Challenge(b"c" * wire.NONCE_LEN, b"m" * wire.MAC_LEN),
+    wire.Proof(b"p" * wire.MAC_LEN),
+    wire.ConnInit(V4, 1, 2**64 - 1),
+    wire.ConnInit(V6, 0, 0),
+    wire.ConnInitAck(wire.Nack.OK, V4),
+    wire.ConnInitAck(wire.Nack.YOU_ARE_DEAD),
+    wire.ConnInitAck(wire.Nack.DUPLICATE),
+    wire.ConnInitAck(wire.Nack.LEAVING, V6),
+    wire.Keepalive(3, 4, True),
+    wire.Keepalive(0, 2**64 - 1, False),
+    wire.PeersUpdate((V4, V6), (V6.addr,), (V4.addr, Addr("::", 1)), True),
+    wire.PeersUpdate((), (), (), False),
+    *[wire.Flood(V4.addr, 9, kind, V6.addr, 12345) for kind in wire.FloodKind],
+    wire.CollReq(V6.addr, 2**64 - 1, 0),
+    wire.CollReq(V4.addr, 1, 5000),
+    wire.CollResp(V4.addr, 1, 3, ((V4.addr, DATA), (V6.addr, ProcessData()))),
+    wire.CollResp(V4.addr, 1, 0, ()),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(msg):
+    frame = wire.encode(msg)
+    (length,) = struct.unpack("!I", frame[:4])
+    assert length == len(frame) - 4
+    assert frame[4] == wire.VERSION
+    assert wire.decode_body(frame[4:]) == msg
+    reader = wire.FrameReader(wire.MAX_FRAME)
+    assert list(reader.feed(frame)) == [msg]
+    assert reader.buffered == 0
+
+
+def test_every_message_type_is_covered():
+    assert {type(m) for m in MESSAGES} == set(wire.Message.__args__)
+    assert {wire.encode(m)[5] for m in MESSAGES} == {int(t) for t in wire.MsgType}
+
+
+def test_frames_split_byte_by_byte_and_glued_together_decode_in_order():
+    stream = b"".join(wire.encode(m) for m in MESSAGES)
+    reader = wire.FrameReader(wire.MAX_FRAME)
+    out = []
+    for i in range(len(stream)):
+        out.extend(reader.feed(stream[i:i + 1]))
+    assert out == MESSAGES
+    assert list(wire.FrameReader(wire.MAX_FRAME).feed(stream)) == MESSAGES
+
+
+def test_the_peer_record_of_the_bootstrap_store_round_trips():
+    for p in (V4, V6):
+        assert wire.decode_peer(wire.encode_peer(p)) == p
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_peer(wire.encode_peer(V4) + b"\x00")
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_peer(b"\x09" + wire.encode_peer(V4)[1:])
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_peer(wire.encode_peer(V4)[:-1])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Malformed bodies
+
+
+def body(msg) -> bytes:
+    return wire.encode(msg)[4:]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_truncation_is_a_protocol_error(msg):
+    b = body(msg)
+    for cut in range(len(b)):
+        with pytest.raises(wire.ProtocolError):
+            wire.decode_body(b[:cut])
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_trailing_bytes_are_a_protocol_error(msg):
+    with pytest.raises(wire.ProtocolError, match="trailing"):
+        wire.decode_body(body(msg) + b"\x00")
+
+
+def test_a_bad_version_is_a_protocol_error():
+    b = bytearray(body(wire.Keepalive(1, 2, True)))
+    for version in (0, 2, 255):
+        b[0] = version
+        with pytest.raises(wire.ProtocolError, match="version"):
+            wire.decode_body(bytes(b))
+
+
+@pytest.mark.parametrize("t", [0, 11, 99, 255])
+def test_an_unknown_type_is_a_protocol_error(t):
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_body(bytes([wire.VERSION, t]) + b"\x00" * 40)
+
+
+def test_bad_enums_and_booleans_are_protocol_errors():
+    ack = bytearray(body(wire.ConnInitAck(wire.Nack.OK)))
+    ack[2] = 99  # nack
+    with pytest.raises(wire.ProtocolError, match="Nack"):
+        wire.decode_body(bytes(ack))
+    ack = bytearray(body(wire.ConnInitAck(wire.Nack.OK)))
+    ack[3] = 2  # "has info" boolean
+    with pytest.raises(wire.ProtocolError, match="boolean"):
+        wire.decode_body(bytes(ack))
+    ka = bytearray(body(wire.Keepalive(1, 2, True)))
+    ka[-1] = 2
+    with pytest.raises(wire.ProtocolError, match="boolean"):
+        wire.decode_body(bytes(ka))
+    flood = bytearray(body(wire.Flood(V4.addr, 1, wire.FloodKind.DEAD, V4.addr, 2)))
+    kind_at = 2 + 1 + 4 + 2 + 8
+    assert flood[kind_at] == wire.FloodKind.DEAD
+    flood[kind_at] = 0
+    with pytest.raises(wire.ProtocolError, match="FloodKind"):
+        wire.decode_body(bytes(flood))
+    pu = bytearray(body(wire.PeersUpdate((), (), (), True)))
+    pu[2] = 7
+    with pytest.raises(wire.ProtocolError, match="boolean"):
+        wire.decode_body(bytes(pu))
+
+
+@pytest.mark.parametrize("n", [0, 3, 5, 15, 17, 255])
+def test_a_bad_address_length_is_a_protocol_error(n):
+    b = bytearray(body(wire.CollReq(V4.addr, 1, 2)))
+    assert b[2] == 4
+    b[2] = n
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_body(bytes(b))
+
+
+def test_invalid_utf8_in_a_hostname_is_a_protocol_error():
+    b = body(wire.ConnInit(PeerInfo(Addr("10.0.0.1", 5), 1, "abcd", 1), 1, 2))
+    b = b.replace(b"abcd", b"\xff\xfe\xc3\x28")
+    with pytest.raises(wire.ProtocolError, match="utf-8"):
+        wire.decode_body(b)
+
+
+def test_a_peer_with_port_zero_is_a_protocol_error():
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_body(body(wire.ConnInit(PeerInfo(Addr("10.0.0.1", 0), 1, "h", 1), 1, 2)))
+
+
+def test_wrong_magic_is_a_protocol_error():
+    b = body(wire.Hello(b"n" * 16)).replace(wire.MAGIC, b"HTTP")
+    with pytest.raises(wire.ProtocolError, match="magic"):
+        wire.decode_body(b)
+
+
+def test_a_rank_record_with_the_wrong_op_count_or_flags_is_a_protocol_error():
+    good = body(wire.CollResp(V4.addr, 1, 0, ((V4.addr, DATA),)))
+    # The first rank record's head: find it by encoding its fields.
+    head = struct.pack("!IBBBhB", 0, 0, 7, 0b101, 3, N_OPS)
+    at = good.index(head)
+    for patch in (struct.pack("!IBBBhB", 0, 0, 7, 0b101, 3, N_OPS - 1),
+                  struct.pack("!IBBBhB", 0, 0, 7, 8, 3, N_OPS)):
+        with pytest.raises(wire.ProtocolError, match="rank record"):
+            wire.decode_body(good[:at] + patch + good[at + len(head):])
+
+
+@pytest.mark.parametrize("msg", [
+    wire.PeersUpdate((V4,), (V6.addr,), (), True),
+    wire.CollResp(V4.addr, 1, 0, ((V4.addr, DATA),)),
+], ids=["peersupdate", "collresp"])
+def test_a_huge_count_is_refused_before_anything_is_allocated(msg):
+    b = bytearray(body(msg))
+    # Patch every 32-bit big-endian field in turn to 2**32-1; none may do anything but raise ProtocolError.
+    for i in range(2, len(b) - 3):
+        patched = bytes(b[:i]) + b"\xff\xff\xff\xff" + bytes(b[i + 4:])
+        try:
+            wire.decode_body(patched)
+        except wire.ProtocolError:
+            pass
+
+
+def test_encoding_refuses_what_the_decoder_could_not_read():
+    with pytest.raises(ValueError):
+        wire.encode(wire.Hello(b"short"))
+    with pytest.raises(ValueError):
+        wire.encode(wire.ConnInit(PeerInfo(Addr("10.0.0.1", 5), 1, "x" * 256, 1), 1, 2))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The frame reader
+
+
+def test_the_preauth_limit_refuses_a_big_frame_from_its_length_alone():
+    reader = wire.FrameReader()
+    assert reader.max_frame == wire.PREAUTH_MAX_FRAME
+    with pytest.raises(wire.ProtocolError, match="exceeds"):
+        list(reader.feed(struct.pack("!I", wire.PREAUTH_MAX_FRAME + 1)))
+
+
+def test_a_frame_at_the_preauth_limit_is_waited_for():
+    reader = wire.FrameReader()
+    assert list(reader.feed(struct.pack("!I", wire.PREAUTH_MAX_FRAME) + b"\x01" * 10)) == []
+    assert reader.buffered == 14
+
+
+def test_every_handshake_message_fits_the_preauth_limit_but_a_table_does_not_have_to():
+    for m in (wire.Hello(b"n" * 16), wire.Challenge(b"c" * 16, b"m" * 32), wire.Proof(b"p" * 32)):
+        assert len(wire.encode(m)) - 4 <= wire.PREAUTH_MAX_FRAME
+    big = wire.PeersUpdate(tuple(PeerInfo(Addr("10.0.0.1", 1000 + i), i, "h", i) for i in range(20)), (), (), True)
+    with pytest.raises(wire.ProtocolError):
+        list(wire.FrameReader().feed(wire.encode(big)))
+    assert list(wire.FrameReader(wire.MAX_FRAME).feed(wire.encode(big))) == [big]
+
+
+def test_raising_the_limit_after_authentication_admits_big_frames_mid_stream():
+    reader = wire.FrameReader()
+    hello = wire.encode(wire.Hello(b"n" * 16))
+    ka = wire.encode(wire.Keepalive(1, 2, True))
+    assert list(reader.feed(hello + ka[:3])) == [wire.Hello(b"n" * 16)]
+    reader.max_frame = wire.MAX_FRAME
+    assert list(reader.feed(ka[3:])) == [wire.Keepalive(1, 2, True)]
+
+
+def test_the_authenticated_limit_is_enforced_too():
+    reader = wire.FrameReader(wire.MAX_FRAME)
+    with pytest.raises(wire.ProtocolError):
+        list(reader.feed(struct.pack("!I", wire.MAX_FRAME + 1)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=600), cuts=st.lists(st.integers(0, 600), max_size=8),
+       authenticated=st.booleans())
+def test_arbitrary_bytes_in_arbitrary_chunks_raise_nothing_but_protocol_error(data, cuts, authenticated):
+    reader = wire.FrameReader(wire.MAX_FRAME if authenticated else wire.PREAUTH_MAX_FRAME)
+    bounds = sorted({0, len(data), *[min(c, len(data)) for c in cuts]})
+    try:
+        for lo, hi in zip(bounds, bounds[1:]):
+            for msg in reader.feed(data[lo:hi]):
+                assert isinstance(msg, wire.Message.__args__)
+    except wire.ProtocolError:
+        pass
+
+
+frames = st.sampled_from(MESSAGES).map(wire.encode)
+
+
+@settings(max_examples=200, deadline=None)
+@given(prefix=st.lists(frames, max_size=4), junk=st.binary(min_size=1, max_size=64),
+       flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), max_size=4),
+       cuts=st.lists(st.integers(0, 2000), max_size=6))
+def test_valid_frames_with_corrupted_bytes_raise_nothing_but_protocol_error(prefix, junk, flips, cuts):
+    stream = bytearray(b"".join(prefix) + junk)
+    for pos, x in flips:
+        stream[pos % len(stream)] ^= x
+    reader = wire.FrameReader(wire.MAX_FRAME)
+    bounds = sorted({0, len(stream), *[min(c, len(stream)) for c in cuts]})
+    try:
+        for lo, hi in zip(bounds, bounds[1:]):
+            list(reader.feed(bytes(stream[lo:hi])))
+    except wire.ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(msg=st.sampled_from(MESSAGES), pos=st.integers(0, 10_000), value=st.integers(0, 255))
+def test_a_body_with_one_byte_changed_decodes_or_raises_protocol_error(msg, pos, value):
+    b = bytearray(body(msg))
+    b[pos % len(b)] = value
+    try:
+        out = wire.decode_body(bytes(b))
+    except wire.ProtocolError:
+        return
+    # Whatever decodes must encode back to exactly these bytes (no two encodings of one message).
+    assert body(out) == bytes(b)
+
+
+addrs = st.one_of(
+    st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(str)
+).flatmap(lambda host: st.integers(1, 65535).map(lambda port: Addr(host, port)))
+peers = st.builds(
+    PeerInfo, addr=addrs, pid=st.integers(0, 2**32 - 1),
+    hostname=st.text(max_size=60), incarnation=st.integers(0, 2**64 - 1),
+    devices=st.lists(st.integers(0, 255), max_size=8).map(tuple), rank=st.integers(-2**31, 2**31 - 1))
+u64 = st.integers(0, 2**64 - 1)
+messages = st.one_of(
+    st.builds(wire.ConnInit, peers, u64, u64),
+    st.builds(wire.ConnInitAck, st.sampled_from(list(wire.Nack)), st.none() | peers),
+    st.builds(wire.Keepalive, u64, u64, st.booleans()),
+    st.builds(wire.PeersUpdate, st.lists(peers, max_size=5).map(tuple), st.lists(addrs, max_size=5).map(tuple),
+              st.lists(addrs, max_size=5).map(tuple), st.booleans()),
+    st.builds(wire.Flood, addrs, u64, st.sampled_from(list(wire.FloodKind)), addrs, u64),
+    st.builds(wire.CollReq, addrs, u64, st.integers(0, 2**32 - 1)),
+    st.builds(wire.CollResp, addrs, u64, st.integers(0, 2**32 - 1),
+              st.lists(st.tuples(addrs, st.just(DATA) | st.just(ProcessData())), max_size=3).map(tuple)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(msg=messages)
+def test_any_message_round_trips(msg):
+    assert list(wire.FrameReader(wire.MAX_FRAME).feed(wire.encode(msg))) == [msg]

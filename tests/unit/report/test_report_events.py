@@ -1,0 +1,119 @@
+"""MONITOR mode (reference 2.9): one event as a text line and as a JSON object."""
+
+import json
+
+from rasd.core.events import Event, Kind
+from rasd.core.peers import Addr, PeerInfo
+from rasd.report import format_event_json, format_event_text, format_timestamp
+
+WHEN = 1766149627.0  # 2025-12-19 13:07:07 UTC
+PEER = PeerInfo(Addr("172.16.64.245", 40123), 1524345, "gpu-node-7", 77, (1,), 12)
+TWO_GPUS = PeerInfo(Addr("10.0.0.2", 40000), 55, "n2", 78, (0, 1), 3)
+
+
+def test_timestamp_is_local_time(utc):
+    assert format_timestamp(WHEN) == "2025-12-19 13:07:07"
+
+
+def test_text_with_a_known_peer_keeps_the_blank_before_empty_details(utc):
+    event = Event(Kind.PEER_DEAD, at=5.0, addr=PEER.addr, peer=PEER)
+    assert format_event_text(event, wall_time=WHEN) == (
+        "[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 172.16.64.245 managing GPU 1 \n")
+
+
+def test_text_with_details_and_several_gpus(utc):
+    event = Event(Kind.PEER_UNRESPONSIVE, at=0.0, peer=TWO_GPUS,
+                  details="peer not responding for 5s (keepalive warning)")
+    assert format_event_text(event, wall_time=WHEN) == (
+        "[2025-12-19 13:07:07] PEER_UNRESPONSIVE: Process 55 on node 10.0.0.2 managing GPUs 0,1 "
+        "peer not responding for 5s (keepalive warning)\n")
+
+
+def test_text_with_only_an_address(utc):
+    event = Event(Kind.PEER_CONNECTING, at=0.0, addr=Addr("10.1.2.3", 28028))
+    assert format_event_text(event, wall_time=WHEN) == "[2025-12-19 13:07:07] PEER_CONNECTING: 10.1.2.3<28028> \n"
+    # ... which the peer table can resolve.
+    cpu = PeerInfo(Addr("10.1.2.3", 28028), 9, "h", 1, (), 0)
+    assert format_event_text(event, wall_time=WHEN, peers={cpu.addr: cpu}) == (
+        "[2025-12-19 13:07:07] PEER_CONNECTING: Process 9 on node 10.1.2.3 managing CPU \n")
+
+
+def test_text_without_a_peer(utc):
+    event = Event(Kind.COMM_STUCK, at=0.0, details="AllReduce 17 stuck for 30s", comm_hash=0xAB, ranks=(3, 4))
+    assert format_event_text(event, wall_time=WHEN) == (
+        "[2025-12-19 13:07:07] COMM_STUCK: AllReduce 17 stuck for 30s\n")
+
+
+def test_text_is_always_one_line(utc):
+    event = Event(Kind.PEER_DISCONNECTED, at=0.0, peer=PEER, details="a\nb\r\nc")
+    line = format_event_text(event, wall_time=WHEN)
+    assert line.count("\n") == 1 and line.endswith("a b c\n")
+
+
+def test_json_with_a_known_peer(utc):
+    event = Event(Kind.PEER_DEAD, at=5.0, peer=PEER)
+    assert format_event_json(event, wall_time=WHEN) == (
+        "{\n"
+        '  "timestamp": "2025-12-19 13:07:07",\n'
+        '  "group": "LIFECYCLE",\n'
+        '  "event": "PEER_DEAD",\n'
+        '  "peer": {\n'
+        '    "host": "172.16.64.245",\n'
+        '    "pid": 1524345,\n'
+        '    "cuda_devs": [1],\n'
+        '    "nvml_devs": [1],\n'
+        '    "hostname": "gpu-node-7",\n'
+        '    "incarnation": 77\n'
+        "  },\n"
+        '  "details": ""\n'
+        "}\n"
+    )
+
+
+def test_json_trace_event_with_an_unknown_peer_and_cpu_devices(utc):
+    event = Event(Kind.PEER_KEEPALIVE_TIMEOUT, at=0.0, addr=Addr("::1", 7),
+                  details='keepalive timeout after 20s, "terminating" connection')
+    assert format_event_json(event, wall_time=WHEN) == (
+        "{\n"
+        '  "timestamp": "2025-12-19 13:07:07",\n'
+        '  "group": "TRACE",\n'
+        '  "event": "PEER_KEEPALIVE_TIMEOUT",\n'
+        '  "peer": {\n'
+        '    "addr": "::1<7>"\n'
+        "  },\n"
+        '  "details": "keepalive timeout after 20s, \\"terminating\\" connection"\n'
+        "}\n"
+    )
+    cpu = PeerInfo(Addr("::1", 7), 9, "h", 1, (), 0)
+    doc = json.loads(format_event_json(event, wall_time=WHEN, peers={cpu.addr: cpu}))
+    assert doc["peer"]["cuda_devs"] == [] and doc["peer"]["pid"] == 9
+
+
+def test_json_communicator_verdict(utc):
+    event = Event(Kind.COMM_MISMATCH, at=0.0, peer=TWO_GPUS, details="AllReduce counts differ",
+                  comm_hash=0x27A079B828FF1A75, ranks=(0, 5))
+    assert format_event_json(event, wall_time=WHEN) == (
+        "{\n"
+        '  "timestamp": "2025-12-19 13:07:07",\n'
+        '  "group": "LIFECYCLE",\n'
+        '  "event": "COMM_MISMATCH",\n'
+        '  "peer": {\n'
+        '    "host": "10.0.0.2",\n'
+        '    "pid": 55,\n'
+        '    "cuda_devs": [0,1],\n'
+        '    "nvml_devs": [0,1],\n'
+        '    "hostname": "n2",\n'
+        '    "incarnation": 78\n'
+        "  },\n"
+        '  "details": "AllReduce counts differ",\n'
+        '  "comm_hash": "0x27a079b828ff1a75",\n'
+        '  "ranks": [0,5]\n'
+        "}\n"
+    )
+
+
+def test_json_without_a_peer_omits_the_key(utc):
+    event = Event(Kind.COMM_STUCK, at=0.0, comm_hash=None)
+    doc = json.loads(format_event_json(event, wall_time=WHEN))
+    assert doc == {"timestamp": "2025-12-19 13:07:07", "group": "LIFECYCLE", "event": "COMM_STUCK",
+                   "details": "", "comm_hash": None, "ranks": []}

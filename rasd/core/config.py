@@ -25,6 +25,8 @@ class Timers:
     idle: float = 60.0  # a connection no link uses is closed after this long
     leg_timeout: float = 5.0  # the default collective timeout of a status gather (clients may set their own)
     gather_extra: float = 5.0  # hard limit of a gather: timeout + this
+    stuck: float = 20.0  # a communicator whose counters disagree and have not moved this long is COMM_STUCK
+    sweep: float = 5.0  # how often the sweeper gathers every process's counters to look for stuck communicators
     tick: float = 0.25  # how often the runtime calls ``Node.tick``
     fast_death: bool = True
 
@@ -37,17 +39,21 @@ class Timers:
             dead=self.dead * factor, hang=self.hang * factor, connect_retry=self.connect_retry * factor,
             connect_warn=self.connect_warn * factor, handshake=self.handshake * factor, idle=self.idle * factor,
             leg_timeout=self.leg_timeout * factor, gather_extra=self.gather_extra * factor,
+            stuck=self.stuck * factor, sweep=self.sweep * factor,
             tick=min(self.tick, self.keepalive * factor / 4),
         )
 
     @classmethod
     def from_env(cls, environ: "os._Environ[str] | dict[str, str]" = os.environ) -> "Timers":
-        """``TORCHRAS_TIMEOUT_FACTOR`` (float, default 1), ``TORCHRAS_HANG_LIMIT`` (seconds before scaling),
-        ``TORCHRAS_FAST_DEATH`` (0 turns the at-once death rule off)."""
+        """``TORCHRAS_TIMEOUT_FACTOR`` (float, default 1), ``TORCHRAS_HANG_LIMIT`` and ``TORCHRAS_STUCK_LIMIT``
+        (seconds before scaling), ``TORCHRAS_FAST_DEATH`` (0 turns the at-once death rule off)."""
         base = cls()
         hang = environ.get("TORCHRAS_HANG_LIMIT")
         if hang:
             base = replace(base, hang=float(hang))
+        stuck = environ.get("TORCHRAS_STUCK_LIMIT")
+        if stuck:
+            base = replace(base, stuck=float(stuck))
         fast = environ.get("TORCHRAS_FAST_DEATH", "1").strip().lower() not in ("0", "false", "no", "off")
         base = replace(base, fast_death=fast)
         return base.scaled(float(environ.get("TORCHRAS_TIMEOUT_FACTOR", "1") or "1"))

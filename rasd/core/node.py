@@ -43,6 +43,7 @@ from .config import Timers
 from .events import Event, Kind
 from .peers import Addr, PeerInfo, PeerTable, addr_set_hash
 from .snapshot import JobSnapshot
+from .stuck import StuckDetector, StuckVerdict
 
 # ----------------------------------------------------------------------------------------------------------------
 # Actions: what the driver must do
@@ -90,6 +91,8 @@ Action = Union[Connect, Send, Close, Emit, ProbePid, GatherDone]
 MAX_PENDING_CONNS = 64
 #: Remembered flood ids and finished gathers (for de-duplication).
 HISTORY = 4096
+#: The query id of the sweeper's own gathers (client queries have positive ids).
+SWEEP_QUERY = -1
 
 
 class ConnState(enum.Enum):
@@ -172,6 +175,12 @@ class Node:
         self.conns: dict[int, Conn] = {}
         self.contacts: dict[Addr, Contact] = {}
         self.gathers: dict[tuple[Addr, int], Gather] = {}
+        # Communicator verdicts: the sweeper's detector, and every verdict this node holds with when it was last
+        # confirmed (the sweeper re-floods standing verdicts each sweep; unconfirmed ones expire).
+        self.stuck_detector = StuckDetector(timers.stuck)
+        self.stuck: dict[int, tuple[StuckVerdict, float]] = {}
+        self._next_sweep = 0.0
+        self._sweeping = False
         self.expelled = False
         self.leaving = False
         self._next_conn_id = 1
@@ -191,6 +200,7 @@ class Node:
         self._now = now
         self._emit(Kind.PEER_NEW, now, self.me)
         self._last_tick = now
+        self._next_sweep = now + self.timers.sweep
         return self._flush()
 
     def add_peers(self, peers: list[PeerInfo], now: float) -> list[Action]:
@@ -298,6 +308,8 @@ class Node:
         self._handshake_timeouts(now)
         self._liveness(now)
         self._expire_hung(now)
+        self._sweep(now)
+        self._expire_stuck(now)
         self._connect_due(now)
         self._keepalives(now)
         self._close_idle(now)
@@ -305,9 +317,13 @@ class Node:
         return self._flush()
 
     def start_gather(self, query_id: int, now: float, timeout: float | None = None) -> list[Action]:
-        """Start a status gather rooted here. ``timeout``: the collective timeout in seconds (0 or None: the
-        default; pass ``float('inf')`` to disable). Ends with a ``GatherDone`` action."""
+        """Start a status gather rooted here. ``timeout``: the collective timeout in seconds (None: the default;
+        ``float('inf')``: no collective timeout). Ends with a ``GatherDone`` action."""
         self._now = now
+        self._start_gather(query_id, now, timeout)
+        return self._flush()
+
+    def _start_gather(self, query_id: int, now: float, timeout: float | None) -> None:
         if timeout is None:
             timeout = self.timers.leg_timeout
         coll_id = self._next_coll_id
@@ -322,7 +338,6 @@ class Node:
             self._send(c, req, now)
             g.pending.add(c.id)
         self._maybe_finish(g, now)
-        return self._flush()
 
     def leave(self, now: float) -> list[Action]:
         """Say goodbye: every peer records this process as LEFT, not dead. Closes every connection."""
@@ -382,6 +397,8 @@ class Node:
                 self._on_collreq(conn, msg, now)
             elif isinstance(msg, wire.CollResp):
                 self._on_collresp(conn, msg, now)
+            elif isinstance(msg, wire.CommVerdict):
+                self._on_comm_verdict(conn, msg, now)
             else:
                 raise wire.ProtocolError(f"unexpected {type(msg).__name__} on a ready connection")
 
@@ -505,6 +522,73 @@ class Node:
                 self._emit(Kind.PEER_RECOVERED, now, self.table.get(subject), "peer responding again")
         self._pass_on(msg, except_conn=conn.id)
 
+    def _on_comm_verdict(self, conn: Conn, msg: wire.CommVerdict, now: float) -> None:
+        key = (msg.origin, msg.flood_id)
+        if key in self._seen_floods:
+            return
+        self._remember(self._seen_floods, key)
+        verdict = StuckVerdict(msg.comm_hash, msg.op, msg.seq, msg.behind, msg.inside, msg.global_behind,
+                               msg.global_inside)
+        if msg.stuck:
+            self._hold_stuck(verdict, now)
+        else:
+            self._release_stuck(verdict.comm_hash, now, "counters moving again")
+        self._pass_on(msg, except_conn=conn.id)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Stuck communicators
+
+    def _is_sweeper(self) -> bool:
+        """The lowest-address live peer that this node does not know to be silent sweeps the job."""
+        for p in self.table:
+            a = p.addr
+            if a == self.me.addr:
+                return True
+            if a in self.dead or a in self.left or a in self.hung or self.is_unresponsive(a):
+                continue
+            return False
+        return False
+
+    def _sweep(self, now: float) -> None:
+        if self._sweeping or now < self._next_sweep or not self._is_sweeper():
+            return
+        self._next_sweep = now + self.timers.sweep
+        self._sweeping = True
+        self._start_gather(SWEEP_QUERY, now, None)
+
+    def _on_sweep(self, snap: JobSnapshot, now: float) -> None:
+        new, cleared = self.stuck_detector.observe(snap, now)
+        for v in cleared:
+            self._release_stuck(v.comm_hash, now, "counters moving again")
+            self._flood_comm_verdict(v, stuck=False)
+        for v in self.stuck_detector.active():  # new ones, and a refresh of those that stand
+            self._hold_stuck(v, now)
+            self._flood_comm_verdict(v, stuck=True)
+
+    def _flood_comm_verdict(self, v: StuckVerdict, stuck: bool) -> None:
+        msg = wire.CommVerdict(self.me.addr, self._next_flood_id, stuck, v.comm_hash, v.op, v.seq, v.behind,
+                               v.inside, v.global_behind, v.global_inside)
+        self._next_flood_id += 1
+        self._remember(self._seen_floods, (msg.origin, msg.flood_id))
+        self._pass_on(msg, except_conn=None)
+
+    def _hold_stuck(self, v: StuckVerdict, now: float) -> None:
+        if v.comm_hash not in self.stuck:
+            self._out.append(Emit(Event(kind=Kind.COMM_STUCK, at=now, details=v.describe(), comm_hash=v.comm_hash,
+                                        ranks=v.global_ranks)))
+        self.stuck[v.comm_hash] = (v, now)
+
+    def _release_stuck(self, comm_hash: int, now: float, why: str) -> None:
+        held = self.stuck.pop(comm_hash, None)
+        if held is not None:
+            self._out.append(Emit(Event(kind=Kind.COMM_RECOVERED, at=now, details=why, comm_hash=comm_hash,
+                                        ranks=held[0].global_ranks)))
+
+    def _expire_stuck(self, now: float) -> None:
+        for comm_hash, (_, confirmed) in list(self.stuck.items()):
+            if now - confirmed > 3 * self.timers.sweep + self.timers.leg_timeout + self.timers.gather_extra:
+                self._release_stuck(comm_hash, now, "verdict no longer confirmed")
+
     # ------------------------------------------------------------------------------------------------------------
     # Gathers
 
@@ -557,7 +641,12 @@ class Node:
                 responses.setdefault(addr, data)
             snap = JobSnapshot(peers=tuple(self.table), dead=frozenset(self.dead), left=frozenset(self.left),
                                responses=responses, timeouts=g.leg_timeouts, collection_time=now - g.started)
-            self._out.append(GatherDone(g.query_id, snap))
+            if g.query_id == SWEEP_QUERY:
+                self._sweeping = False
+                if not self.expelled:
+                    self._on_sweep(snap, now)
+            else:
+                self._out.append(GatherDone(g.query_id, snap))
         else:
             back = self.conns.get(g.from_conn)
             if back is not None and back.state is ConnState.READY:
@@ -778,6 +867,8 @@ class Node:
         """This node did not run for ``gap`` seconds: its peers' silence over that time is not their fault."""
         for a in self.hung:
             self.hung[a] += gap
+        for h, (v, confirmed) in list(self.stuck.items()):
+            self.stuck[h] = (v, confirmed + gap)
         for contact in self.contacts.values():
             contact.last_heard += gap
             contact.hung_refreshed += gap

@@ -45,6 +45,7 @@ class MsgType(enum.IntEnum):
     FLOOD = 8
     COLLREQ = 9
     COLLRESP = 10
+    COMMVERDICT = 11
 
 
 class Nack(enum.IntEnum):
@@ -135,7 +136,24 @@ class CollResp:
     entries: tuple[tuple[Addr, ProcessData], ...]
 
 
-Message = Union[Hello, Challenge, Proof, ConnInit, ConnInitAck, Keepalive, PeersUpdate, Flood, CollReq, CollResp]
+@dataclass(frozen=True)
+class CommVerdict:
+    """A flooded communicator verdict: stuck (with its attribution) or cleared. Re-flooded by the sweeper every
+    sweep while it stands."""
+
+    origin: Addr
+    flood_id: int
+    stuck: bool
+    comm_hash: int
+    op: int
+    seq: int
+    behind: tuple[int, ...]
+    inside: tuple[int, ...]
+    global_behind: tuple[int, ...]
+    global_inside: tuple[int, ...]
+
+
+Message = Union[CommVerdict, Hello, Challenge, Proof, ConnInit, ConnInitAck, Keepalive, PeersUpdate, Flood, CollReq, CollResp]
 
 # ----------------------------------------------------------------------------------------------------------------
 # Encoding primitives
@@ -352,6 +370,14 @@ def encode(msg: Message) -> bytes:
         for addr, data in msg.entries:
             w.addr(addr)
             _put_process_data(w, data)
+    elif isinstance(msg, CommVerdict):
+        t = MsgType.COMMVERDICT
+        w.addr(msg.origin)
+        w.fmt("QBQBQ", msg.flood_id, int(msg.stuck), msg.comm_hash, msg.op, msg.seq)
+        for group, fmt in ((msg.behind, "I"), (msg.inside, "I"), (msg.global_behind, "i"), (msg.global_inside, "i")):
+            w.fmt("I", len(group))
+            if group:
+                w.fmt(f"{len(group)}{fmt}", *group)
     else:  # pragma: no cover - a programming error, not bad input
         raise TypeError(f"not a message: {msg!r}")
     body = bytes([VERSION, int(t)]) + w.getvalue()
@@ -405,6 +431,13 @@ def decode_body(body: bytes) -> Message:
         root = r.addr()
         coll_id, timeout_ms = r.fmt("QI")
         msg = CollReq(root, coll_id, timeout_ms)
+    elif t is MsgType.COMMVERDICT:
+        origin = r.addr()
+        flood_id, stuck, comm_hash, op, seq = r.fmt("QBQBQ")
+        if stuck > 1 or op >= N_OPS:
+            raise ProtocolError("bad communicator verdict")
+        groups = [r.fmt(f"{r.count('I', 4)}{fmt}") for fmt in ("I", "I", "i", "i")]
+        msg = CommVerdict(origin, flood_id, bool(stuck), comm_hash, op, seq, *groups)
     else:  # COLLRESP
         root = r.addr()
         coll_id, leg_timeouts, n = r.fmt("QII")

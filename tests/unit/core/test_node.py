@@ -92,7 +92,7 @@ def test_the_higher_address_connects_itself_after_connect_warn_when_the_lower_is
 
 
 def test_keepalives_flow_on_an_idle_link_every_interval():
-    t = Timers()
+    t = Timers(sweep=1e9)  # no stuck-collective sweeps: nothing but keepalives on the link
     h = pair(t)
     h.advance(10.0, t.tick)
     a = h["a"]
@@ -426,7 +426,7 @@ def test_a_long_gap_between_ticks_does_not_blame_the_peers(factor, gap_in_dead_l
 
 @pytest.mark.parametrize("factor", FACTORS)
 def test_after_its_own_pause_a_node_still_finds_a_silent_peer_one_ladder_step_later(factor):
-    t = Timers().scaled(factor)
+    t = dataclasses.replace(Timers().scaled(factor), sweep=float("inf"))  # only keepalives on the links
     h = pair(t)
     a, b = h["a"], h["b"]
     h.advance(2 * t.keepalive, t.tick)
@@ -572,7 +572,7 @@ def _done(m) -> list[core.GatherDone]:
 
 
 def test_a_gather_returns_every_live_node_and_duplicates_are_answered_empty():
-    t = Timers()
+    t = Timers(sweep=float("inf"))  # no sweeper gathers beside the one under test
     h = trio(t)
     h.advance(2.0, t.tick)
     h.call("a", lambda: h["a"].node.start_gather(7, h.now))

@@ -42,6 +42,8 @@ MESSAGES = [
     wire.CollReq(V4.addr, 1, 5000),
     wire.CollResp(V4.addr, 1, 3, ((V4.addr, DATA), (V6.addr, ProcessData()))),
     wire.CollResp(V4.addr, 1, 0, ()),
+    wire.CommVerdict(V4.addr, 7, True, 2**64 - 1, N_OPS - 1, 2**64 - 1, (2,), (0, 1, 3), (10,), (8, 9, 11)),
+    wire.CommVerdict(V6.addr, 8, False, 0, 0, 0, (), (), (), ()),
 ]
 
 

@@ -1,0 +1,244 @@
+"""Hooks on ``torch.distributed``: every process group becomes a registered communicator, every collective and
+point-to-point call is counted when it is launched and again when it completes.
+
+``install()`` replaces the public functions of ``torch.distributed`` (and their twins in ``distributed_c10d``, so
+calls from inside torch, such as ``all_gather_object``'s, are counted too) with thin wrappers::
+
+    dist.all_reduce(t, group=g)  ->  comm(g).launch(AllReduce); original(...); comm(g).complete(AllReduce)
+    dist.all_reduce(t, async_op=True)  ->  ... the completion is counted by a callback on the Work's future
+
+The cost per call is a dict lookup and two list increments (about a microsecond). A call on a group this process
+does not belong to, or before ``init_process_group``, goes straight through. ``uninstall()`` puts the originals
+back. Collectives that torch issues from C++ without passing through these functions (DDP's gradient buckets) are
+not counted per op type; see docs/operations.md.
+
+The first ``init_process_group`` also starts this process's RAS node from the default group's store.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import os
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from rasd.core.comms import OP_TYPES, RESULT_IN_PROGRESS, runs_of
+from rasd.core.registry import CommRegistry, LocalComm
+
+log = logging.getLogger("rasd")
+
+#: Public function -> op type. Wrapped under the same name in torch.distributed and distributed_c10d.
+COUNTED: dict[str, str] = {
+    "all_reduce": "AllReduce", "broadcast": "Broadcast", "reduce": "Reduce",
+    "all_gather": "AllGather", "all_gather_into_tensor": "AllGather", "all_gather_coalesced": "AllGather",
+    "reduce_scatter": "ReduceScatter", "reduce_scatter_tensor": "ReduceScatter",
+    "all_to_all": "AllToAll", "all_to_all_single": "AllToAll",
+    "gather": "Gather", "scatter": "Scatter", "barrier": "Barrier", "monitored_barrier": "Barrier",
+    "send": "Send", "recv": "Recv", "isend": "Send", "irecv": "Recv",
+}
+#: NCCL's ncclResult_t codes used for a failed operation (reference 2.4).
+SYSTEM_ERROR = 2
+REMOTE_ERROR = 6
+
+
+class TorchHooks:
+    """The installed hooks of this process: the registry they fill and the originals they replaced."""
+
+    def __init__(self, registry: CommRegistry, start_mesh: bool = True) -> None:
+        self.registry = registry
+        self.start_mesh = start_mesh
+        self.by_group: dict[int, LocalComm] = {}  # id(ProcessGroup) -> its communicator
+        self.originals: dict[tuple[Any, str], Callable] = {}
+        self.groups_created = 0
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Installing
+
+    def install(self) -> None:
+        for name, op in COUNTED.items():
+            fn = getattr(c10d, name, None)
+            if fn is not None:
+                self._replace(name, self._counting(fn, OP_TYPES.index(op)))
+        self._replace("init_process_group", self._wrap_init(c10d.init_process_group))
+        self._replace("new_group", self._wrap_new_group(c10d.new_group))
+        self._replace("destroy_process_group", self._wrap_destroy(c10d.destroy_process_group))
+        abort = getattr(c10d, "_abort_process_group", None)
+        if abort is not None:
+            self._replace("_abort_process_group", self._wrap_abort(abort))
+        if dist.is_initialized():  # installed after init: adopt the groups that exist
+            self._register_default()
+
+    def uninstall(self) -> None:
+        for (module, name), fn in self.originals.items():
+            setattr(module, name, fn)
+        self.originals.clear()
+
+    def _replace(self, name: str, wrapper: Callable) -> None:
+        for module in (c10d, dist):
+            if getattr(module, name, None) is not None and (module, name) not in self.originals:
+                self.originals[(module, name)] = getattr(module, name)
+                setattr(module, name, wrapper)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Counting
+
+    def _counting(self, fn: Callable, op: int) -> Callable:
+        params = list(inspect.signature(fn).parameters)
+        group_at = params.index("group") if "group" in params else None
+        by_group = self.by_group
+
+        @functools.wraps(fn)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group")
+            if group is None and group_at is not None and len(args) > group_at:
+                group = args[group_at]
+            comm = by_group.get(id(group if group is not None else c10d.GroupMember.WORLD))
+            if comm is None:
+                return fn(*args, **kwargs)
+            comm.launch(op)
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as e:
+                comm.async_error = REMOTE_ERROR if isinstance(e, dist.DistError) else SYSTEM_ERROR
+                raise
+            if isinstance(result, dist.Work):
+                _on_completion(result, comm, op)  # async: counted when its future completes
+            else:
+                comm.complete(op)
+            return result
+
+        return counted
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Groups
+
+    def _wrap_init(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            self._register_default()
+            if self.start_mesh:
+                _start_mesh(self)
+            return result
+
+        return init_process_group
+
+    def _register_default(self) -> None:
+        pg = c10d._get_default_group()
+        self.by_group[id(pg)] = self.registry.register(LocalComm(
+            comm_hash=_hash("world", dist.get_world_size()), size=dist.get_world_size(), rank=dist.get_rank(),
+            rank_map=((0, dist.get_world_size(), 1),), device=_device_of(pg)))
+
+    def _wrap_new_group(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def new_group(*args: Any, **kwargs: Any) -> Any:
+            ranks = kwargs.get("ranks", args[0] if args else None)
+            world = dist.get_world_size() if dist.is_initialized() else 0
+            members = sorted(ranks) if ranks else list(range(world))
+            self.groups_created += 1
+            me = dist.get_rank() if dist.is_initialized() else -1
+            pending = None
+            if me in members:
+                # Visible as INIT while torch builds it; all members count new_group calls alike.
+                pending = self.registry.register(LocalComm(
+                    comm_hash=_hash("new_group", self.groups_created, *members), size=len(members),
+                    rank=members.index(me), rank_map=runs_of(members), init_state=RESULT_IN_PROGRESS))
+            try:
+                pg = fn(*args, **kwargs)
+            except Exception:
+                if pending is not None:
+                    pending.init_state = SYSTEM_ERROR
+                raise
+            if pending is not None and isinstance(pg, dist.ProcessGroup):
+                pending.init_state = 0
+                pending.device = _device_of(pg)
+                self.by_group[id(pg)] = pending
+            elif pending is not None:
+                self.registry.unregister(pending)
+            return pg
+
+        return new_group
+
+    def _wrap_destroy(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if group is None:
+                doomed = list(self.by_group.values())
+            else:
+                comm = self.by_group.get(id(group))
+                doomed = [comm] if comm is not None else []
+            for comm in doomed:
+                comm.finalize_called = True  # FINALIZE while it is being destroyed
+            try:
+                return fn(group, *args, **kwargs)
+            finally:
+                for comm in doomed:
+                    self.registry.unregister(comm)
+                ids = {id(c) for c in doomed}
+                for key in [k for k, c in self.by_group.items() if id(c) in ids]:
+                    del self.by_group[key]
+
+        return destroy_process_group
+
+    def _wrap_abort(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def abort_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+            targets = list(self.by_group.values()) if group is None else [self.by_group.get(id(group))]
+            for comm in targets:
+                if comm is not None:
+                    comm.abort_flag = True
+            return fn(group, *args, **kwargs)
+
+        return abort_process_group
+
+
+def _on_completion(work: Any, comm: LocalComm, op: int) -> None:
+    try:
+        future = work.get_future()
+    except RuntimeError:
+        comm.complete(op)  # a backend without futures: count it as done when launched
+        return
+
+    def done(f: Any) -> None:
+        comm.complete(op)
+        try:
+            f.value()
+        except Exception as e:  # noqa: BLE001 - recorded, the caller sees it from wait()
+            comm.async_error = REMOTE_ERROR if isinstance(e, dist.DistError) else SYSTEM_ERROR
+
+    future.add_done_callback(done)
+
+
+def _hash(*parts: object) -> int:
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    text = "|".join(str(p) for p in (attempt, *parts))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def _device_of(pg: Any) -> int:
+    try:
+        if "nccl" in str(dist.get_backend(pg)).lower() and torch.cuda.is_available():
+            return torch.cuda.current_device()
+    except (RuntimeError, ValueError):
+        pass
+    return -1
+
+
+def _start_mesh(hooks: TorchHooks) -> None:
+    import rasd
+    from rasd.net import client_port
+
+    try:
+        store = c10d._get_default_store()
+    except (RuntimeError, ValueError) as e:
+        log.warning("rasd: no default store to bootstrap the mesh from (%s); RAS node not started", e)
+        return
+    device = _device_of(c10d._get_default_group())
+    rasd.start(store, rank=dist.get_rank(), devices=() if device < 0 else (device,),
+               local_data=hooks.registry.snapshot, services=[client_port.serve])

@@ -1,0 +1,53 @@
+"""COMM_STUCK across a simulated job: the sweeper finds a stalled communicator, every node hears the verdict
+naming the rank that is behind, and hears it clear when the counters move again."""
+
+from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord
+from rasd.core.config import Timers
+from rasd.core.events import Kind
+from rasd.sim import Simulation
+
+AR = OP_TYPES.index("AllReduce")
+N = 64
+TIMERS = Timers().scaled(0.2)  # stuck limit 4 s, sweep 1 s
+
+
+class Counters:
+    """Per node AllReduce counters of one job-wide communicator."""
+
+    def __init__(self) -> None:
+        self.launched = [10] * N
+        self.completed = [10] * N
+
+    def data(self, i: int) -> ProcessData:
+        launched = [0] * N_OPS
+        completed = [0] * N_OPS
+        launched[AR], completed[AR] = self.launched[i], self.completed[i]
+        return ProcessData(comms=(CommRecord(comm_hash=0xABC, size=N, rank_map=((0, N, 1),), ranks=(
+            RankRecord(comm_rank=i, launched=tuple(launched), completed=tuple(completed)),)),))
+
+
+def test_a_stalled_rank_is_named_behind_everywhere_and_the_verdict_clears():
+    c = Counters()
+    sim = Simulation(N, seed=11, timers=TIMERS, local_data=c.data)
+    sim.start()
+    sim.run_until(3 * TIMERS.stuck)
+    assert sim.events(Kind.COMM_STUCK) == []  # a healthy job is never stuck
+    # Rank 5 sleeps before operation 11; everybody else is inside it.
+    for i in range(N):
+        if i != 5:
+            c.launched[i] = 11
+    t0 = sim.now
+    assert sim.run_while(lambda: len(sim.events(Kind.COMM_STUCK)) < N, TIMERS.stuck + 4 * TIMERS.sweep)
+    verdicts = sim.events(Kind.COMM_STUCK)
+    assert {i for i, _, _ in verdicts} == set(range(N))
+    assert max(t for _, t, _ in verdicts) - t0 <= TIMERS.stuck + 3 * TIMERS.sweep
+    e = verdicts[0][2]
+    assert e.comm_hash == 0xABC
+    assert "AllReduce operation 11 stuck; rank 5 behind (not launched)" in e.details
+    assert e.ranks[0] == 5 and len(e.ranks) == N
+    # It moves again: the verdict clears on every node.
+    c.launched[5] = 11
+    c.completed = [11] * N
+    assert sim.run_while(lambda: len(sim.events(Kind.COMM_RECOVERED)) < N, 4 * TIMERS.sweep)
+    sim.run_until(sim.now + 3 * TIMERS.stuck)
+    assert len(sim.events(Kind.COMM_STUCK)) == N  # no second verdict

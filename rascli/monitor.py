@@ -23,7 +23,7 @@ BANNER = "RAS Monitor Mode - watching for peer changes (Ctrl+C to exit)...\n" + 
 EVENT_LINE = re.compile(r"\[(?P<time>[^\]]*)\] (?P<event>[A-Z][A-Z_]*):(?P<rest>.*)")
 
 EVENT_STYLES = {
-    **dict.fromkeys(("PEER_DEAD", "PEER_HUNG", "PEER_TIMEOUT_DEAD", "COMM_STUCK", "COMM_MISMATCH"), "bold red"),
+    **dict.fromkeys(("PEER_DEAD", "PEER_HUNG", "PEER_TIMEOUT_DEAD", "COMM_STUCK"), "bold red"),
     **dict.fromkeys(("PEER_UNRESPONSIVE", "PEER_KEEPALIVE_TIMEOUT", "PEER_INIT_TIMEOUT", "PEER_SEND_STUCK",
                      "PEER_DISCONNECTED", "PEER_RETRY", "PEER_LEFT"), "yellow"),
     **dict.fromkeys(("PEER_NEW", "PEER_CONNECTING", "PEER_CONNECTED", "PEER_RECOVERED", "COMM_RECOVERED"), "green"),

@@ -5,4 +5,12 @@ from rasd.core.events import Event, Kind
 
 __version__ = "0.1.0"
 
-__all__ = ["Event", "Kind", "on_event", "runtime", "start", "stop", "subscribe", "__version__"]
+
+def install(start_mesh: bool = True):
+    """Hook torch.distributed: every process group becomes a communicator of the report, every collective is
+    counted, and the first ``init_process_group`` starts this process's RAS node. Imports torch."""
+    from rasd.torch import install as _install
+
+    return _install(start_mesh=start_mesh)
+
+__all__ = ["Event", "Kind", "install", "on_event", "runtime", "start", "stop", "subscribe", "__version__"]

@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import threading
 from typing import Any, Callable, Iterable
 
@@ -89,14 +90,15 @@ def start(
         return rt
 
 
-def stop() -> None:
-    """Leave the mesh and end the node's thread. Safe to call twice, and at exit."""
+def stop(goodbye: bool = True) -> None:
+    """Leave the mesh and end the node's thread. Safe to call twice, and at exit. ``goodbye=False`` leaves as a
+    crash does (peers record DEAD, not LEFT)."""
     global _runtime
     with _lock:
         rt, _runtime = _runtime, None
     if rt is not None:
         try:
-            rt.stop()
+            rt.stop(goodbye=goodbye)
         except Exception:  # pragma: no cover - never raise at exit
             log.exception("rasd: error while stopping")
 
@@ -150,3 +152,12 @@ def _install_process_hooks() -> None:
     _hooks_installed = True
     atexit.register(stop)
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    previous = sys.excepthook
+
+    def died_of_an_exception(*exc_info: Any) -> None:
+        # An uncaught exception ends the process: a fault, not a clean exit. Leave without a goodbye, so the
+        # job records this process DEAD (at once, by the fast-death rule) rather than LEFT.
+        stop(goodbye=False)
+        previous(*exc_info)
+
+    sys.excepthook = died_of_an_exception

@@ -19,6 +19,7 @@ import time
 SWARM_HELP = """commands (member numbers as listed above):
   kill I        kill -9 member I                stop I / cont I   SIGSTOP / SIGCONT member I
   exit I        member I exits cleanly (LEFT)   crash I           member I exits without a goodbye
+  raise I       member I dies of an uncaught exception (DEAD)
   lag I K       member I falls K operations behind on the world communicator
   freeze I      member I stops counting         stuck I           member I is stuck inside an operation
   leave-comm I world|pair                       heal I            undo lag, freeze and stuck
@@ -43,23 +44,22 @@ def swarm_main(args: argparse.Namespace) -> int:
         return 1
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     addr = args.addr or os.environ.get("TORCHRAS_ADDR") or "localhost:28028"
+    host, _, port = addr.rpartition(":")
     _print_members(sw)
-    print(f"\nthe job serves its status on {addr} (or the next free port, see `rascli --list`):")
-    print("  rascli -v            echo verbose status | nc localhost 28028            rascli -m")
+    where = "" if args.addr or os.environ.get("TORCHRAS_ADDR") else " (or the next free port: rascli --list)"
+    print(f"\nthe job serves its status on {addr}{where}:")
+    print(f"  rascli -v -p {port}        echo verbose status | nc {host.strip('[]')} {port}        rascli -m -p {port}")
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if interactive:
         print("\n" + SWARM_HELP)
     deadline = time.monotonic() + args.duration if args.duration else None
+    lines = _Lines(sys.stdin.fileno() if sys.stdin is not None else None)
     try:
         while deadline is None or time.monotonic() < deadline:
-            if interactive:
+            if interactive and not lines.pending:
                 print("swarm> ", end="", flush=True)
-            line = _read_line(deadline)
+            line = lines.next(deadline)
             if line is None:
-                continue
-            if line == "":  # EOF: keep running until Ctrl+C or the duration
-                interactive = False
-                sys.stdin = None  # type: ignore[assignment]
                 continue
             if not _obey(sw, line.split()):
                 break
@@ -71,15 +71,33 @@ def swarm_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_line(deadline: float | None) -> str | None:
-    timeout = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
-    if sys.stdin is None:
-        time.sleep(timeout)
-        return None
-    ready, _, _ = select.select([sys.stdin], [], [], timeout)
-    if not ready:
-        return None
-    return sys.stdin.readline()
+class _Lines:
+    """Lines from a file descriptor without Python's buffering, so ``select`` sees every line that arrived (several
+    commands piped in one write are all run). After EOF it just waits."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.buf = b""
+        self.pending: list[str] = []
+
+    def next(self, deadline: float | None) -> str | None:
+        if self.pending:
+            return self.pending.pop(0)
+        timeout = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+        if self.fd is None:
+            time.sleep(timeout)
+            return None
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return None
+        data = os.read(self.fd, 4096)
+        if not data:  # EOF: keep running until Ctrl+C or the duration
+            self.fd = None
+            data = b"\n" if self.buf else b""
+        self.buf += data
+        *complete, self.buf = self.buf.split(b"\n")
+        self.pending.extend(line.decode(errors="replace") for line in complete)
+        return self.pending.pop(0) if self.pending else None
 
 
 def _print_members(sw) -> None:
@@ -112,7 +130,7 @@ def _obey(sw, words: list[str]) -> bool:
     try:
         if cmd in signals:
             sw.kill(i, signals[cmd])
-        elif cmd in ("exit", "crash", "lag", "freeze", "stuck", "heal", "leave-comm", "error", "abort", "finalize"):
+        elif cmd in ("exit", "crash", "raise", "lag", "freeze", "stuck", "heal", "leave-comm", "error", "abort", "finalize"):
             sw.command(i, cmd, *args[1:])
         else:
             print(f"unknown command: {cmd} (try help)")

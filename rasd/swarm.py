@@ -5,6 +5,7 @@ joins through a ``FileStore`` in the swarm's directory, writes its events as JSO
 and obeys commands written to ``control-<i>`` (one word per line), so a test can make it misbehave:
 
     crash            exit at once without a goodbye (like a segfault)
+    raise            die of an uncaught exception (a fault: DEAD, not LEFT)
     exit             exit normally (the node says goodbye: LEFT)
     fork             fork a child that lives on (like a DataLoader worker)
     gil SECONDS      hold the GIL in a C call for that long
@@ -107,6 +108,8 @@ def _obey(words: list[str], services: dict[str, Any]) -> None:
         os._exit(3)
     elif cmd == "exit":
         sys.exit(0)  # atexit stops the node: a goodbye
+    elif cmd == "raise":
+        raise RuntimeError("injected exception")
     elif cmd == "fork":
         if os.fork() == 0:
             while True:  # the child lives on, like a DataLoader worker whose parent died

@@ -35,7 +35,6 @@ class Kind(str, enum.Enum):
     # torchras verdicts (lifecycle group: an NCCL client asking for lifecycle events sees them as new words)
     PEER_LEFT = "PEER_LEFT"
     PEER_HUNG = "PEER_HUNG"
-    COMM_MISMATCH = "COMM_MISMATCH"
     COMM_STUCK = "COMM_STUCK"
     COMM_RECOVERED = "COMM_RECOVERED"
 
@@ -44,12 +43,12 @@ class Kind(str, enum.Enum):
 
 
 LIFECYCLE_KINDS = frozenset(
-    {Kind.PEER_NEW, Kind.PEER_DEAD, Kind.PEER_LEFT, Kind.PEER_HUNG, Kind.COMM_MISMATCH, Kind.COMM_STUCK,
+    {Kind.PEER_NEW, Kind.PEER_DEAD, Kind.PEER_LEFT, Kind.PEER_HUNG, Kind.COMM_STUCK,
      Kind.COMM_RECOVERED}
 )
 
 #: Verdicts: the events that say a peer or a communicator is in trouble (or has left), for in-process subscribers.
-VERDICT_KINDS = frozenset({Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.PEER_LEFT, Kind.COMM_STUCK, Kind.COMM_MISMATCH})
+VERDICT_KINDS = frozenset({Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.PEER_LEFT, Kind.COMM_STUCK})
 
 
 def group_of(kind: Kind) -> Group:

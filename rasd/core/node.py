@@ -203,15 +203,40 @@ class Node:
         self._next_sweep = now + self.timers.sweep
         return self._flush()
 
-    def add_peers(self, peers: list[PeerInfo], now: float) -> list[Action]:
-        """Peers learnt outside the mesh (the bootstrap store, a communicator's members)."""
+    def add_peers(self, peers: list[PeerInfo], now: float, introduce: bool = False) -> list[Action]:
+        """Peers learnt outside the mesh (the bootstrap store, a communicator's members). ``introduce``: connect to
+        them at once whatever the address order (bootstrap seeds do not know this node yet; the connection tells
+        them, and gossip tells the rest of the job)."""
         self._now = now
         if not self.expelled:
             new = self._merge_peers(peers, now)
             if new:
                 self._pass_on(wire.PeersUpdate(tuple(new), (), (), full=False), except_conn=None)
             self._relink(now)
+            for p in peers if introduce else ():
+                contact = self.contacts.get(p.addr)
+                if p.addr == self.me.addr or self._conn_to(p.addr) is not None:
+                    continue
+                if contact is not None:
+                    contact.next_connect = now
+                else:
+                    cid = self._next_conn_id
+                    self._next_conn_id += 1
+                    self.conns[cid] = Conn(id=cid, outgoing=True, opened_at=now, peer=p.addr,
+                                           state=ConnState.CONNECTING, last_recv=now, last_send=now)
+                    self._out.append(Connect(cid, p.addr))
             self._connect_due(now)
+        return self._flush()
+
+    def adopt_table(self, table: PeerTable, now: float) -> list[Action]:
+        """Start from a whole peer table that lists this node, without a PEER_NEW event per peer: the simulator's
+        way to start thousands of nodes that have all heard of each other (one sort and hash for all of them)."""
+        self._now = now
+        if self.me.addr not in table or self.expelled:
+            raise ValueError("the adopted table must list this node")
+        self.table = table
+        self._relink(now)
+        self._connect_due(now)
         return self._flush()
 
     def accepted(self, conn_id: int, now: float) -> list[Action]:
@@ -737,13 +762,14 @@ class Node:
             return
         contact.last_heard = now
         was_delayed = contact.delayed and contact.conn == conn.id
+        # Under a HUNG verdict, ours or another node's: hearing the peer ends it, here and (by flood) everywhere.
+        was_hung = self.hung.pop(contact.addr, None) is not None or contact.hung
+        contact.hung = False
         if was_delayed:
             contact.delayed = False
+        if was_delayed or was_hung:
             self._emit(Kind.PEER_RECOVERED, now, self.table.get(contact.addr), "peer responding again")
-        if contact.hung:
-            contact.hung = False
-            if self.hung.pop(contact.addr, None) is not None and not was_delayed:
-                self._emit(Kind.PEER_RECOVERED, now, self.table.get(contact.addr), "peer responding again")
+        if was_hung:
             self._pass_on(self._new_flood(wire.FloodKind.RECOVERED, contact.addr, self._incarnation(contact.addr)),
                           except_conn=None)
         if was_delayed:
@@ -761,7 +787,8 @@ class Node:
         contact.disconnected_since = now
         contact.next_connect = now  # either side reconnects at once after a loss
         self._emit(Kind.PEER_DISCONNECTED, now, peer, why)
-        if peer is not None and peer.hostname == self.me.hostname and self.timers.fast_death:
+        same_host = peer is not None and peer.host == self.me.host and peer.hostname == self.me.hostname
+        if same_host and self.timers.fast_death and peer is not None:
             self._out.append(ProbePid(peer.addr, peer.pid))
 
     def _liveness(self, now: float) -> None:

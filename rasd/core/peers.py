@@ -120,6 +120,14 @@ class PeerTable:
                 unique.append(p)
         return unique
 
+    def copy(self) -> "PeerTable":
+        """An independent table with the same entries (no re-sorting or re-hashing)."""
+        other = PeerTable.__new__(PeerTable)
+        other._by_addr = dict(self._by_addr)
+        other._sorted = list(self._sorted)
+        other._hash = self._hash
+        return other
+
     def __contains__(self, addr: object) -> bool:
         return addr in self._by_addr
 

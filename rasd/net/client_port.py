@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rasd.core.client_session import ClientSession, CloseClient, Format, Reply, StartStatus
-from rasd.core.events import Event
+from rasd.core.events import Event, Kind
 from rasd.core.snapshot import JobSnapshot
 from rasd.report.events import format_event_json, format_event_text
 from rasd.report.json_format import render_json
@@ -106,6 +106,7 @@ class _Client(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.port.runtime._track_fd(transport, add=True)
         if len(self.port.clients) >= MAX_CLIENTS:
             transport.write(f"ERROR: Too many client connections (limit {MAX_CLIENTS})\n".encode())  # type: ignore[attr-defined]
             transport.close()
@@ -127,6 +128,7 @@ class _Client(asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.port.runtime._track_fd(self.transport, add=False)
         self.session.closed = True
         self.port.clients.discard(self)
 
@@ -268,6 +270,15 @@ class ClientPort:
         self.runtime.gather(done, timeout=req.timeout)
 
     def on_event(self, event: Event) -> None:
+        if event.kind is Kind.PEER_DEAD and event.peer == self.runtime.node.me:
+            # The job declared this process dead: it must not answer for the job any more. Its monitors hear why.
+            self._push(event)
+            log.warning("rasd: this process was declared dead by the job; closing its client port")
+            self.close()
+            return
+        self._push(event)
+
+    def _push(self, event: Event) -> None:
         monitors = [c for c in self.clients if c.session.monitoring and event.group & c.session.monitor]
         if not monitors:
             return
@@ -281,6 +292,25 @@ class ClientPort:
             else:
                 text = text or format_event_text(event, wall_time=wall, peers=peers)
                 c.write(text)
+
+
+def move_nccl_ras_port(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> str | None:
+    """NCCL's own RAS also wants localhost:28028. Unless the user set ``NCCL_RAS_ADDR`` or ``NCCL_RAS_ENABLE``,
+    point it ``NCCL_PORT_OFFSET`` ports above our default, before NCCL starts (it reads the variable at its first
+    communicator). Returns the address given to NCCL, or None when left alone."""
+    if "NCCL_RAS_ADDR" in environ or "NCCL_RAS_ENABLE" in environ:
+        return None
+    spec = environ.get("TORCHRAS_ADDR") or environ.get("TORCHRAS_DEFAULT_ADDR") or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+    if spec.strip().lower() in ("off", "none", "0"):
+        return None
+    try:
+        host, port = parse_addr(spec)
+    except ValueError:
+        return None
+    moved = f"[{host}]:{port + NCCL_PORT_OFFSET}" if ":" in host else f"{host}:{port + NCCL_PORT_OFFSET}"
+    environ["NCCL_RAS_ADDR"] = moved
+    log.info("rasd: NCCL's own RAS moved to %s (set NCCL_RAS_ADDR to place it yourself)", moved)
+    return moved
 
 
 async def serve(runtime: Runtime) -> ClientPort:

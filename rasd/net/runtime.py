@@ -116,8 +116,9 @@ class Runtime:
         self._thread.start()
         self._ready.wait(wait)
 
-    def stop(self, timeout: float = 3.0) -> None:
-        """Leave the mesh (peers record LEFT, not DEAD) and end the thread. Idempotent; never raises."""
+    def stop(self, timeout: float = 3.0, goodbye: bool = True) -> None:
+        """Leave the mesh (peers record LEFT, not DEAD) and end the thread. Idempotent; never raises.
+        ``goodbye=False`` just closes every socket, as a crash would: peers record DEAD at once."""
         loop = self.loop
         if loop is None or self._stopped.is_set() or not loop.is_running():
             return
@@ -125,7 +126,12 @@ class Runtime:
 
         def _leave() -> None:
             try:
-                self._carry_out(self.node.leave(time.monotonic()))
+                if goodbye:
+                    self._carry_out(self.node.leave(time.monotonic()))
+                else:
+                    for proto in list(self._transports.values()):
+                        if proto.transport is not None:
+                            proto.transport.abort()
             except Exception:  # pragma: no cover - defensive
                 log.exception("rasd: error while leaving")
             for fn in self.on_stop:
@@ -211,7 +217,7 @@ class Runtime:
             await service(self)
         if self._bootstrap is not None:
             seeds = await loop.run_in_executor(None, self._bootstrap.seeds, self.node.me)
-            self._carry_out(self.node.add_peers(seeds, time.monotonic()))
+            self._carry_out(self.node.add_peers(seeds, time.monotonic(), introduce=True))
 
     def _schedule_tick(self) -> None:
         assert self.loop is not None
@@ -299,8 +305,9 @@ class Runtime:
             self._feed(lambda now: self.node.connect_failed(conn_id, now, refused))
 
     def _emit(self, event: Event) -> None:
-        level = logging.WARNING if event.kind in (Kind.PEER_DEAD, Kind.PEER_HUNG) else (
-            logging.INFO if event.kind in (Kind.PEER_LEFT, Kind.PEER_UNRESPONSIVE, Kind.PEER_RECOVERED)
+        level = logging.WARNING if event.kind in (Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.COMM_STUCK) else (
+            logging.INFO if event.kind in (Kind.PEER_LEFT, Kind.PEER_UNRESPONSIVE, Kind.PEER_RECOVERED,
+                                           Kind.COMM_RECOVERED)
             else logging.DEBUG)
         if log.isEnabledFor(level):
             who = event.peer.describe() if event.peer else (str(event.addr) if event.addr else "")
@@ -327,6 +334,11 @@ class Runtime:
             self._fds.add(fd)
         else:
             self._fds.discard(fd)
+
+    def owned_fds(self) -> set[int]:
+        """The file descriptors of every socket this node holds (mesh, client port): code that tears down a
+        process's connections (inprocess's gloo abort) leaves these alone."""
+        return set(self._fds)
 
     def close_fds_in_child(self) -> None:
         """After a fork, in the child: close our copy of every socket, so the child neither answers for the

@@ -7,7 +7,7 @@ two on the wire, so line breaks are sent as blanks.
 
 JSON: NCCL's pretty object, with strings escaped so it always parses. Our additions: ``hostname`` and
 ``incarnation`` in ``peer`` (a consumer tells a stale verdict by its incarnation), and for communicator verdicts
-(COMM_STUCK, COMM_MISMATCH, COMM_RECOVERED, or any event carrying a communicator hash) ``comm_hash`` and ``ranks``
+(COMM_STUCK, COMM_RECOVERED, or any event carrying a communicator hash) ``comm_hash`` and ``ranks``
 after ``details``.
 """
 
@@ -22,7 +22,7 @@ from rasd.core.peers import Addr, PeerInfo
 from .model import HASH_MASK
 from .timestamps import format_timestamp
 
-_COMM_VERDICTS = frozenset({Kind.COMM_STUCK, Kind.COMM_MISMATCH, Kind.COMM_RECOVERED})
+_COMM_VERDICTS = frozenset({Kind.COMM_STUCK, Kind.COMM_RECOVERED})
 
 
 def _event_peer(event: Event, peers: Mapping[Addr, PeerInfo] | None) -> PeerInfo | None:

@@ -26,7 +26,7 @@ from rasd.core import node as core
 from rasd.core.comms import ProcessData
 from rasd.core.config import Timers
 from rasd.core.events import Event, Kind
-from rasd.core.peers import Addr, PeerInfo
+from rasd.core.peers import Addr, PeerInfo, PeerTable
 
 SECRET = b"simulated job secret"
 
@@ -69,8 +69,10 @@ class Simulation:
         hop_cost: float = 0.0,
         local_data: Callable[[int], ProcessData] | None = None,
         express_links: bool = True,
+        record: frozenset[Kind] | None = None,
     ) -> None:
         self.rng = random.Random(seed)
+        self.record = record  # the event kinds to keep (None: all); thousands of nodes emit N² PEER_NEW
         self.now = 0.0
         self.timers = timers
         self.latency = latency
@@ -101,13 +103,20 @@ class Simulation:
 
     def start(self, bootstrap: str = "full") -> None:
         """Start every node. ``full``: each learns the whole table at once (as from a communicator's all-gather);
+        ``quiet``: the same, adopting one shared table without a PEER_NEW event per peer (for thousands of nodes);
         ``seed``: each learns only one earlier node (as from the bootstrap store) and gossip does the rest."""
         infos = [s.node.me for s in self.nodes]
+        shared = PeerTable()
+        if bootstrap == "quiet":
+            shared.merge(infos)
         for s in self.nodes:
             phase = self.rng.uniform(0, self.timers.tick)
             self._run(s, lambda s=s: s.node.start(self.now))
-            peers = infos if bootstrap == "full" else [infos[(s.index + 1) // 2 - 1]] if s.index else []
-            self._run(s, lambda s=s, peers=peers: s.node.add_peers(peers, self.now))
+            if bootstrap == "quiet":
+                self._run(s, lambda s=s: s.node.adopt_table(shared.copy(), self.now))
+            else:
+                peers = infos if bootstrap == "full" else [infos[(s.index + 1) // 2 - 1]] if s.index else []
+                self._run(s, lambda s=s, peers=peers: s.node.add_peers(peers, self.now, introduce=bootstrap == "seed"))
             self._at(self.now + phase, lambda s=s: self._tick(s))
 
     def kill(self, i: int) -> None:
@@ -229,7 +238,8 @@ class Simulation:
             if pipe is not None:
                 self._close_pipe(pipe)
         elif isinstance(a, core.Emit):
-            s.events.append((self.now, a.event))
+            if self.record is None or a.event.kind in self.record:
+                s.events.append((self.now, a.event))
         elif isinstance(a, core.ProbePid):
             j = self.addr_index.get(a.addr)
             if j is not None and not self.nodes[j].alive:

@@ -22,6 +22,7 @@ import hashlib
 import inspect
 import logging
 import os
+import threading
 from typing import Any, Callable
 
 import torch
@@ -45,6 +46,13 @@ COUNTED: dict[str, str] = {
 #: NCCL's ncclResult_t codes used for a failed operation (reference 2.4).
 SYSTEM_ERROR = 2
 REMOTE_ERROR = 6
+
+
+class _Nested(threading.local):
+    inside = False  # this thread is inside a counted call: calls torch makes from it are not counted again
+
+
+_nested = _Nested()
 
 
 class TorchHooks:
@@ -95,6 +103,8 @@ class TorchHooks:
 
         @functools.wraps(fn)
         def counted(*args: Any, **kwargs: Any) -> Any:
+            if _nested.inside:  # torch's send() calls isend(), recv() calls irecv(): one operation, counted once
+                return fn(*args, **kwargs)
             group = kwargs.get("group")
             if group is None and group_at is not None and len(args) > group_at:
                 group = args[group_at]
@@ -102,11 +112,14 @@ class TorchHooks:
             if comm is None:
                 return fn(*args, **kwargs)
             comm.launch(op)
+            _nested.inside = True
             try:
                 result = fn(*args, **kwargs)
             except Exception as e:
                 comm.async_error = REMOTE_ERROR if isinstance(e, dist.DistError) else SYSTEM_ERROR
                 raise
+            finally:
+                _nested.inside = False
             if isinstance(result, dist.Work):
                 _on_completion(result, comm, op)  # async: counted when its future completes
             else:
@@ -121,6 +134,10 @@ class TorchHooks:
     def _wrap_init(self, fn: Callable) -> Callable:
         @functools.wraps(fn)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            if self.start_mesh:
+                from rasd.net.client_port import move_nccl_ras_port
+
+                move_nccl_ras_port()  # before NCCL's first communicator reads it
             result = fn(*args, **kwargs)
             self._register_default()
             if self.start_mesh:

@@ -1,4 +1,4 @@
-"""Fixtures for multi-process tests: start gloo jobs of tests/inprocess/workload.py, always clean them up."""
+"""Fixtures for multi-process tests: start gloo jobs of tests/inprocess/inprocess_workload.py, always clean them up."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from jobs import Job  # noqa: E402
+from inprocess_jobs import Job  # noqa: E402
 
 
 @pytest.fixture

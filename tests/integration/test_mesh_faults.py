@@ -73,6 +73,13 @@ def test_clean_exit_is_left_not_dead():
             assert not sw.saw(i, "PEER_HUNG", 1)
 
 
+def test_dying_of_an_uncaught_exception_is_dead_not_left():
+    with Swarm(4) as sw:  # default timers: only the fast-death rule makes it within 10 s
+        sw.command(2, "raise")
+        sw.wait_for(lambda: all(sw.saw(i, "PEER_DEAD", 2) for i in survivors(sw, 2)), 10, "PEER_DEAD everywhere")
+        assert not any(sw.saw(i, "PEER_LEFT", 2) for i in survivors(sw, 2))
+
+
 def test_sigterm_is_a_clean_exit():
     with Swarm(3, env=FAST) as sw:
         sw.kill(0, 15)

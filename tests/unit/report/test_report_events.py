@@ -90,13 +90,13 @@ def test_json_trace_event_with_an_unknown_peer_and_cpu_devices(utc):
 
 
 def test_json_communicator_verdict(utc):
-    event = Event(Kind.COMM_MISMATCH, at=0.0, peer=TWO_GPUS, details="AllReduce counts differ",
+    event = Event(Kind.COMM_STUCK, at=0.0, peer=TWO_GPUS, details="AllReduce counts differ",
                   comm_hash=0x27A079B828FF1A75, ranks=(0, 5))
     assert format_event_json(event, wall_time=WHEN) == (
         "{\n"
         '  "timestamp": "2025-12-19 13:07:07",\n'
         '  "group": "LIFECYCLE",\n'
-        '  "event": "COMM_MISMATCH",\n'
+        '  "event": "COMM_STUCK",\n'
         '  "peer": {\n'
         '    "host": "10.0.0.2",\n'
         '    "pid": 55,\n'

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import inprocess
-from jobs import free_ports
+from inprocess_jobs import free_ports
 
 SECONDS = datetime.timedelta(seconds=1)
 HERE = Path(__file__).parent
@@ -70,7 +70,7 @@ def test_retry_controller_ends_the_call_with_restart_abort(single_rank):
 
 
 def test_the_monitor_hand_shake_has_a_timeout(single_rank):
-    from stores import MonitorNeverConnects
+    from inprocess_stores import MonitorNeverConnects
 
     wrapper = inprocess.Wrapper(
         store_factory=MonitorNeverConnects, store_kwargs={"port": single_rank},

@@ -1,4 +1,4 @@
-"""Launch a multi-process gloo job of ``workload.py`` and read back what every rank reported."""
+"""Launch a multi-process gloo job of ``inprocess_workload.py`` and read back what every rank reported."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-WORKLOAD = Path(__file__).with_name("workload.py")
+WORKLOAD = Path(__file__).with_name("inprocess_workload.py")
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 

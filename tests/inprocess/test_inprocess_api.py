@@ -377,3 +377,15 @@ def test_progress_watchdog_stamps_only_while_the_main_thread_runs_bytecode():
         assert watchdog.timestamp.manual is not None and collector.stamps
     finally:
         watchdog.shutdown(5)
+
+
+def test_the_first_end_of_an_iteration_wins():
+    """A fault recorded after every rank completed cannot turn the completion into a restart, and vice versa."""
+    completed = HashStore().iteration_store(0)
+    assert completed.completion_barrier([0], 1, SECONDS) is True
+    completed.record_interrupted([InterruptionRecord(0, Interruption.EXCEPTION)])
+    assert completed.iteration_outcome() == "completed"
+    interrupted = HashStore().iteration_store(0)
+    interrupted.record_interrupted([InterruptionRecord(1, Interruption.EXCEPTION)])
+    assert interrupted.completion_barrier([0], 1, SECONDS) is False
+    assert interrupted.iteration_outcome() == "interrupted"

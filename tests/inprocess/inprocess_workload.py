@@ -1,7 +1,7 @@
 """One rank of a test job: a gloo training loop inside ``inprocess.Wrapper``, faults injected on cue.
 
 Configured by the JSON in ``INPROCESS_TEST_SCENARIO``; reports JSON lines to ``out`` (``{rank}`` = initial rank).
-Not a test module itself: ``tests/inprocess/jobs.py`` launches it.
+Not a test module itself: ``tests/inprocess/inprocess_jobs.py`` launches it.
 """
 
 from __future__ import annotations

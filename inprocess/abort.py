@@ -1,0 +1,165 @@
+"""Abort: unblock the main thread from whatever collective it waits in, called from the monitor thread.
+
+``AbortTorchDistributed`` differs from the reference in one important way: it also unblocks *gloo*. A blocked
+gloo collective ignores ``ProcessGroup.abort()`` and ``destroy_process_group()`` (torch 2.13) and would wait for
+gloo's own timeout (10-60 s). Shutting down (``SHUT_RDWR``) this process's established gloo peer sockets makes
+the collective fail within milliseconds, here and on the peers. The sockets are found with psutil; store
+connections (any connection touching a store port) and every connection that already existed when the wrapper
+call started are left alone, so a restart never cuts the wrapper's own store or unrelated sockets of the
+program that predate the call.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import logging
+import os
+import socket
+import sys
+from typing import Any, Iterable, Optional
+
+from .state import FrozenState
+
+log = logging.getLogger(__name__)
+
+
+class Abort(abc.ABC):
+    """Called from the monitor thread while the atomic lock is held; its exceptions are logged and swallowed."""
+
+    @abc.abstractmethod
+    def __call__(self, state: Optional[FrozenState]) -> Optional[FrozenState]:
+        raise NotImplementedError
+
+
+def _store_ports(store: Any) -> set[int]:
+    ports = set()
+    seen = 0
+    while store is not None and seen < 16:
+        port = getattr(store, "port", None)
+        if isinstance(port, int):
+            ports.add(port)
+        store = getattr(store, "underlying_store", None) or getattr(store, "base_store", None)
+        seen += 1
+    return ports
+
+
+def process_group_store_ports() -> set[int]:
+    """Ports of the TCPStores behind every live process group, plus ``MASTER_PORT``."""
+    ports: set[int] = set()
+    if os.environ.get("MASTER_PORT", "").isdigit():
+        ports.add(int(os.environ["MASTER_PORT"]))
+    try:
+        from torch.distributed import distributed_c10d
+
+        for _, (_, store) in list(distributed_c10d._world.pg_map.items()):
+            ports |= _store_ports(store)
+    except Exception:  # noqa: BLE001 - private torch structures; best effort
+        log.debug("cannot read the process groups' stores", exc_info=True)
+    return ports
+
+
+def connection_key(connection: Any) -> tuple:
+    return (connection.fd, tuple(connection.laddr), tuple(connection.raddr) if connection.raddr else ())
+
+
+def _ras_node_fds() -> set[int]:
+    """The sockets of this process's RAS node, if rasd runs here: its mesh must outlive a restart."""
+    rasd = sys.modules.get("rasd")
+    runtime = rasd.runtime() if rasd is not None else None
+    return runtime.owned_fds() if runtime is not None else set()
+
+
+def established_connections() -> list[Any]:
+    import psutil
+
+    process = psutil.Process()
+    getter = getattr(process, "net_connections", None) or process.connections
+    return [connection for connection in getter("tcp") if connection.status == "ESTABLISHED"]
+
+
+def shutdown_peer_sockets(excluded_ports: Iterable[int], protected: Iterable[tuple] = ()) -> int:
+    """``SHUT_RDWR`` every established TCP connection of this process except store and protected ones.
+
+    Returns how many sockets were shut down. The file descriptors stay open (their owner closes them); only
+    the connection is torn down, which makes any thread blocked on it return with an error.
+    """
+    excluded = set(excluded_ports)
+    protected_keys = set(protected)
+    ras_fds = _ras_node_fds()
+    count = 0
+    for connection in established_connections():
+        if connection.fd is None or connection.fd < 0 or not connection.raddr:
+            continue
+        if connection.fd in ras_fds:
+            continue
+        if connection.laddr.port in excluded or connection.raddr.port in excluded:
+            continue
+        if connection_key(connection) in protected_keys:
+            continue
+        try:
+            duplicate = os.dup(connection.fd)
+        except OSError:
+            continue
+        try:
+            with socket.socket(fileno=duplicate) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+class AbortTorchDistributed(Abort):
+    """Abort every process group (NCCL: ``abort()``, gloo: shut its peer sockets), then destroy them."""
+
+    def __init__(self, torch_fr_trace_path: Optional[str] = None, shutdown_gloo_sockets: bool = True) -> None:
+        self.torch_fr_trace_path = torch_fr_trace_path or os.environ.get("NVRX_FR_TRACE_PATH")
+        self.shutdown_gloo_sockets = shutdown_gloo_sockets
+
+    def __call__(self, state: Optional[FrozenState] = None) -> Optional[FrozenState]:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return state
+        from torch.distributed import distributed_c10d
+
+        groups = list(distributed_c10d._world.pg_map.items())
+        backends = {str(backend).lower() for _, (backend, _) in groups}
+        if self.shutdown_gloo_sockets and any("gloo" in backend for backend in backends):
+            from .fault_source import active_call
+
+            call = active_call()
+            excluded = process_group_store_ports()
+            protected: Iterable[tuple] = ()
+            if call is not None:
+                excluded |= call.store_ports()
+                protected = call.protected_connections()
+            count = shutdown_peer_sockets(excluded, protected)
+            log.debug("shut down %d gloo peer sockets", count)
+        nccl_groups = [group for group, (backend, _) in groups if "nccl" in str(backend).lower()]
+        if nccl_groups:
+            with concurrent.futures.ThreadPoolExecutor(len(nccl_groups)) as pool:
+                list(pool.map(self._abort_group, nccl_groups))
+        dist.destroy_process_group()
+        return state
+
+    @staticmethod
+    def _abort_group(group: Any) -> None:
+        try:
+            group.abort()
+        except Exception:  # noqa: BLE001
+            log.warning("aborting a process group failed", exc_info=True)
+
+
+class AbortTransformerEngine(Abort):
+    """Release Transformer Engine's userbuffers and FP8 state, if Transformer Engine is installed."""
+
+    def __call__(self, state: Optional[FrozenState] = None) -> Optional[FrozenState]:
+        try:
+            import transformer_engine.pytorch as te  # type: ignore[import-not-found]
+        except ImportError:
+            return state
+        te.module.base.destroy_ub()
+        te.fp8.FP8GlobalStateManager.reset()
+        return state

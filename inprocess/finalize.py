@@ -1,0 +1,62 @@
+"""Callbacks run after a fault, once the function was left, before the restart health check."""
+
+from __future__ import annotations
+
+import abc
+import datetime
+import threading
+from typing import Any, Callable, Optional
+
+from . import exception
+from .state import FrozenState
+
+
+class Finalize(abc.ABC):
+    """Any exception raised here makes the rank leave the wrapper."""
+
+    @abc.abstractmethod
+    def __call__(self, state: FrozenState) -> FrozenState:
+        raise NotImplementedError
+
+
+class ThreadedFinalize(Finalize):
+    """Run ``fn(*args, **kwargs)`` in a daemon thread; ``exception.TimeoutError`` if it outlives ``timeout``.
+
+    Unlike the reference it needs no CUDA: the CUDA device is selected only when CUDA is initialised.
+    """
+
+    def __init__(
+        self,
+        timeout: datetime.timedelta,
+        fn: Callable[..., Any],
+        args: tuple = (),
+        kwargs: Optional[dict] = None,
+    ) -> None:
+        self.timeout = timeout
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs or {}
+
+    def __call__(self, state: FrozenState) -> FrozenState:
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                import torch
+
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    import os
+
+                    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+                self.fn(*self.args, **self.kwargs)
+            except BaseException as error:  # noqa: BLE001 - handed to the caller
+                errors.append(error)
+
+        thread = threading.Thread(target=run, name="ThreadedFinalize", daemon=True)
+        thread.start()
+        thread.join(self.timeout.total_seconds())
+        if thread.is_alive():
+            raise exception.TimeoutError(f"ThreadedFinalize: {self.fn} still running after {self.timeout}")
+        if errors:
+            raise errors[0]
+        return state

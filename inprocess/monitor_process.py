@@ -1,0 +1,485 @@
+"""The monitor process: a watcher outside the training process, one per call of the wrapped function.
+
+It is started fresh with ``subprocess`` (a new interpreter running this file), never forked from the threaded,
+torch-initialised trainer, and it talks to the trainer over a socket pair in JSON lines; every hand-shake has a
+timeout. It does three things:
+
+* **trainer death**: the socket pair reports end-of-file the moment the trainer dies (kill -9 included). The
+  monitor then records ``TERMINATED`` in the current iteration, marks the rank terminated, registers it at the
+  iteration barrier and its initial rank at the termination barrier, so survivors neither wait for it nor
+  count it in the next iteration.
+* **soft timeout**: no progress stamp for ``soft_timeout`` records ``SOFT_TIMEOUT`` (once per iteration), which
+  restarts every rank.
+* **hard timeout**: no progress for ``hard_timeout`` records ``HARD_TIMEOUT``, marks the rank terminated and kills
+  the trainer (SIGCONT+SIGTERM, ``termination_grace_time``, then SIGKILL until it is gone).
+
+* **sibling heartbeats**: the monitor bumps a counter ``heartbeat_{rank}`` every ``heartbeat_interval`` and
+  watches its successor's counter in the ring of the iteration's ranks. A counter that does not move for
+  ``heartbeat_timeout`` (measured on the *watcher's* clock: no wall clocks of two hosts are ever compared) means
+  the successor's trainer and monitor are both gone (a dead node): the watcher records ``UNRESPONSIVE`` and
+  does what the dead rank's own monitor would have done, then watches the next rank of the ring.
+
+Timeouts are evaluated against deadlines on *every* turn of the loop, whatever arrives on the socket, so no
+choice of intervals can starve them (the reference skips its checks while stamps keep arriving).
+
+This file imports only the standard library at module level: torch is imported once the process runs.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # run as a script: keep this package's folder off sys.path (its module names are generic)
+    import os as _os
+    import sys as _sys
+
+    if _sys.path and _os.path.abspath(_sys.path[0]) == _os.path.dirname(_os.path.abspath(__file__)):
+        _sys.path.pop(0)
+
+import base64
+import json
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+log = logging.getLogger("inprocess.monitor_process")
+
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _encode(message: dict) -> bytes:
+    return (json.dumps(message) + "\n").encode()
+
+
+# ==== trainer side ==============================================================================================
+
+
+class MonitorProcess:
+    """Handle held by the trainer: start the monitor, feed it stamps and iteration changes, stop it."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        soft_timeout: float,
+        hard_timeout: float,
+        termination_grace_time: float,
+        barrier_timeout: float,
+        interval: float,
+        heartbeat_interval: float,
+        heartbeat_timeout: float,
+        log_filename: Optional[str],
+        pid_filename: Optional[str],
+        store_factory: Any,
+        store_kwargs: dict,
+    ) -> None:
+        self.rank = rank
+        config = dict(
+            rank=rank,
+            world_size=world_size,
+            trainer_pid=os.getpid(),
+            soft_timeout=soft_timeout,
+            hard_timeout=hard_timeout,
+            termination_grace_time=termination_grace_time,
+            barrier_timeout=barrier_timeout,
+            interval=interval,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
+            log_filename=log_filename.format(rank=rank) if log_filename else None,
+            pid_filename=pid_filename.format(rank=rank) if pid_filename else None,
+        )
+        blob = base64.b64encode(pickle.dumps((store_factory, store_kwargs))).decode()
+        self._socket, child = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+        env["INPROCESS_STORE_CLIENT"] = "1"  # the monitor never hosts the store
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), str(child.fileno())],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=None if os.environ.get("INPROCESS_MONITOR_STDERR") else subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+                close_fds=True,
+            )
+        finally:
+            child.close()
+        self._lock = threading.Lock()
+        self._broken = False
+        self._buffer = b""
+        self._send(dict(t="config", config=config, store=blob))
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _send(self, message: dict) -> None:
+        if self._broken:
+            return
+        try:
+            with self._lock:
+                self._socket.sendall(_encode(message))
+        except OSError:
+            self._broken = True
+            log.error("rank %s: the monitor process is gone; hang protection is off", self.rank)
+
+    def _receive(self, deadline: float) -> Optional[dict]:
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self._socket], [], [], left)
+            if not ready:
+                return None
+            data = self._socket.recv(65536)
+            if not data:
+                raise RuntimeError("the monitor process exited during its start-up")
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def store_ready(self) -> None:
+        """The trainer's store exists, so the monitor may connect as a client (it must never host it)."""
+        self._send(dict(t="store_ready"))
+
+    def wait_ready(self, timeout: float) -> None:
+        from . import exception
+
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self._receive(deadline)
+            if message is None:
+                raise exception.TimeoutError(f"the monitor process was not ready within {timeout} s")
+            if message.get("t") == "ready":
+                return
+            if message.get("t") == "error":
+                raise exception.InternalError(f"the monitor process failed: {message.get('error')}")
+
+    def start_iteration(self, rank: int, world_size: int, iteration: int, initial_rank: int, initial_world_size: int) -> None:
+        self._send(
+            dict(t="iteration", rank=rank, world_size=world_size, iteration=iteration,
+                 initial_rank=initial_rank, initial_world_size=initial_world_size)
+        )
+
+    def send_timestamp(self, timestamp: Any) -> None:
+        self._send(dict(t="ts", auto=timestamp.auto, manual=timestamp.manual))
+
+    def disable_timeouts(self) -> None:
+        self._send(dict(t="timeouts", enabled=False))
+
+    def enable_timeouts(self) -> None:
+        self._send(dict(t="timeouts", enabled=True))
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._send(dict(t="stop"))
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("rank %s: the monitor process did not stop within %s s, killing it", self.rank, timeout)
+            self.process.kill()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self._socket.close()
+
+
+# ==== monitor side ==============================================================================================
+
+
+class _Monitor:
+    def __init__(self, sock: socket.socket, config: dict, store_blob: str) -> None:
+        self.sock = sock
+        self.config = config
+        self.store_blob = store_blob
+        self.trainer_pid: int = config["trainer_pid"]
+        self.rank: int = config["rank"]
+        self.initial_rank: int = config["rank"]
+        self.initial_world_size: int = config["world_size"]
+        self.world_size: int = config["world_size"]
+        self.iteration: Optional[int] = None
+        self.base_store: Any = None
+        self.timeouts_enabled = True
+        self.baseline = time.monotonic()
+        self.auto: Optional[float] = None
+        self.manual: Optional[float] = None
+        self.soft_fired = False
+        self.stop_requested = False
+        self.buffer = b""
+        self.heartbeat_count = 0
+        self.next_heartbeat = 0.0
+        self.watched: Optional[int] = None
+        self.watched_value: Optional[bytes] = None
+        self.watched_since = 0.0
+        self.next_watch = 0.0
+
+    # ---- messages -------------------------------------------------------------------------------------------
+
+    def handle(self, message: dict) -> None:
+        kind = message.get("t")
+        if kind == "ts":
+            self.auto, self.manual = message.get("auto"), message.get("manual")
+        elif kind == "iteration":
+            self.rank, self.world_size = message["rank"], message["world_size"]
+            self.iteration = message["iteration"]
+            self.initial_rank = message["initial_rank"]
+            self.initial_world_size = message["initial_world_size"]
+            self.soft_fired = False
+            self.auto, self.manual = None, None
+            self.baseline = time.monotonic()
+            self.next_heartbeat = self.baseline
+            self.watched = (self.rank + 1) % self.world_size if self.world_size > 1 else None
+            self.watched_value, self.watched_since = None, self.baseline
+            self.next_watch = self.baseline + self.config["heartbeat_interval"]
+        elif kind == "timeouts":
+            self.timeouts_enabled = bool(message["enabled"])
+            self.baseline = time.monotonic()
+        elif kind == "store_ready":
+            self.connect_store()
+        elif kind == "stop":
+            self.stop_requested = True
+
+    def connect_store(self) -> None:
+        try:
+            factory, kwargs = pickle.loads(base64.b64decode(self.store_blob))
+            self.base_store = factory(**kwargs)
+            self.sock.sendall(_encode(dict(t="ready")))
+            log.info("connected to the store")
+        except Exception as error:  # noqa: BLE001 - reported to the trainer
+            log.exception("cannot connect to the store")
+            self.sock.sendall(_encode(dict(t="error", error=repr(error))))
+
+    # ---- timeouts -------------------------------------------------------------------------------------------
+
+    def staleness(self, now: float) -> float:
+        stamps = [self.auto if self.auto is not None else self.baseline]
+        if self.manual is not None:
+            stamps.append(self.manual)
+        return max(now - max(stamp, self.baseline) for stamp in stamps)
+
+    def next_wakeup(self, now: float) -> float:
+        interval = self.config["interval"]
+        if self.iteration is not None and self.base_store is not None:
+            interval = min(interval, max(0.0, min(self.next_heartbeat, self.next_watch) - now))
+        if self.iteration is None or not self.timeouts_enabled:
+            return interval
+        stale = self.staleness(now)
+        deadlines = [self.config["hard_timeout"] - stale]
+        if not self.soft_fired:
+            deadlines.append(self.config["soft_timeout"] - stale)
+        return max(0.0, min([interval] + [deadline + 0.001 for deadline in deadlines]))
+
+    def check(self, now: float) -> None:
+        if self.iteration is None or not self.timeouts_enabled or self.base_store is None:
+            return
+        stale = self.staleness(now)
+        if stale > self.config["hard_timeout"]:
+            log.warning("hard timeout in iteration %s: no progress for %.1f s, terminating the trainer",
+                        self.iteration, stale)
+            self.record("HARD_TIMEOUT", terminated=True)
+            self.kill_trainer()
+            self.timeouts_enabled = False
+        elif stale > self.config["soft_timeout"] and not self.soft_fired:
+            log.warning("soft timeout in iteration %s: no progress for %.1f s", self.iteration, stale)
+            self.soft_fired = True
+            self.record("SOFT_TIMEOUT", terminated=False)
+
+    # ---- sibling heartbeats ---------------------------------------------------------------------------------
+
+    def heartbeats(self, now: float) -> None:
+        if self.iteration is None or self.base_store is None:
+            return
+        store = self.base_store.iteration_store(self.iteration)
+        try:
+            if now >= self.next_heartbeat:
+                self.heartbeat_count += 1
+                store.set(f"heartbeat_{self.rank}", str(self.heartbeat_count))
+                self.next_heartbeat = now + self.config["heartbeat_interval"]
+            if self.watched is not None and now >= self.next_watch:
+                self.next_watch = now + self.config["heartbeat_interval"]
+                key = f"heartbeat_{self.watched}"
+                value = store.get(key) if store.check([key]) else None
+                if value != self.watched_value:
+                    self.watched_value, self.watched_since = value, now
+                elif now - self.watched_since > self.config["heartbeat_timeout"]:
+                    self.declare_unresponsive(store, self.watched, now - self.watched_since)
+        except Exception:  # noqa: BLE001 - the store may be gone; the trainer is still guarded
+            log.warning("heartbeat failed", exc_info=True)
+            self.next_heartbeat = now + self.config["heartbeat_interval"]
+
+    def declare_unresponsive(self, store: Any, rank: int, silence: float) -> None:
+        from inprocess.attribution import Interruption, InterruptionRecord
+
+        if store.check(["barrier:iteration:last_worker_arrived"]):
+            return  # the iteration is over; a verdict now could split the survivors' views
+        log.warning("rank %s is unresponsive (no heartbeat for %.1f s): terminating it", rank, silence)
+        store.record_terminated_ranks([rank])
+        store.record_interrupted([InterruptionRecord(rank, Interruption.UNRESPONSIVE)])
+        store.iteration_barrier([rank], self.world_size, 0)
+        if store.check([f"initial_rank_{rank}"]):
+            initial = store.get_initial_ranks([rank])[0]
+            self.base_store.termination_barrier([initial], self.initial_world_size, 0)
+        following = (rank + 1) % self.world_size
+        self.watched = None if following == self.rank else following
+        self.watched_value, self.watched_since = None, time.monotonic()
+
+    def kill_trainer(self) -> None:
+        grace = self.config["termination_grace_time"]
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            self.signal_trainer(sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.trainer_alive():
+            time.sleep(0.02)
+        while self.trainer_alive():
+            for sig in (signal.SIGCONT, signal.SIGTERM, signal.SIGKILL):
+                self.signal_trainer(sig)
+            time.sleep(0.05)
+
+    def signal_trainer(self, sig: int) -> None:
+        try:
+            os.kill(self.trainer_pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def trainer_alive(self) -> bool:
+        try:
+            import psutil
+
+            return psutil.Process(self.trainer_pid).status() != psutil.STATUS_ZOMBIE
+        except Exception:  # noqa: BLE001 - NoSuchProcess and friends
+            return False
+
+    # ---- store writes ---------------------------------------------------------------------------------------
+
+    def record(self, interruption: str, *, terminated: bool) -> None:
+        from inprocess.attribution import Interruption, InterruptionRecord
+
+        if self.iteration is None or self.base_store is None:
+            return
+        try:
+            store = self.base_store.iteration_store(self.iteration)
+            if terminated:
+                store.record_terminated_ranks([self.rank])
+            store.record_interrupted([InterruptionRecord(self.rank, Interruption[interruption])])
+        except Exception:  # noqa: BLE001 - the store may be gone (its host exited); keep guarding the trainer
+            log.warning("cannot record %s in the store", interruption, exc_info=True)
+
+    def trainer_gone(self) -> None:
+        """The trainer died: account for it in the current iteration (and the next one if it was already in it)."""
+        if self.base_store is None:
+            return
+        try:
+            self._account_for_dead_trainer()
+        except Exception:  # noqa: BLE001
+            log.warning("cannot account for the dead trainer in the store", exc_info=True)
+
+    def _account_for_dead_trainer(self) -> None:
+        if self.iteration is not None:
+            log.warning("the trainer (pid %s) died in iteration %s", self.trainer_pid, self.iteration)
+            self.record("TERMINATED", terminated=True)
+            store = self.base_store.iteration_store(self.iteration)
+            store.iteration_barrier([self.rank], self.world_size, 0)
+            # Died after the survivors passed the iteration barrier but before it announced the next iteration:
+            # its next rank is published already, so account for it there too.
+            if store.check(["barrier:iteration:last_worker_arrived"]):
+                following = self.base_store.iteration_store(self.iteration + 1)
+                next_rank = following.get_rank_of_initial(self.initial_rank, 0)
+                next_world = following.get_packed("world_size", ",")
+                if next_rank is not None and next_world:  # "world_size" is written as "n," by every rank
+                    from inprocess.attribution import Interruption, InterruptionRecord
+
+                    following.record_terminated_ranks([next_rank])
+                    following.record_interrupted([InterruptionRecord(next_rank, Interruption.TERMINATED)])
+                    following.iteration_barrier([next_rank], int(next_world[-1]), 0)
+        self.base_store.termination_barrier([self.initial_rank], self.initial_world_size, 0)
+
+    # ---- loop -----------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while True:
+            now = time.monotonic()
+            ready, _, _ = select.select([self.sock], [], [], self.next_wakeup(now))
+            if ready:
+                data = self.sock.recv(65536)
+                if not data:
+                    if not self.stop_requested:
+                        self.trainer_gone()
+                    return
+                self.buffer += data
+                while b"\n" in self.buffer:
+                    line, self.buffer = self.buffer.split(b"\n", 1)
+                    self.handle(json.loads(line))
+                if self.stop_requested:
+                    return
+            now = time.monotonic()
+            self.check(now)
+            self.heartbeats(now)
+
+
+def _read_first_message(sock: socket.socket, timeout: float) -> tuple[dict, bytes]:
+    sock.settimeout(timeout)
+    buffer = b""
+    while b"\n" not in buffer:
+        data = sock.recv(65536)
+        if not data:
+            raise SystemExit(0)
+        buffer += data
+    sock.settimeout(None)
+    line, rest = buffer.split(b"\n", 1)
+    return json.loads(line), rest
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[1]))
+    message, rest = _read_first_message(sock, 60.0)
+    config = message["config"]
+    handler: logging.Handler
+    if config["log_filename"]:
+        handler = logging.FileHandler(config["log_filename"])
+    else:
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s monitor[rank {config['rank']}] %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    if config["pid_filename"]:
+        with open(config["pid_filename"], "w") as pidfile:
+            pidfile.write(f"{os.getpid()}\n")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is the trainer's business
+    import inprocess.store  # noqa: F401 - torch and the store classes, before the loop starts
+
+    monitor = _Monitor(sock, config, message["store"])
+    monitor.buffer = rest
+    try:
+        while b"\n" in monitor.buffer:
+            line, monitor.buffer = monitor.buffer.split(b"\n", 1)
+            monitor.handle(json.loads(line))
+        monitor.run()
+    except Exception:  # noqa: BLE001
+        log.exception("monitor process failed")
+        try:
+            monitor.record("MONITOR_PROCESS_EXCEPTION", terminated=False)
+        except Exception:  # noqa: BLE001
+            pass
+        return 1
+    finally:
+        if config["pid_filename"]:
+            try:
+                os.unlink(config["pid_filename"])
+            except OSError:
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,585 @@
+"""``Wrapper`` and ``CallWrapper``: restart the wrapped function inside the surviving processes.
+
+One call of a wrapped function, seen from one rank::
+
+    CallWrapper()   start the monitor process (fresh interpreter), build the store, initial barrier,
+                    wait for the monitor, start the progress watchdog, first rank assignment
+    iteration i     monitor thread on; initialize; health check; fn (active) | wait (reserve);
+                    completion barrier -----------------------------------------> success: completion, return
+        fault       anyone records it -> every monitor thread: last_call_wait, abort, raise into fn
+    restart         wait for the abort; finalize; health check; iteration barrier (dead ranks registered by
+                    their monitor); rank assignment over terminated_ranks; i += 1
+    exit            any BaseException: mark self terminated, register at the barriers, terminate, re-raise
+    shutdown        termination barrier (bounded, also on the store host), stop threads and monitor, restore
+                    RANK/WORLD_SIZE
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import gc
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import torch.distributed
+
+from . import exception, fault_source, param_utils
+from . import store as store_module
+from .abort import Abort, AbortTorchDistributed, connection_key, established_connections
+from .attribution import Interruption, InterruptionRecord
+from .completion import Completion
+from .compose import Compose
+from .finalize import Finalize
+from .health_check import HealthCheck
+from .initialize import Initialize
+from .monitor_process import MonitorProcess
+from .monitor_thread import MonitorThread, RankShouldRestart
+from .progress_watchdog import ProgressWatchdog
+from .rank_assignment import ActivateAllRanks, RankAssignment, RankAssignmentCtx, ShiftRanks
+from .state import Mode, State
+from .terminate import Terminate
+
+log = logging.getLogger(__name__)
+
+# Shared default instances, as documented by the reference (both are stateless).
+DEFAULT_ABORT = AbortTorchDistributed()
+DEFAULT_RANK_ASSIGNMENT = Compose(ActivateAllRanks(), ShiftRanks())
+
+_SECONDS = datetime.timedelta(seconds=1)
+
+
+class HealthCheckPassed(Exception):
+    """Internal control-flow signal (kept for compatibility)."""
+
+
+class Wrapper:
+    """Decorator that restarts the wrapped function in-process after a fault on any rank.
+
+    All parameters are keyword-only; timeouts and intervals are ``datetime.timedelta`` (plain seconds are accepted
+    too). Defaults and the validation of the timeout ladder follow nvidia-resiliency-ext's ``inprocess.Wrapper``.
+    """
+
+    def __init__(
+        self,
+        *,
+        store_factory: type = store_module.TCPStore,
+        store_kwargs: Optional[dict[str, Any]] = None,
+        initialize: Optional[Initialize] = None,
+        abort: Optional[Abort] = DEFAULT_ABORT,
+        finalize: Optional[Finalize] = None,
+        health_check: Optional[HealthCheck] = None,
+        rank_assignment: RankAssignment = DEFAULT_RANK_ASSIGNMENT,
+        monitor_thread_interval: datetime.timedelta = _SECONDS,
+        monitor_process_interval: datetime.timedelta = _SECONDS,
+        heartbeat_interval: datetime.timedelta = _SECONDS,
+        progress_watchdog_interval: datetime.timedelta = _SECONDS,
+        soft_timeout: datetime.timedelta = 60 * _SECONDS,
+        hard_timeout: datetime.timedelta = 90 * _SECONDS,
+        heartbeat_timeout: datetime.timedelta = 30 * _SECONDS,
+        barrier_timeout: datetime.timedelta = 120 * _SECONDS,
+        completion_timeout: datetime.timedelta = 120 * _SECONDS,
+        last_call_wait: datetime.timedelta = _SECONDS,
+        termination_grace_time: datetime.timedelta = 5 * _SECONDS,
+        monitor_process_logfile: Optional[str] = None,
+        monitor_process_pidfile: Optional[str] = None,
+        enabled: bool = True,
+        completion: Optional[Completion] = None,
+        terminate: Optional[Terminate] = None,
+    ) -> None:
+        param_utils.enforce_subclass("store_factory", store_factory, store_module.StoreMixin)
+        param_utils.enforce_type("store_kwargs", store_kwargs, (dict, type(None)))
+        for name, value, kind in (
+            ("initialize", initialize, Initialize),
+            ("abort", abort, Abort),
+            ("finalize", finalize, Finalize),
+            ("health_check", health_check, HealthCheck),
+            ("completion", completion, Completion),
+            ("terminate", terminate, Terminate),
+        ):
+            param_utils.enforce_type(name, value, (kind, type(None)))
+        param_utils.enforce_type("rank_assignment", rank_assignment, (RankAssignment,))
+        param_utils.enforce_type("enabled", enabled, (bool,))
+        seconds = param_utils.as_seconds
+        self.monitor_thread_interval = seconds("monitor_thread_interval", monitor_thread_interval)
+        self.monitor_process_interval = seconds("monitor_process_interval", monitor_process_interval)
+        self.heartbeat_interval = seconds("heartbeat_interval", heartbeat_interval)
+        self.progress_watchdog_interval = seconds("progress_watchdog_interval", progress_watchdog_interval)
+        self.soft_timeout = seconds("soft_timeout", soft_timeout)
+        self.hard_timeout = seconds("hard_timeout", hard_timeout)
+        self.heartbeat_timeout = seconds("heartbeat_timeout", heartbeat_timeout)
+        self.barrier_timeout = seconds("barrier_timeout", barrier_timeout)
+        self.completion_timeout = seconds("completion_timeout", completion_timeout)
+        self.last_call_wait = seconds("last_call_wait", last_call_wait)
+        self.termination_grace_time = seconds("termination_grace_time", termination_grace_time)
+
+        check = param_utils.check_condition
+        soft, hard, barrier = self.soft_timeout, self.hard_timeout, self.barrier_timeout
+        check(soft < hard < barrier, "soft_timeout < hard_timeout < barrier_timeout",
+              soft_timeout=soft_timeout, hard_timeout=hard_timeout, barrier_timeout=barrier_timeout)
+        check(self.monitor_process_interval < barrier, "monitor_process_interval < barrier_timeout",
+              monitor_process_interval=monitor_process_interval, barrier_timeout=barrier_timeout)
+        check(self.heartbeat_timeout < barrier, "heartbeat_timeout < barrier_timeout",
+              heartbeat_timeout=heartbeat_timeout, barrier_timeout=barrier_timeout)
+        check(self.heartbeat_interval < self.heartbeat_timeout, "heartbeat_interval < heartbeat_timeout",
+              heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
+        check(self.monitor_process_interval < self.heartbeat_timeout, "monitor_process_interval < heartbeat_timeout",
+              monitor_process_interval=monitor_process_interval, heartbeat_timeout=heartbeat_timeout)
+        check(self.monitor_process_interval < soft, "monitor_process_interval < soft_timeout",
+              monitor_process_interval=monitor_process_interval, soft_timeout=soft_timeout)
+        check(self.monitor_thread_interval < soft, "monitor_thread_interval < soft_timeout",
+              monitor_thread_interval=monitor_thread_interval, soft_timeout=soft_timeout)
+        check(self.progress_watchdog_interval < soft, "progress_watchdog_interval < soft_timeout",
+              progress_watchdog_interval=progress_watchdog_interval, soft_timeout=soft_timeout)
+        for name, value in (("last_call_wait", self.last_call_wait), ("termination_grace_time", self.termination_grace_time),
+                            ("completion_timeout", self.completion_timeout)):
+            check(value >= 0, f"{name} >= 0", **{name: value})
+        for name, path in (("monitor_process_logfile", monitor_process_logfile),
+                           ("monitor_process_pidfile", monitor_process_pidfile)):
+            param_utils.enforce_type(name, path, (str, type(None)))
+            check(path is None or os.path.isabs(path), f"{name} is None or os.path.isabs({name})", **{name: path})
+        check(torch.distributed.is_available(), "torch.distributed.is_available()")
+
+        self.store_factory = store_factory
+        self.store_kwargs = dict(store_kwargs or {})
+        self.initialize = initialize
+        self.abort = abort
+        self.finalize = finalize
+        self.health_check = health_check
+        self.rank_assignment = rank_assignment
+        self.monitor_process_logfile = monitor_process_logfile
+        self.monitor_process_pidfile = monitor_process_pidfile
+        self.enabled = enabled
+        self.completion = completion
+        self.terminate = terminate
+        # Only what the user asked for: no NVML/NIC checks are appended on machines with or without GPUs.
+        self.restart_health_check = health_check
+
+    def __call__(self, fn: Callable) -> Callable:
+        if not self.enabled:
+            return fn
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with CallWrapper(self) as call_wrapper:
+                return call_wrapper(fn, args, kwargs)
+
+        return wrapped
+
+
+class CallWrapper:
+    """One call of the wrapped function on this rank: the restart loop and what the function may use of it.
+
+    Injected into every parameter of the wrapped function annotated ``CallWrapper`` (or ``Optional``/``Union``
+    of it; string annotations work too).
+    """
+
+    def __init__(self, wrapper: Wrapper) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            raise ValueError(
+                'Condition "not torch.distributed.is_initialized()" failed: the wrapper creates the process groups '
+                "inside the wrapped function; destroy the default process group before calling it"
+            )
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("a wrapped function must be called from the main thread")
+        self.wrapper = wrapper
+        self._saved_env = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE")}
+        self.state = State.from_env()
+        self.atomic_lock = threading.RLock()
+        self.monitor_process: Optional[MonitorProcess] = None
+        self.watchdog: Optional[ProgressWatchdog] = None
+        self.monitor_thread: Optional[MonitorThread] = None
+        self.base_store: Any = None
+        self._monitor_connection: Any = None
+        self._fault_connection: Any = None
+        self._protected: set[tuple] = set()
+        self._verdict_lock = threading.Lock()
+        self._return_value: Any = None
+        self._shut_down = False
+        self._previous_unraisablehook: Optional[Callable[[Any], Any]] = None
+        try:
+            self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ---- set-up -----------------------------------------------------------------------------------------------
+
+    def _new_connection(self) -> Any:
+        try:
+            return self.base_store.new_connection()
+        except NotImplementedError:
+            return self.wrapper.store_factory(**self.wrapper.store_kwargs)
+
+    def _start(self) -> None:
+        w = self.wrapper
+        rank, world_size = self.state.rank, self.state.world_size
+        self.monitor_process = MonitorProcess(  # first, so its start-up overlaps ours
+            rank=rank,
+            world_size=world_size,
+            soft_timeout=w.soft_timeout,
+            hard_timeout=w.hard_timeout,
+            termination_grace_time=w.termination_grace_time,
+            barrier_timeout=w.barrier_timeout,
+            interval=w.monitor_process_interval,
+            heartbeat_interval=w.heartbeat_interval,
+            heartbeat_timeout=w.heartbeat_timeout,
+            log_filename=w.monitor_process_logfile,
+            pid_filename=w.monitor_process_pidfile,
+            store_factory=w.store_factory,
+            store_kwargs=w.store_kwargs,
+        )
+        self.base_store = w.store_factory(**w.store_kwargs)
+        self.monitor_process.store_ready()
+        self._monitor_connection = self._new_connection()
+        self._fault_connection = self._new_connection()
+        self.base_store.initial_barrier([rank], world_size, w.barrier_timeout)
+        self.monitor_process.wait_ready(w.barrier_timeout)
+        self._protected = {connection_key(connection) for connection in established_connections()}
+        self.watchdog = ProgressWatchdog(rank, self.monitor_process, w.progress_watchdog_interval)
+        self.watchdog.start()
+        self._previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = self._unraisablehook
+        fault_source.register_active_call(self)
+
+    def _unraisablehook(self, unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, RankShouldRestart) and self.monitor_thread is not None:
+            self.monitor_thread.notify_swallowed()
+        self._previous_unraisablehook(unraisable)
+
+    # ---- what the wrapped function uses -----------------------------------------------------------------------
+
+    @property
+    def iteration(self) -> int:
+        return self.state.iteration
+
+    def ping(self) -> None:
+        """Manual progress stamp; the first ping of an iteration arms the timeout on manual stamps."""
+        if self.watchdog is not None:
+            self.watchdog.ping()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """A section that a restart never cuts: the abort and the restart exception wait until it ends."""
+        with self.atomic_lock:
+            yield
+
+    @contextlib.contextmanager
+    def disable_hang_protection(self) -> Iterator[None]:
+        """No soft/hard timeouts inside (exceptions still restart); progress is reset on exit."""
+        self._disable_hang_protection()
+        try:
+            yield
+        finally:
+            self._enable_hang_protection()
+
+    def _disable_hang_protection(self) -> None:
+        if self.monitor_process is not None:
+            self.monitor_process.disable_timeouts()
+
+    def _enable_hang_protection(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.reset()
+        if self.monitor_process is not None:
+            self.monitor_process.enable_timeouts()
+
+    # ---- what the abort uses ----------------------------------------------------------------------------------
+
+    def store_ports(self) -> set[int]:
+        ports = set()
+        for store in (self.base_store, self._monitor_connection, self._fault_connection):
+            port = getattr(store, "port", None)
+            if isinstance(port, int):
+                ports.add(port)
+        return ports
+
+    def protected_connections(self) -> set[tuple]:
+        return set(self._protected)
+
+    # ---- external verdicts ------------------------------------------------------------------------------------
+
+    def report_fault(self, verdict: fault_source.ExternalVerdict) -> bool:
+        """Apply an external verdict to this job (see ``inprocess.fault_source``); False if it was ignored."""
+        with self._verdict_lock:
+            if self._shut_down or self._fault_connection is None:
+                return False
+            iteration = self.state.iteration
+            if verdict.iteration < iteration:
+                log.info("ignoring a stale verdict for iteration %s (now %s): %s", verdict.iteration, iteration, verdict)
+                return False
+            if verdict.iteration > iteration:
+                log.warning("ignoring a verdict for iteration %s, which has not started here (now %s): %s",
+                            verdict.iteration, iteration, verdict)
+                return False
+            store = self._fault_connection.iteration_store(verdict.iteration)
+            ranks = {}
+            for initial_rank in sorted(verdict.ranks):
+                rank = store.get_rank_of_initial(initial_rank, timeout=0)
+                if rank is None:
+                    log.warning("verdict %s: initial rank %s is not part of iteration %s", verdict, initial_rank, verdict.iteration)
+                    continue
+                ranks[initial_rank] = rank
+            if not ranks:
+                return False
+            world = store.get_packed("world_size", ",")
+            world_size = int(world[-1]) if world else self.state.world_size
+            kind = fault_source.VerdictKind(verdict.kind)
+            if kind.terminates:
+                store.record_terminated_ranks(sorted(ranks.values()))
+            first_report = int(store.add(f"external_verdict:{kind.value}:{sorted(ranks)}", 1)) == 1
+            records = [InterruptionRecord(rank, Interruption.EXTERNAL) for rank in sorted(ranks.values())]
+            store.record_interrupted(records if first_report else ())
+            if kind.terminates:
+                store.iteration_barrier(sorted(ranks.values()), world_size, 0)
+                self._fault_connection.termination_barrier(sorted(ranks), self.state.initial_world_size, 0)
+            log.warning("external verdict %s %s applied to iteration %s: %s", kind.value, sorted(ranks),
+                        verdict.iteration, verdict.reason)
+            return True
+
+    # ---- the restart loop -------------------------------------------------------------------------------------
+
+    def __call__(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        inject = param_utils.injected_parameters(fn, CallWrapper)
+        try:
+            initial_store = store_module.PrefixStore("_inprocess_initial", self.base_store)
+            self._assign(initial_store, set())
+            while True:
+                if self._run_iteration(fn, args, kwargs, inject):
+                    break
+                self._restart()
+            if self.wrapper.completion is not None:
+                try:
+                    self.wrapper.completion(self.state.freeze())
+                except Exception:  # noqa: BLE001 - documented: logged and swallowed
+                    log.warning("completion failed", exc_info=True)
+            return self._return_value
+        except BaseException as error:
+            self._exit_path(error)
+            raise
+
+    def _publish(self) -> None:
+        """Announce this rank's identity in the namespace of the iteration it is about to run."""
+        state = self.state
+        store = self.base_store.iteration_store(state.iteration)
+        store.set_initial_rank(state.rank, state.initial_rank)
+        store.append("world_size", f"{state.world_size},")
+
+    def _assign(self, store: Any, terminated: set[int]) -> None:
+        ctx = self.wrapper.rank_assignment(RankAssignmentCtx(self.state, store, set(terminated)))
+        state = ctx.state
+        if state.mode not in (Mode.ACTIVE, Mode.INACTIVE):
+            raise exception.InternalError(f"rank assignment left rank {state.rank} in mode {state.mode}")
+        self.state = state
+
+    def _run_iteration(self, fn: Callable, args: tuple, kwargs: dict, inject: list[str]) -> bool:
+        """One iteration; True when every rank completed, False when a restart is due."""
+        w, state = self.wrapper, self.state
+        if state.iteration == 0:
+            self._publish()  # later iterations publish right after their rank assignment
+        state.set_distributed_vars()
+        store = self.base_store.iteration_store(state.iteration)
+        assert self.monitor_process is not None and self.watchdog is not None
+        self.monitor_process.start_iteration(
+            state.rank, state.world_size, state.iteration, state.initial_rank, state.initial_world_size
+        )
+        self.watchdog.reset()
+        monitor = MonitorThread(
+            state_fn=lambda: self.state.freeze(),
+            store=self._monitor_connection.iteration_store(state.iteration),
+            abort=w.abort,
+            last_call_wait=w.last_call_wait,
+            soft_timeout=w.soft_timeout,
+            atomic_lock=self.atomic_lock,
+            main_thread_id=threading.get_ident(),
+            rank=state.rank,
+        )
+        self.monitor_thread = monitor
+        monitor.start()
+        outcome: Optional[tuple[str, Any]] = None
+        while True:
+            try:
+                if outcome is None:
+                    outcome = self._call_function(fn, args, kwargs, inject)
+                monitor.leave_function()
+                break
+            except RankShouldRestart as restart:  # delivered between the function and leave_function
+                outcome = ("error", restart)
+
+        kind, payload = outcome
+        log.debug("rank %s left the function: %s", state.rank, kind)
+        if kind == "error":
+            if isinstance(payload, RankShouldRestart):
+                log.info("rank %s leaves iteration %s: %s", state.rank, state.iteration, payload)
+            elif isinstance(payload, Exception):
+                if monitor.interrupted.is_set():
+                    log.info("rank %s: %r while a restart was under way", state.rank, payload)
+                else:
+                    log.warning("rank %s: %r in iteration %s, restarting", state.rank, payload, state.iteration,
+                                exc_info=payload)
+                    state.fn_exception = payload
+                    store.record_interrupted([InterruptionRecord(state.rank, Interruption.EXCEPTION)])
+            else:
+                raise payload
+            return False
+
+        if state.mode == Mode.ACTIVE:
+            store.record_completed()
+        timeout = w.completion_timeout if state.mode == Mode.ACTIVE else None
+        try:
+            with self._hang_protection_suspended():
+                completed = store.completion_barrier([state.rank], state.world_size, timeout)
+        except store_module.BarrierTimeout as error:
+            log.warning("rank %s: %s, restarting", state.rank, error)
+            store.record_interrupted([InterruptionRecord(state.rank, Interruption.EXCEPTION)])
+            return False
+        if completed:
+            self._return_value = payload
+            monitor.shutdown(self._thread_budget())
+            return True
+        return False
+
+    def _call_function(self, fn: Callable, args: tuple, kwargs: dict, inject: list[str]) -> tuple[str, Any]:
+        w, state = self.wrapper, self.state
+        try:
+            frozen = state.freeze()
+            if w.initialize is not None:
+                w.initialize(frozen)
+            if w.health_check is not None:
+                try:
+                    w.health_check(frozen)
+                except Exception as error:
+                    raise exception.HealthCheckError(f"health check failed: {error!r}") from error
+            if state.mode != Mode.ACTIVE:
+                return ("ok", None)
+            call_args, call_kwargs = param_utils.substitute_param_value(
+                fn, args, kwargs, {name: self for name in inject}
+            )
+            return ("ok", fn(*call_args, **call_kwargs))
+        except BaseException as error:  # noqa: BLE001 - sorted out by the caller
+            return ("error", error)
+
+    def _thread_budget(self) -> float:
+        w = self.wrapper
+        return 5 * w.monitor_thread_interval + w.last_call_wait + 5
+
+    @contextlib.contextmanager
+    def _hang_protection_suspended(self) -> Iterator[None]:
+        """For the wrapper's own bounded store waits, during which the main thread cannot stamp progress."""
+        self._disable_hang_protection()
+        try:
+            yield
+        finally:
+            self._enable_hang_protection()
+
+    def _restart(self) -> None:
+        w, state = self.wrapper, self.state
+        monitor = self.monitor_thread
+        assert monitor is not None
+        started = time.monotonic()
+        if not monitor.wait_aborted(self._thread_budget()):
+            log.warning("rank %s: the monitor thread did not abort in time; aborting here", state.rank)
+            if w.abort is not None:
+                try:
+                    w.abort(state.freeze())
+                except Exception:  # noqa: BLE001
+                    log.warning("abort failed", exc_info=True)
+        log.debug("abort done")
+        if not monitor.shutdown(self._thread_budget()):
+            raise exception.TimeoutError("the monitor thread did not stop")
+        assert self.watchdog is not None
+        self.watchdog.reset()
+        frozen = state.freeze()
+        if w.finalize is not None:
+            w.finalize(frozen)
+        if w.restart_health_check is not None:
+            try:
+                w.restart_health_check(frozen)
+            except Exception as error:
+                raise exception.HealthCheckError(f"restart health check failed: {error!r}") from error
+        store = self.base_store.iteration_store(state.iteration)
+        log.debug("restart: entering the iteration barrier")
+        with self._hang_protection_suspended():
+            store.iteration_barrier([state.rank], state.world_size, w.barrier_timeout)
+        log.debug("restart: left the iteration barrier")
+        terminated = store.get_terminated_ranks()
+        fn_exception = state.fn_exception
+        self._assign(store_module.PrefixStore("assignment", store), terminated)
+        self.state.advance()
+        self._publish()
+        log.info(
+            "rank %s restarts as rank %s of %s (active %s of %s), iteration %s, terminated %s, cause %r, %.3f s",
+            state.rank, self.state.rank, self.state.world_size, self.state.active_rank,
+            self.state.active_world_size, self.state.iteration, sorted(terminated), fn_exception,
+            time.monotonic() - started,
+        )
+        # Free what the failed iteration left in reference cycles. The young generations hold it; a full
+        # collection costs ~70 ms in a torch process, on every rank, on the critical path of the restart.
+        gc.collect(1)
+
+    def _exit_path(self, error: BaseException) -> None:
+        """The rank leaves: make sure nobody waits for it, then run ``terminate``."""
+        state = self.state
+        log.warning("rank %s leaves the wrapper: %r", state.rank, error)
+        monitor = self.monitor_thread
+        if monitor is not None:
+            monitor.leave_function()
+        try:
+            if self.base_store is not None and state.rank is not None:
+                store = self._fault_connection.iteration_store(state.iteration)
+                store.record_terminated_ranks([state.rank])
+                store.record_interrupted([InterruptionRecord(state.rank, Interruption.BASE_EXCEPTION)])
+                store.iteration_barrier([state.rank], state.world_size, 0)
+        except Exception:  # noqa: BLE001 - the store may be gone; leaving must not fail because of it
+            log.warning("could not register the departure of rank %s", state.rank, exc_info=True)
+        if monitor is not None:
+            monitor.shutdown(self._thread_budget())
+        if self.wrapper.terminate is not None:
+            self.wrapper.terminate(state.freeze())
+
+    # ---- shutdown ---------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> "CallWrapper":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
+        fault_source.unregister_active_call(self)
+        if self._previous_unraisablehook is not None and sys.unraisablehook == self._unraisablehook:
+            sys.unraisablehook = self._previous_unraisablehook
+        w = self.wrapper
+        if self.monitor_thread is not None and self.monitor_thread.is_alive():
+            self.monitor_thread.leave_function()
+        if self.base_store is not None and self.state.initial_rank is not None:
+            critical = self.state.initial_rank in getattr(self.base_store, "critical_ranks", ())
+            try:
+                # The store host waits (bounded) until every initial rank, or someone on its behalf, is done.
+                self.base_store.termination_barrier(
+                    [self.state.initial_rank], self.state.initial_world_size, w.barrier_timeout if critical else 0
+                )
+            except Exception:  # noqa: BLE001
+                log.warning("termination barrier incomplete on rank %s", self.state.initial_rank, exc_info=True)
+        if self.watchdog is not None:
+            self.watchdog.shutdown(timeout=5)
+        if self.monitor_process is not None:
+            self.monitor_process.shutdown()
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        # Close the store connections (and, on the host, the server) now rather than at some later garbage
+        # collection: the next call of a wrapped function in this process builds a new store on the same port.
+        self.monitor_thread = None
+        with self._verdict_lock:
+            self.base_store = self._monitor_connection = self._fault_connection = None
+        gc.collect()

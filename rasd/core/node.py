@@ -665,7 +665,8 @@ class Node:
             for addr, data in g.entries:
                 responses.setdefault(addr, data)
             snap = JobSnapshot(peers=tuple(self.table), dead=frozenset(self.dead), left=frozenset(self.left),
-                               responses=responses, timeouts=g.leg_timeouts, collection_time=now - g.started)
+                               responses=responses, timeouts=g.leg_timeouts, collection_time=now - g.started,
+                               stuck={h: v.describe() for h, (v, _) in self.stuck.items()})
             if g.query_id == SWEEP_QUERY:
                 self._sweeping = False
                 if not self.expelled:

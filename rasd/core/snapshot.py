@@ -25,6 +25,8 @@ class JobSnapshot:
     timeouts: int = 0
     #: Seconds from the start of the gather to its end.
     collection_time: float = 0.0
+    #: Standing COMM_STUCK verdicts the root holds: communicator hash -> what is stuck and who is to blame.
+    stuck: dict[int, str] = field(default_factory=dict)
 
     def missing(self) -> list[PeerInfo]:
         """Live peers that did not answer (NCCL's missing = peers - dead - responders; departed peers excluded)."""

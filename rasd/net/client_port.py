@@ -127,6 +127,11 @@ class _Client(asyncio.Protocol):
             log.exception("rasd: client error (connection closed)")
             self.close()
 
+    def eof_received(self) -> bool:
+        # ``echo status | nc localhost 28028`` half-closes after sending: keep our side open for the report (and
+        # for events, in MONITOR mode). A client that never half-closes is closed after its report as usual.
+        return True
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.port.runtime._track_fd(self.transport, add=False)
         self.session.closed = True

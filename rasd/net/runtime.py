@@ -192,7 +192,11 @@ class Runtime:
                     proto.transport.abort()
             if self._server is not None:
                 self._server.close()
+            pending = [t for t in self._tasks if not t.done()]
+            for task in pending:
+                task.cancel()
             try:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 loop.run_until_complete(asyncio.sleep(0))
             except Exception:
                 pass

@@ -103,7 +103,7 @@ def _missing_rank(rank: MissingRank) -> str:
     )
 
 
-def _communicator(comm: Communicator) -> str:
+def _communicator(comm: Communicator, stuck: str | None) -> str:
     i = " " * 6
     return (
         "    {\n"
@@ -113,7 +113,8 @@ def _communicator(comm: Communicator) -> str:
         f'{i}"ranks_count": {len(comm.ranks)},\n'
         f'{i}"missing_ranks_count": {len(comm.missing)},\n'
         f'{i}"ranks": {_array([_rank(r) for r in comm.ranks], i)},\n'
-        f'{i}"missing_ranks": {_array([_missing_rank(m) for m in comm.missing], i)}\n'
+        f'{i}"missing_ranks": {_array([_missing_rank(m) for m in comm.missing], i)},\n'
+        f'{i}"stuck": {_str(stuck) if stuck is not None else "null"}\n'
         "    }"
     )
 
@@ -129,7 +130,7 @@ def render_json(
     cuda_driver_version: int = -1,
 ) -> str:
     """The JSON document of a finished gather. ``timestamp`` is the wall-clock time of the report."""
-    communicators = [_communicator(c) for c in report.communicators_by_id]
+    communicators = [_communicator(c, report.stuck.get(c.comm_hash)) for c in report.communicators_by_id]
     return (
         "{\n"
         f'  "nccl_version": {_str(nccl_version)},\n'

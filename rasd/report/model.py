@@ -219,6 +219,8 @@ class Report:
     left_count: int
     timeouts: int
     collection_time: float
+    #: Standing COMM_STUCK verdicts: communicator hash -> their attribution (behind / inside).
+    stuck: dict[int, str] = field(default_factory=dict)
 
     @property
     def collection_seconds(self) -> float:
@@ -420,4 +422,5 @@ def build_report(snapshot: JobSnapshot) -> Report:
         left_count=len(left),
         timeouts=snapshot.timeouts,
         collection_time=snapshot.collection_time,
+        stuck=dict(snapshot.stuck),
     )

@@ -2,7 +2,7 @@
 
 Items, each ending with a blank line: TIMEOUT (legs of the gather that went quiet), LEFT (processes that finished
 and left the job cleanly: not a fault, but the job is smaller than it was), then for every communicator in table
-order its MISMATCH item: a status part (ranks disagree on their status) and, per op type, a count part (ranks
+order its STUCK item (a standing COMM_STUCK verdict: ours), then its MISMATCH item: a status part (ranks disagree on their status) and, per op type, a count part (ranks
 launched different numbers of operations).
 """
 
@@ -31,6 +31,10 @@ def render_warnings(report: Report, verbose: bool) -> str:
         out.append(f"TIMEOUT\n  Encountered {report.timeouts} communication timeout{plural_s(report.timeouts)} "
                    "while gathering communicator data\n\n")
     out += _left_processes(report, verbose)
+    for comm in report.communicators:
+        if comm.comm_hash in report.stuck:
+            # torchras: a COMM_STUCK verdict, with who is behind and who is inside the stuck operation.
+            out.append(f"{comm.label} STUCK\n  {report.stuck[comm.comm_hash]}\n\n")
     for comm in report.communicators:
         if comm.errors & CommErrors.MISMATCH:
             out += _mismatch(comm, verbose)

@@ -275,3 +275,23 @@ def test_a_port_taken_by_another_program(port_env):
             sw.wait_for(lambda: all(sw.saw(i, "PEER_DEAD", 0) for i in (1, 2)), 10, "PEER_DEAD")
     finally:
         blocker.close()
+
+
+def test_echo_status_piped_into_nc_gets_the_whole_report(port_env):
+    # `echo verbose status | nc localhost 28028`: nc half-closes its side once stdin ends, before the report.
+    with Swarm(3, env=port_env):
+        port = base_port(port_env)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        for _ in range(3):
+            with socket.create_connection(("localhost", port), 5) as s:
+                s.sendall(b"verbose status\n")
+                s.shutdown(socket.SHUT_WR)
+                s.settimeout(20)
+                out = b""
+                while chunk := s.recv(65536):
+                    out += chunk
+            if out:  # an empty answer only if the connection landed on a process being torn down
+                break
+        text = out.decode()
+        assert text.startswith("torchras version ") and text.endswith("Warnings\n========\n\n")
+        assert "RUNNING      OK" in text

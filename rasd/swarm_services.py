@@ -64,7 +64,7 @@ class SyntheticJob:
         self.world.completed[ALLREDUCE] = world
         self.world.launched[BROADCAST] = self.world.completed[BROADCAST] = 1
         self.pair.launched[ALLREDUCE] = self.pair.completed[ALLREDUCE] = base
-        return self.registry.snapshot()
+        return self.registry.snapshot(time.monotonic())
 
     def obey(self, words: list[str]) -> bool:
         cmd, args = words[0], words[1:]

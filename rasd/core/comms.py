@@ -37,6 +37,8 @@ class RankRecord:
     device: int = -1  # CUDA device of this rank, -1 on the CPU
     launched: tuple[int, ...] = (0,) * N_OPS
     completed: tuple[int, ...] = (0,) * N_OPS
+    #: Milliseconds since this rank's counters last changed (an age, so clocks of different hosts never meet).
+    idle_ms: int = 0
 
 
 @dataclass(frozen=True)

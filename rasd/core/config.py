@@ -25,6 +25,7 @@ class Timers:
     idle: float = 60.0  # a connection no link uses is closed after this long
     leg_timeout: float = 5.0  # the default collective timeout of a status gather (clients may set their own)
     gather_extra: float = 5.0  # hard limit of a gather: timeout + this
+    in_flight: float = 2.0  # launch counts one operation apart for less than this are in flight, not a MISMATCH
     stuck: float = 20.0  # a communicator whose counters disagree and have not moved this long is COMM_STUCK
     sweep: float = 5.0  # how often the sweeper gathers every process's counters to look for stuck communicators
     tick: float = 0.25  # how often the runtime calls ``Node.tick``
@@ -39,7 +40,7 @@ class Timers:
             dead=self.dead * factor, hang=self.hang * factor, connect_retry=self.connect_retry * factor,
             connect_warn=self.connect_warn * factor, handshake=self.handshake * factor, idle=self.idle * factor,
             leg_timeout=self.leg_timeout * factor, gather_extra=self.gather_extra * factor,
-            stuck=self.stuck * factor, sweep=self.sweep * factor,
+            stuck=self.stuck * factor, sweep=self.sweep * factor, in_flight=self.in_flight * factor,
             tick=min(self.tick, self.keepalive * factor / 4),
         )
 

@@ -666,7 +666,8 @@ class Node:
                 responses.setdefault(addr, data)
             snap = JobSnapshot(peers=tuple(self.table), dead=frozenset(self.dead), left=frozenset(self.left),
                                responses=responses, timeouts=g.leg_timeouts, collection_time=now - g.started,
-                               stuck={h: v.describe() for h, (v, _) in self.stuck.items()})
+                               stuck={h: v.describe() for h, (v, _) in self.stuck.items()},
+                               in_flight_grace=self.timers.in_flight)
             if g.query_id == SWEEP_QUERY:
                 self._sweeping = False
                 if not self.expelled:

@@ -1,7 +1,8 @@
 """This process's communicators and their counters: what it contributes to a status report.
 
 Written by the training thread (``rasd.torch``'s hooks, or the swarm's synthetic job), read by the RAS thread when
-a gather asks. The hot path, ``launch`` and ``complete``, is one list-item increment each. Readers take a
+a gather asks. The hot path, ``launch`` and ``complete``, is one list-item increment and one float store each (the
+caller passes the time, so that this module reads no clock). Readers take a
 snapshot without locks: under the GIL a reader sees each counter either before or after an increment, and a
 report taken mid-collective is allowed to be a step stale.
 """
@@ -29,20 +30,24 @@ class LocalComm:
     abort_flag: bool = False
     launched: list[int] = field(default_factory=lambda: [0] * N_OPS)
     completed: list[int] = field(default_factory=lambda: [0] * N_OPS)
+    last_change: float = 0.0  # when a counter last moved (the caller's monotonic clock)
 
-    def launch(self, op: int) -> int:
+    def launch(self, op: int, now: float = 0.0) -> int:
         """Count one operation of type ``op`` as launched; return its sequence number (1-based, per op type)."""
         self.launched[op] += 1
+        self.last_change = now
         return self.launched[op]
 
-    def complete(self, op: int) -> None:
+    def complete(self, op: int, now: float = 0.0) -> None:
         self.completed[op] += 1
+        self.last_change = now
 
-    def record(self) -> RankRecord:
+    def record(self, now: float = 0.0) -> RankRecord:
         return RankRecord(comm_rank=self.rank, init_state=self.init_state, async_error=self.async_error,
                           finalize_called=self.finalize_called, destroy_flag=self.destroy_flag,
                           abort_flag=self.abort_flag, device=self.device, launched=tuple(self.launched),
-                          completed=tuple(self.completed))
+                          completed=tuple(self.completed),
+                          idle_ms=max(0, min(int((now - self.last_change) * 1000), 0xFFFFFFFF)))
 
 
 class CommRegistry:
@@ -59,11 +64,11 @@ class CommRegistry:
     def comms(self) -> list[LocalComm]:
         return list(self._comms.values())
 
-    def snapshot(self) -> ProcessData:
+    def snapshot(self, now: float = 0.0) -> ProcessData:
         by_hash: dict[tuple[int, int], list[LocalComm]] = {}
         for c in list(self._comms.values()):
             by_hash.setdefault((c.comm_hash, c.size), []).append(c)
         return ProcessData(comms=tuple(
-            CommRecord(comm_hash=h, size=size, ranks=tuple(c.record() for c in sorted(cs, key=lambda c: c.rank)),
+            CommRecord(comm_hash=h, size=size, ranks=tuple(c.record(now) for c in sorted(cs, key=lambda c: c.rank)),
                        rank_map=cs[0].rank_map)
             for (h, size), cs in sorted(by_hash.items())))

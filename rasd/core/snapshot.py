@@ -25,6 +25,9 @@ class JobSnapshot:
     timeouts: int = 0
     #: Seconds from the start of the gather to its end.
     collection_time: float = 0.0
+    #: Launch counts that differ only because the leading ranks are inside an operation that started less than
+    #: this many seconds ago are operations in flight, not a MISMATCH. 0: any difference is one (NCCL's rule).
+    in_flight_grace: float = 0.0
     #: Standing COMM_STUCK verdicts the root holds: communicator hash -> what is stuck and who is to blame.
     stuck: dict[int, str] = field(default_factory=dict)
 

@@ -289,6 +289,7 @@ def _put_process_data(w: _Writer, data: ProcessData) -> None:
             w.fmt("IBBBhB", rk.comm_rank, rk.init_state, rk.async_error, flags, rk.device, len(rk.launched))
             w.fmt(f"{len(rk.launched)}Q", *rk.launched)
             w.fmt(f"{len(rk.completed)}Q", *rk.completed)
+            w.fmt("I", min(rk.idle_ms, 0xFFFFFFFF))
 
 
 _RANK_HEAD = struct.calcsize("!IBBBhB")
@@ -306,7 +307,8 @@ def _get_process_data(r: _Reader) -> ProcessData:
                 raise ProtocolError("bad rank record")
             launched = r.fmt(f"{nops}Q")
             completed = r.fmt(f"{nops}Q")
-            ranks.append(RankRecord(
+            idle_ms = r.one("I")
+            ranks.append(RankRecord(idle_ms=idle_ms, 
                 comm_rank=comm_rank, init_state=init_state, async_error=async_error,
                 finalize_called=bool(flags & 1), destroy_flag=bool(flags & 2), abort_flag=bool(flags & 4),
                 device=device, launched=launched, completed=completed))

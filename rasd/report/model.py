@@ -257,6 +257,7 @@ class _Context:
     dead: frozenset[Addr]
     left: frozenset[Addr]
     everyone_answered: bool
+    in_flight_grace: float = 0.0
 
     def order(self, addr: Addr) -> tuple:
         known = self.process_order.get(addr)
@@ -315,6 +316,27 @@ def _missing_rank(comm: _MergedComm, comm_rank: int, context: _Context) -> Missi
     return MissingRank(comm_rank, global_rank, process, reason, dead=dead, left=left)
 
 
+def _in_flight(ranks: tuple[PresentRank, ...], op: int, grace: float) -> bool:
+    """Launch counts that differ only because some ranks already entered the next operation, moments ago::
+
+        rank 0: launched 42, completed 41, counters moved 3 ms ago    (inside operation 42, waiting)
+        rank 1: launched 41, completed 41                             (not there yet)
+
+    A skipped operation or a hang looks the same in one snapshot; it differs in time: the leading ranks stay
+    inside, and past ``grace`` it is a MISMATCH (and, later, COMM_STUCK). A rank behind by more than one, or ahead
+    without being inside, is never in flight."""
+    if grace <= 0:
+        return False
+    top = max(r.launched(op) for r in ranks)
+    for r in ranks:
+        if r.launched(op) == top:
+            if r.completed(op) != top - 1 or r.record.idle_ms > grace * 1000:
+                return False
+        elif r.launched(op) != top - 1 or r.completed(op) != top - 1:
+            return False
+    return True
+
+
 def _classify(comm: _MergedComm, context: _Context) -> Communicator:
     ranks = tuple(comm.ranks[r] for r in sorted(comm.ranks))
     missing = tuple(_missing_rank(comm, r, context) for r in range(comm.size) if r not in comm.ranks)
@@ -329,7 +351,9 @@ def _classify(comm: _MergedComm, context: _Context) -> Communicator:
         status_bits |= Status.NOCOMM
 
     mismatched_ops = tuple(
-        op for op in range(N_OPS) if any(r.launched(op) != reference.launched(op) for r in ranks)
+        op for op in range(N_OPS)
+        if any(r.launched(op) != reference.launched(op) for r in ranks)
+        and not _in_flight(ranks, op, context.in_flight_grace)
     )
     errors = CommErrors(0)
     if mismatched_ops or bin(int(status_bits)).count("1") > 1:
@@ -405,6 +429,7 @@ def build_report(snapshot: JobSnapshot) -> Report:
         dead=dead,
         left=left,
         everyone_answered=not missing_processes and not dead,
+        in_flight_grace=snapshot.in_flight_grace,
     )
     merged = _merge(snapshot, context)
     by_id = [_classify(comm, context) for comm in merged if comm.ranks]

@@ -431,7 +431,7 @@ class CallWrapper:
             store.record_completed()
         timeout = w.completion_timeout if state.mode == Mode.ACTIVE else None
         try:
-            with self._hang_protection_suspended():
+            with self.disable_hang_protection():  # the wrapper's own bounded store waits
                 completed = store.completion_barrier([state.rank], state.world_size, timeout)
         except store_module.BarrierTimeout as error:
             log.warning("rank %s: %s, restarting", state.rank, error)
@@ -467,15 +467,6 @@ class CallWrapper:
         w = self.wrapper
         return 5 * w.monitor_thread_interval + w.last_call_wait + 5
 
-    @contextlib.contextmanager
-    def _hang_protection_suspended(self) -> Iterator[None]:
-        """For the wrapper's own bounded store waits, during which the main thread cannot stamp progress."""
-        self._disable_hang_protection()
-        try:
-            yield
-        finally:
-            self._enable_hang_protection()
-
     def _restart(self) -> None:
         w, state = self.wrapper, self.state
         monitor = self.monitor_thread
@@ -503,7 +494,7 @@ class CallWrapper:
                 raise exception.HealthCheckError(f"restart health check failed: {error!r}") from error
         store = self.base_store.iteration_store(state.iteration)
         log.debug("restart: entering the iteration barrier")
-        with self._hang_protection_suspended():
+        with self.disable_hang_protection():  # the wrapper's own bounded store waits
             store.iteration_barrier([state.rank], state.world_size, w.barrier_timeout)
         log.debug("restart: left the iteration barrier")
         terminated = store.get_terminated_ranks()

@@ -219,7 +219,8 @@ class Swarm:
 
     def links_up(self) -> bool:
         """Every member has connected to at least one peer (so the ring carries keepalives)."""
-        return all(self.events(i, "PEER_CONNECTED") or self.events(i, "PEER_CONNECTING") for i in range(self.n))
+        return self.n == 1 or all(self.events(i, "PEER_CONNECTED") or self.events(i, "PEER_CONNECTING")
+                                  for i in range(self.n))
 
     def saw(self, i: int, kind: str, about: int) -> dict[str, Any] | None:
         addr = self.members[about].addr

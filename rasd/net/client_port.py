@@ -129,8 +129,8 @@ class _Client(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # ``echo status | nc localhost 28028`` half-closes after sending: keep our side open for the report (and
-        # for events, in MONITOR mode). A client that never half-closes is closed after its report as usual.
-        return True
+        # for events, in MONITOR mode). A client that asked for neither is done: close (returning False).
+        return self.session.reporting or self.session.monitoring
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.port.runtime._track_fd(self.transport, add=False)

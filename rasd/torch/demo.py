@@ -85,9 +85,10 @@ def demo_main(args: argparse.Namespace) -> int:
            "--print-every", str(args.print_every)]
     for inj in injections:
         cmd += ["--inject", inj.spec()]
-    print(f"rasd demo: {args.nproc} gloo processes, a small MLP trained data-parallel; the client port is "
-          f"{args.addr or env.get('TORCHRAS_ADDR') or 'localhost:28028'} (rascli -v, or: echo verbose status | nc "
-          "localhost 28028). Ctrl+C stops it.", flush=True)
+    addr = args.addr or env.get("TORCHRAS_ADDR") or "localhost:28028"
+    host, _, port = addr.rpartition(":")
+    print(f"rasd demo: {args.nproc} gloo processes train a small MLP data-parallel. Their status: rascli -v -p {port}"
+          f" (or: echo verbose status | nc {host.strip('[]')} {port}). Ctrl+C stops it.", flush=True)
     workers = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdin=subprocess.DEVNULL)
                for r in range(args.nproc)]
     try:

@@ -23,6 +23,7 @@ import inspect
 import logging
 import os
 import threading
+from time import monotonic
 from typing import Any, Callable
 
 import torch
@@ -111,7 +112,7 @@ class TorchHooks:
             comm = by_group.get(id(group if group is not None else c10d.GroupMember.WORLD))
             if comm is None:
                 return fn(*args, **kwargs)
-            comm.launch(op)
+            comm.launch(op, monotonic())
             _nested.inside = True
             try:
                 result = fn(*args, **kwargs)
@@ -123,7 +124,7 @@ class TorchHooks:
             if isinstance(result, dist.Work):
                 _on_completion(result, comm, op)  # async: counted when its future completes
             else:
-                comm.complete(op)
+                comm.complete(op, monotonic())
             return result
 
         return counted
@@ -219,11 +220,11 @@ def _on_completion(work: Any, comm: LocalComm, op: int) -> None:
     try:
         future = work.get_future()
     except RuntimeError:
-        comm.complete(op)  # a backend without futures: count it as done when launched
+        comm.complete(op, monotonic())  # a backend without futures: count it as done when launched
         return
 
     def done(f: Any) -> None:
-        comm.complete(op)
+        comm.complete(op, monotonic())
         try:
             f.value()
         except Exception as e:  # noqa: BLE001 - recorded, the caller sees it from wait()
@@ -258,4 +259,4 @@ def _start_mesh(hooks: TorchHooks) -> None:
         return
     device = _device_of(c10d._get_default_group())
     rasd.start(store, rank=dist.get_rank(), devices=() if device < 0 else (device,),
-               local_data=hooks.registry.snapshot, services=[client_port.serve])
+               local_data=lambda: hooks.registry.snapshot(monotonic()), services=[client_port.serve])

@@ -295,3 +295,25 @@ def test_echo_status_piped_into_nc_gets_the_whole_report(port_env):
         text = out.decode()
         assert text.startswith("torchras version ") and text.endswith("Warnings\n========\n\n")
         assert "RUNNING      OK" in text
+
+
+def test_clients_past_the_bound_get_an_error_line(port_env, monkeypatch):
+    from rasd.net import client_port
+
+    with Swarm(1, env=port_env):
+        port = base_port(port_env)
+        wait_for_report(port, lambda r: "RUNNING" in r)
+        held = [socket.create_connection(("localhost", port), 5) for _ in range(client_port.MAX_CLIENTS)]
+        try:
+            for s in held[:3]:  # the held ones are served
+                s.sendall(b"CLIENT PROTOCOL 2\n")
+                s.settimeout(10)
+                assert s.recv(64) == b"SERVER PROTOCOL 2\n"
+            with socket.create_connection(("localhost", port), 5) as extra:
+                extra.settimeout(10)
+                reply = extra.recv(200)
+            assert reply == f"ERROR: Too many client connections (limit {client_port.MAX_CLIENTS})\n".encode()
+        finally:
+            for s in held:
+                s.close()
+        assert "RUNNING" in status(port)

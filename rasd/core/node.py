@@ -115,6 +115,7 @@ class Conn:
     my_nonce: bytes = b""
     their_nonce: bytes = b""
     peer_wants: bool = True
+    wanted_sent: bool | None = None  # what we last told the peer about our use of this connection
     full_sent_for: tuple[int, int] | None = None
 
 
@@ -692,7 +693,13 @@ class Node:
 
     def _gather_timeouts(self, now: float) -> None:
         for g in list(self.gathers.values()):
-            if g.timeout is None:
+            # A leg whose connection has gone silent is answered by nobody: count it now (NCCL purges a delayed
+            # connection from its collectives), whether or not the connection is one of our links.
+            for cid in list(g.pending):
+                c = self.conns.get(cid)
+                if c is not None and c.state is ConnState.READY and now - c.last_recv > self.timers.unresponsive:
+                    self._purge_gathers(cid, now)
+            if g.timeout is None or (g.root, g.coll_id) not in self.gathers:
                 continue
             if now >= g.started + g.timeout + self.timers.gather_extra:
                 self._maybe_finish(g, now, force=True)
@@ -867,7 +874,11 @@ class Node:
             if conn.state is not ConnState.READY:
                 continue
             mine = conn.peer in self.contacts
-            if (mine or conn.peer_wants) and now - conn.last_send >= self.timers.keepalive:
+            # Keepalives flow on a connection either side uses; and whenever our use of it changes we say so at
+            # once, so that the peer neither monitors nor routes gathers over a connection we have stopped using.
+            idle = now - conn.last_send >= self.timers.keepalive
+            if ((mine or conn.peer_wants) and idle) or conn.wanted_sent is not mine:
+                conn.wanted_sent = mine
                 self._send(conn, wire.Keepalive(self.table.hash, self._dead_hash, mine), now)
 
     def _close_idle(self, now: float) -> None:

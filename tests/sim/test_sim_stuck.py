@@ -51,3 +51,23 @@ def test_a_stalled_rank_is_named_behind_everywhere_and_the_verdict_clears():
     assert sim.run_while(lambda: len(sim.events(Kind.COMM_RECOVERED)) < N, 4 * TIMERS.sweep)
     sim.run_until(sim.now + 3 * TIMERS.stuck)
     assert len(sim.events(Kind.COMM_STUCK)) == N  # no second verdict
+
+
+def test_a_gather_right_after_a_hang_ends_when_the_silent_leg_is_purged_not_at_the_timeout():
+    """Bootstrap introductions leave connections that are nobody's link. A gather must not wait on one of them to
+    a silent process until its hard limit: a leg silent past the unresponsive limit counts as a timeout at once."""
+    t = Timers()
+    for victim in range(1, 8):
+        sim = Simulation(8, seed=victim, timers=t)
+        sim.start("seed")
+        sim.run_until(3.0)  # the introduction connections are fresh: under the unresponsive limit
+        seeds = {(victim + 1) // 2 - 1, victim - 1} - {victim}
+        root = min(seeds)
+        sim.pause(victim)
+        started = sim.now
+        sim.gather(root, 1)
+        assert sim.run_while(lambda: (root, 1) not in sim.gathers_done, t.leg_timeout + t.gather_extra + 1)
+        done_at, done = sim.gathers_done[(root, 1)]
+        assert done.snapshot.timeouts >= 1
+        assert set(done.snapshot.responses) == {sim.addr(i) for i in range(8) if i != victim}
+        assert done_at - started <= t.unresponsive + t.tick, f"victim {victim}: waited {done_at - started:.2f}s"

@@ -57,7 +57,9 @@ def hang_flag(repeats: int) -> list[float]:
                         step=0.01)
             out.append(min(e["wall"] for i in others if (e := sw.saw(i, "PEER_UNRESPONSIVE", victim))) - t0)
             sw.resume(victim)
-            sw.wait_for(lambda: all(sw.saw(i, "PEER_RECOVERED", victim) for i in others), 30, "RECOVERED")
+            # Only the neighbours that flagged it have something to take back (it resumed before the hang limit).
+            flagged = [i for i in others if sw.saw(i, "PEER_UNRESPONSIVE", victim)]
+            sw.wait_for(lambda: all(sw.saw(i, "PEER_RECOVERED", victim) for i in flagged), 30, "RECOVERED")
     return out
 
 

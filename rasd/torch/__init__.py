@@ -18,13 +18,13 @@ if TYPE_CHECKING:  # importing torch costs seconds: only install() does it
 _hooks: "TorchHooks | None" = None
 
 
-def install(start_mesh: bool = True) -> TorchHooks:
-    """Hook torch.distributed (idempotent). Call before ``init_process_group``, or after: existing groups are
-    adopted. ``start_mesh=False`` counts without starting the RAS node."""
+def install(start_mesh: bool = True) -> "TorchHooks":
+    """Hook torch.distributed (idempotent). Call before ``init_process_group``; called after it, the default group
+    is adopted (groups created before the call are not counted). ``start_mesh=False`` counts without starting the
+    RAS node."""
     global _hooks
     from .hooks import TorchHooks
 
-    _keep_hooks_function()
     if _hooks is None:
         _hooks = TorchHooks(CommRegistry(), start_mesh=start_mesh)
         _hooks.install()
@@ -39,17 +39,9 @@ def uninstall() -> None:
         _hooks = None
 
 
-def hooks() -> "TorchHooks | None":
+def installed() -> "TorchHooks | None":
+    """The hooks installed in this process (their ``registry`` holds the communicators and counters), or None."""
     return _hooks
 
 
-_hooks_function = hooks
-
-
-def _keep_hooks_function() -> None:
-    # Importing the submodule rasd.torch.hooks binds the package attribute ``hooks`` to that module, shadowing the
-    # function above (``rasd.torch.hooks()`` then fails with "'module' object is not callable"). Put it back.
-    globals()["hooks"] = _hooks_function
-
-
-__all__ = ["hooks", "install", "uninstall"]
+__all__ = ["install", "installed", "uninstall"]

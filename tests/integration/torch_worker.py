@@ -53,7 +53,7 @@ def write(name: str, data: dict) -> None:
 def registry() -> list[dict]:
     """This process's communicators as the hooks count them (none when rasd is not installed)."""
     package = sys.modules.get("rasd.torch")  # never imported here: a plain run must stay untouched
-    hooks = package.hooks() if package is not None else None
+    hooks = package.installed() if package is not None else None
     if hooks is None:
         return []
     from rasd.core.comms import OP_TYPES

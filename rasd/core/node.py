@@ -278,6 +278,8 @@ class Node:
                 contact.next_connect = now + self.timers.connect_retry
                 if refused and self.timers.fast_death and contact.lost_connection:
                     self._declare_dead(conn.peer, now, "connection closed and reconnect refused")
+                elif refused:
+                    self._probe_if_local(conn.peer)  # nobody listens there: if its process is gone, it is dead
         return self._flush()
 
     def closed(self, conn_id: int, now: float) -> list[Action]:
@@ -295,9 +297,11 @@ class Node:
                 contact = self.contacts.get(conn.peer)
                 if contact is not None and contact.conn == conn_id:
                     contact.conn = None
+                    contact.lost_connection = True  # a refused reconnect now means the peer is gone
                     if contact.disconnected_since is None:
                         contact.disconnected_since = now
                     contact.next_connect = now + self.timers.connect_retry
+                    self._probe_if_local(conn.peer)
             self._connect_due(now)
         return self._flush()
 
@@ -796,6 +800,11 @@ class Node:
         contact.disconnected_since = now
         contact.next_connect = now  # either side reconnects at once after a loss
         self._emit(Kind.PEER_DISCONNECTED, now, peer, why)
+        self._probe_if_local(conn.peer)
+
+    def _probe_if_local(self, addr: Addr) -> None:
+        """Ask the driver whether a peer on this host still has a process (same IP and host name)."""
+        peer = self.table.get(addr)
         same_host = peer is not None and peer.host == self.me.host and peer.hostname == self.me.hostname
         if same_host and self.timers.fast_death and peer is not None:
             self._out.append(ProbePid(peer.addr, peer.pid))

@@ -583,6 +583,8 @@ class Node:
         if self._sweeping or now < self._next_sweep or not self._is_sweeper():
             return
         self._next_sweep = now + self.timers.sweep
+        if not self.local_data().comms:
+            return  # a sweeper that holds no communicator has none to watch (every rank holds the world group)
         self._sweeping = True
         self._start_gather(SWEEP_QUERY, now, None)
 

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from typing import Any, Iterable, Optional, Sequence
 
 import torch.distributed
@@ -318,6 +319,7 @@ class TCPStore(StoreMixin, torch.distributed.TCPStore):
         self._host = int(os.environ.get("RANK", 0)) == self.TCP_STORE_HOST_RANK and not os.environ.get(
             "INPROCESS_STORE_CLIENT"
         )
+        self._designated_host = self._host  # meant to host, even if it ends up a client (see open_base_store)
         kwargs = dict(timeout=timeout, multi_tenant=multi_tenant, use_libuv=use_libuv)
         self._connection = (host_name, port, world_size, kwargs)
         if self._host:
@@ -345,8 +347,14 @@ class TCPStore(StoreMixin, torch.distributed.TCPStore):
         other = TCPStore.__new__(TCPStore)
         torch.distributed.TCPStore.__init__(other, host_name, self.port, world_size, False, wait_for_workers=False, **kwargs)
         other._host = False
+        other._designated_host = False
         other._connection = self._connection
         return other
+
+    @property
+    def server_address(self) -> tuple[str, int]:
+        """Where the server is; ``open_base_store`` tells its successive servers on this address apart."""
+        return (self._connection[0], self.port)
 
 
 class FileStore(StoreMixin, torch.distributed.FileStore):
@@ -363,3 +371,72 @@ class FileStore(StoreMixin, torch.distributed.FileStore):
 
 class HashStore(StoreMixin, torch.distributed.HashStore):
     """In-memory store of one process (unit tests of rank assignments)."""
+
+
+# ---- one server per call ------------------------------------------------------------------------------------
+#
+# The store host builds a new server at the start of every call of a wrapped function and destroys it at the end
+# (``CallWrapper.shutdown``), on the same address. The termination barrier at the end of call N lets every other
+# rank go as soon as everybody has registered, i.e. *before* the host has destroyed call N's server: a rank that
+# starts call N+1 at once may connect to call N's server (still listening, full of call N's keys, e.g. a finished
+# initial barrier) and lose that connection mid-call when the host tears it down (``Broken pipe``). So every
+# server carries a generation, written by the host right after it starts listening, and a rank accepts a
+# connection only to a generation that it has not used before; otherwise it drops the connection and connects
+# again (bounded by the caller's timeout) until the host's new server answers.
+
+GENERATION_KEY = "_inprocess_store_generation"
+_RECONNECT_INTERVAL = 0.1
+_last_generation: dict[tuple, str] = {}  # server address -> generation of the server the last call used
+_hosted_generations: set[str] = set()  # generations of the servers that this process hosted
+
+
+def _accept_generation(store: Any, deadline: float) -> bool:
+    """True if ``store`` is connected to a server of this call; False if to a server of an earlier call."""
+    address = store.server_address
+    if store.is_host or getattr(store, "_designated_host", False):
+        if not store.is_host and store.check([GENERATION_KEY]):
+            if store.get(GENERATION_KEY).decode() in _hosted_generations:
+                # Could not bind: a server this process hosted for an earlier call is still referenced somewhere,
+                # hence still listening. It is used as before (as a client), under a new generation.
+                log.info("the store server of an earlier call on %s is still alive; connecting to it", address)
+        # Hosting (or, when the port belongs to a server hosted elsewhere, standing in for the host): a new one.
+        generation = uuid.uuid4().hex
+        store.set(GENERATION_KEY, generation)
+        if store.is_host:
+            _hosted_generations.add(generation)
+        _last_generation[address] = generation
+        return True
+    left = max(deadline - time.monotonic(), 0.0)
+    if not store.wait_key(GENERATION_KEY, datetime.timedelta(seconds=left)):
+        raise exception.TimeoutError(f"the store host did not start the store on {address} in time")
+    generation = store.get(GENERATION_KEY).decode()
+    if generation == _last_generation.get(address):
+        return False  # the server of the previous call, about to be torn down
+    _last_generation[address] = generation
+    return True
+
+
+def open_base_store(factory: Any, kwargs: dict, timeout: Any) -> Any:
+    """``factory(**kwargs)``, connected to the server of this call (see above); stores without a host as is."""
+    deadline = time.monotonic() + _as_timedelta(timeout).total_seconds()
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            store = factory(**kwargs)
+            if getattr(store, "server_address", None) is None or not hasattr(store, "is_host"):
+                return store
+            if _accept_generation(store, deadline):
+                if attempts > 1:
+                    log.debug("connected to the store of this call after %s attempts", attempts)
+                return store
+            reason: Any = "a server of an earlier call"
+        except exception.TimeoutError:
+            raise
+        except RuntimeError as error:  # torch's DistError family: the old server went away under us
+            reason = error
+        store = None  # drop the connection (and never keep one to an old server)
+        if time.monotonic() >= deadline:
+            raise exception.TimeoutError(f"could not connect to the store of this call within {timeout}: {reason}")
+        log.debug("store connection attempt %s: %s; connecting again", attempts, reason)
+        time.sleep(_RECONNECT_INTERVAL)

@@ -234,7 +234,8 @@ class CallWrapper:
             store_factory=w.store_factory,
             store_kwargs=w.store_kwargs,
         )
-        self.base_store = w.store_factory(**w.store_kwargs)
+        # A server of this call, never the previous call's (which its host may still be tearing down).
+        self.base_store = store_module.open_base_store(w.store_factory, w.store_kwargs, w.barrier_timeout)
         self.monitor_process.store_ready()
         self._monitor_connection = self._new_connection()
         self._fault_connection = self._new_connection()

@@ -64,8 +64,10 @@ def member_main(argv: list[str]) -> int:
         return 1
     sub = rasd.on_event(record, replay=True)
     me = rt.node.me
-    (work / f"member-{args.index}.json").write_text(json.dumps(
-        {"index": args.index, "pid": os.getpid(), "host": me.addr.host, "port": me.addr.port}))
+    info = work / f"member-{args.index}.json"
+    tmp = info.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"index": args.index, "pid": os.getpid(), "host": me.addr.host, "port": me.addr.port}))
+    os.replace(tmp, info)  # the harness polls for the file: it must never see it half written
     signal.signal(signal.SIGTERM, lambda *_: (rasd.stop(), sub.close(), os._exit(0)))
     control = work / f"control-{args.index}"
     while True:

@@ -91,6 +91,10 @@ Action = Union[Connect, Send, Close, Emit, ProbePid, GatherDone]
 MAX_PENDING_CONNS = 64
 #: Remembered flood ids and finished gathers (for de-duplication).
 HISTORY = 4096
+#: While a hang lasts, the peers that flagged it re-flood the verdict every HUNG_REFRESH hang limits; a verdict
+#: nobody confirms for HUNG_EXPIRY hang limits expires (a node that missed the RECOVERED flood does not keep it).
+HUNG_REFRESH = 2.0
+HUNG_EXPIRY = 5.0
 #: The query id of the sweeper's own gathers (client queries have positive ids).
 SWEEP_QUERY = -1
 
@@ -170,8 +174,8 @@ class Node:
         self.dead: set[Addr] = set()
         self.left: set[Addr] = set()
         # Peers under a HUNG verdict (ours or flooded to us), with when it was last confirmed. The peers that flag
-        # a hang re-flood it every hang limit while it lasts; a verdict nobody confirms expires, so a node that
-        # missed the RECOVERED flood (cut off, paused) does not keep a stale verdict.
+        # a hang re-flood it every HUNG_REFRESH hang limits while it lasts; a verdict nobody confirms expires, so a
+        # node that missed the RECOVERED flood (cut off, paused) does not keep a stale verdict.
         self.hung: dict[Addr, float] = {}
         self.conns: dict[int, Conn] = {}
         self.contacts: dict[Addr, Contact] = {}
@@ -829,7 +833,7 @@ class Node:
                                        f"peer not responding for {int(now - contact.disconnected_since)}s "
                                        "(connect timeout)")
             if silence > t.hang and contact.heard_ever and (
-                    not contact.hung or now - contact.hung_refreshed >= t.hang):
+                    not contact.hung or now - contact.hung_refreshed >= HUNG_REFRESH * t.hang):
                 contact.hung = True
                 contact.hung_refreshed = now
                 self._hung_verdict(a, now, f"peer silent for {int(silence)}s")
@@ -858,7 +862,7 @@ class Node:
             contact = self.contacts.get(a)
             if contact is not None and contact.hung:
                 continue  # our own verdict: it stands while we hear nothing
-            if now - confirmed > 2.5 * self.timers.hang:
+            if now - confirmed > HUNG_EXPIRY * self.timers.hang:
                 del self.hung[a]
                 self._emit(Kind.PEER_RECOVERED, now, self.table.get(a), "hang verdict no longer confirmed")
 

@@ -10,7 +10,7 @@ Op types are NCCL's five, in NCCL's order, then ours. Only the first five take p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 OP_TYPES: tuple[str, ...] = (
     "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",

@@ -25,7 +25,7 @@ from rasd.core import node as core
 from rasd.core.comms import ProcessData
 from rasd.core.config import Timers
 from rasd.core.events import Event, Kind
-from rasd.core.peers import Addr, PeerInfo
+from rasd.core.peers import PeerInfo
 from rasd.core.snapshot import JobSnapshot
 
 from .bootstrap import StoreBootstrap

@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from ras_client import ask, connect, server_pid
 
 from rasd.swarm import Swarm
 
@@ -42,44 +42,6 @@ def port_env(tmp_path: Path) -> dict[str, str]:
 
 def base_port(env: dict[str, str]) -> int:
     return int(env["TORCHRAS_DEFAULT_ADDR"].rsplit(":", 1)[1])
-
-
-def connect(port: int, attempts: int = 8) -> socket.socket:
-    """A connection to a process that answers the handshake. With SO_REUSEPORT the kernel may hand a connection
-    to a stopped process that never answers; a new connection (a new source port) lands elsewhere, so a client
-    retries the handshake a few times, as rascli does."""
-    for _ in range(attempts):
-        s = socket.create_connection(("localhost", port), 5)
-        s.settimeout(1.0)
-        s.sendall(b"CLIENT PROTOCOL 2\n")
-        try:
-            if s.recv(64) == b"SERVER PROTOCOL 2\n":
-                return s
-        except (TimeoutError, ConnectionResetError):
-            pass
-        s.close()
-    raise AssertionError("no process of the job answered the handshake")
-
-
-def server_pid(sock: socket.socket) -> int:
-    """The pid of the process that accepted this client connection."""
-    mine = sock.getsockname()[:2]
-    for c in psutil.net_connections("tcp"):
-        if c.raddr and (c.raddr.ip, c.raddr.port) == mine and c.pid:
-            return c.pid
-    raise AssertionError("no process holds the other end")
-
-
-def ask(port: int, text: bytes, timeout: float = 30.0) -> str:
-    with connect(port) as s:
-        s.sendall(text)
-        s.settimeout(timeout)
-        chunks = []
-        while True:
-            data = s.recv(65536)
-            if not data:
-                return b"".join(chunks).decode()
-            chunks.append(data)
 
 
 def status(port: int, verbose: bool = True, timeout_cmd: str = "") -> str:

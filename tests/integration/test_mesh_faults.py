@@ -10,7 +10,6 @@ import socket
 import struct
 import time
 
-import pytest
 
 from rasd.core import wire
 from rasd.swarm import Swarm

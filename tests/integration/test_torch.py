@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from ras_client import ask, connect
 
 from rasd.core.comms import OP_TYPES
 
@@ -196,33 +197,7 @@ class TorchJob:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The client port (retrying the handshake, as tests/integration/test_client_port.py explains)
-
-
-def connect(port: int, attempts: int = 8) -> socket.socket:
-    for _ in range(attempts):
-        s = socket.create_connection(("localhost", port), 5)
-        s.settimeout(2.0)
-        s.sendall(b"CLIENT PROTOCOL 2\n")
-        try:
-            if s.recv(64) == b"SERVER PROTOCOL 2\n":
-                return s
-        except (TimeoutError, ConnectionResetError):
-            pass
-        s.close()
-    raise AssertionError("no process of the job answered the handshake")
-
-
-def ask(port: int, text: bytes, timeout: float = 30.0) -> str:
-    with connect(port) as s:
-        s.sendall(text)
-        s.settimeout(timeout)
-        chunks = []
-        while True:
-            data = s.recv(65536)
-            if not data:
-                return b"".join(chunks).decode()
-            chunks.append(data)
+# The client port (the handshake-retrying client is tests/integration/ras_client.py)
 
 
 def status(port: int) -> str:

@@ -1,0 +1,48 @@
+"""A minimal client of the RAS client port for the integration tests: the handshake, with retries, and a command.
+
+With SO_REUSEPORT the kernel may hand a connection to a stopped process, which never answers; a new connection (a
+new source port) lands elsewhere, so a client retries the handshake a few times, as rascli does.
+"""
+
+from __future__ import annotations
+
+import socket
+
+
+def connect(port: int, attempts: int = 8, handshake_timeout: float = 2.0) -> socket.socket:
+    """A connection to a process of the job that answered ``CLIENT PROTOCOL 2``."""
+    for _ in range(attempts):
+        s = socket.create_connection(("localhost", port), 5)
+        s.settimeout(handshake_timeout)
+        s.sendall(b"CLIENT PROTOCOL 2\n")
+        try:
+            if s.recv(64) == b"SERVER PROTOCOL 2\n":
+                return s
+        except (TimeoutError, ConnectionResetError):
+            pass
+        s.close()
+    raise AssertionError("no process of the job answered the handshake")
+
+
+def ask(port: int, text: bytes, timeout: float = 30.0) -> str:
+    """Send ``text`` after the handshake and read until the server closes (a report ends the connection)."""
+    with connect(port) as s:
+        s.sendall(text)
+        s.settimeout(timeout)
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return b"".join(chunks).decode()
+            chunks.append(data)
+
+
+def server_pid(sock: socket.socket) -> int:
+    """The pid of the process that accepted this client connection."""
+    import psutil
+
+    mine = sock.getsockname()[:2]
+    for c in psutil.net_connections("tcp"):
+        if c.raddr and (c.raddr.ip, c.raddr.port) == mine and c.pid:
+            return c.pid
+    raise AssertionError("no process holds the other end")

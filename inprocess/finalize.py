@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import abc
 import datetime
-import threading
 from typing import Any, Callable, Optional
 
-from . import exception
+from .bounded import run_bounded
 from .state import FrozenState
 
 
@@ -38,25 +37,14 @@ class ThreadedFinalize(Finalize):
         self.kwargs = kwargs or {}
 
     def __call__(self, state: FrozenState) -> FrozenState:
-        errors: list[BaseException] = []
-
         def run() -> None:
-            try:
-                import torch
+            import torch
 
-                if torch.cuda.is_available() and torch.cuda.is_initialized():
-                    import os
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                import os
 
-                    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
-                self.fn(*self.args, **self.kwargs)
-            except BaseException as error:  # noqa: BLE001 - handed to the caller
-                errors.append(error)
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+            self.fn(*self.args, **self.kwargs)
 
-        thread = threading.Thread(target=run, name="ThreadedFinalize", daemon=True)
-        thread.start()
-        thread.join(self.timeout.total_seconds())
-        if thread.is_alive():
-            raise exception.TimeoutError(f"ThreadedFinalize: {self.fn} still running after {self.timeout}")
-        if errors:
-            raise errors[0]
+        run_bounded(run, self.timeout, "ThreadedFinalize", f"ThreadedFinalize: {self.fn} still running")
         return state

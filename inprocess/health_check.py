@@ -13,6 +13,7 @@ import threading
 from typing import Optional
 
 from . import exception
+from .bounded import run_bounded
 from .state import FrozenState
 
 
@@ -36,21 +37,8 @@ class CudaHealthCheck(HealthCheck):
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return state
         device = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
-        errors: list[BaseException] = []
-
-        def synchronize() -> None:
-            try:
-                torch.cuda.synchronize(device)
-            except BaseException as error:  # noqa: BLE001
-                errors.append(error)
-
-        thread = threading.Thread(target=synchronize, name="CudaHealthCheck", daemon=True)
-        thread.start()
-        thread.join(self.timeout.total_seconds())
-        if thread.is_alive():
-            raise exception.TimeoutError(f"CudaHealthCheck: device {device} did not synchronise within {self.timeout}")
-        if errors:
-            raise errors[0]
+        run_bounded(lambda: torch.cuda.synchronize(device), self.timeout, "CudaHealthCheck",
+                    f"CudaHealthCheck: device {device} did not synchronise")
         torch.cuda.synchronize(device)
         return state
 

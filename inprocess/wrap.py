@@ -42,7 +42,7 @@ from .monitor_process import MonitorProcess
 from .monitor_thread import MonitorThread, RankShouldRestart
 from .progress_watchdog import ProgressWatchdog
 from .rank_assignment import ActivateAllRanks, RankAssignment, RankAssignmentCtx, ShiftRanks
-from .state import Mode, State
+from .state import FrozenState, Mode, State
 from .terminate import Terminate
 
 log = logging.getLogger(__name__)
@@ -450,11 +450,7 @@ class CallWrapper:
             frozen = state.freeze()
             if w.initialize is not None:
                 w.initialize(frozen)
-            if w.health_check is not None:
-                try:
-                    w.health_check(frozen)
-                except Exception as error:
-                    raise exception.HealthCheckError(f"health check failed: {error!r}") from error
+            _run_health_check(w.health_check, frozen, "health check")
             if state.mode != Mode.ACTIVE:
                 return ("ok", None)
             call_args, call_kwargs = param_utils.substitute_param_value(
@@ -488,11 +484,7 @@ class CallWrapper:
         frozen = state.freeze()
         if w.finalize is not None:
             w.finalize(frozen)
-        if w.restart_health_check is not None:
-            try:
-                w.restart_health_check(frozen)
-            except Exception as error:
-                raise exception.HealthCheckError(f"restart health check failed: {error!r}") from error
+        _run_health_check(w.restart_health_check, frozen, "restart health check")
         store = self.base_store.iteration_store(state.iteration)
         log.debug("restart: entering the iteration barrier")
         with self.disable_hang_protection():  # the wrapper's own bounded store waits
@@ -575,3 +567,13 @@ class CallWrapper:
         with self._verdict_lock:
             self.base_store = self._monitor_connection = self._fault_connection = None
         gc.collect()
+
+
+def _run_health_check(check: Optional[Callable[[FrozenState], Any]], frozen: FrozenState, what: str) -> None:
+    """Run a health check (if any); whatever it raises becomes a ``HealthCheckError`` naming ``what``."""
+    if check is None:
+        return
+    try:
+        check(frozen)
+    except Exception as error:
+        raise exception.HealthCheckError(f"{what} failed: {error!r}") from error

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .runtime import pid_running
+
 
 def run_dir() -> Path:
     explicit = os.environ.get("TORCHRAS_RUN_DIR")
@@ -37,16 +39,6 @@ class Endpoint:
     pid: int
     started: float
     hostname: str
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class EndpointRegistry:
@@ -75,7 +67,7 @@ class EndpointRegistry:
                               float(rec["started"]), str(rec.get("hostname", "")))
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if _alive(ep.pid):
+            if pid_running(ep.pid):
                 out.append(ep)
             else:
                 with contextlib.suppress(OSError):

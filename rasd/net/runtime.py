@@ -277,7 +277,7 @@ class Runtime:
         elif isinstance(a, core.Emit):
             self._emit(a.event)
         elif isinstance(a, core.ProbePid):
-            if not _pid_exists(a.pid):
+            if not pid_running(a.pid):
                 self._feed(lambda now: self.node.pid_gone(a.addr, now))
         elif isinstance(a, core.GatherDone):
             done = self._gather_waiters.pop(a.query_id, None)
@@ -355,7 +355,7 @@ class Runtime:
         self._fds.clear()
 
 
-def _pid_exists(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
     """Whether ``pid`` is a running process. A zombie (exited, not yet reaped by its parent) is not."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

@@ -109,7 +109,7 @@ def sim_death_spread(n: int) -> float:
     t0 = sim.now
     sim.kill(victim)
     addr = sim.addr(victim)
-    sim.run_while(lambda: not all(addr in s.node.dead for s in sim.live()), 120, step=0.01)
+    sim.run_while(lambda: not all(s.node.is_dead(addr) for s in sim.live()), 120, step=0.01)
     return max(t for i, t, e in sim.events(Kind.PEER_DEAD) if e.addr == addr) - t0
 
 

@@ -20,6 +20,7 @@ from . import (  # noqa: F401 - the submodules are part of the public surface, a
     initialize,
     monitor_process,
     monitor_thread,
+    nested_restarter,
     param_utils,
     progress_watchdog,
     rank_assignment,

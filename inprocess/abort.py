@@ -110,18 +110,82 @@ def shutdown_peer_sockets(excluded_ports: Iterable[int], protected: Iterable[tup
     return count
 
 
+FR_BUFFER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def _flight_recorder_enabled() -> bool:
+    for name in FR_BUFFER_VARIABLES:
+        try:
+            if int(os.environ.get(name, "0")) > 0:
+                return True
+        except ValueError:
+            log.warning("%s=%r is not an integer", name, os.environ.get(name))
+    return False
+
+
+def dump_flight_recorder(directory: str, iteration: Any, rank: int) -> Optional[str]:
+    """Write what torch's flight recorder holds to ``directory/iter_<iteration>/_dump_<rank>.json``.
+
+    The file layout is the reference's (one directory per restart iteration, one file per rank). torch records
+    collectives of NCCL and, on torch 2.8 and later, of gloo as well, when ``TORCH_FR_BUFFER_SIZE`` (or
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE``) is positive when the process group is created. Returns the path written, or
+    None after a log line saying why nothing was written. Never raises.
+    """
+    if not _flight_recorder_enabled():
+        log.info("flight recorder: not dumped, torch records nothing (set TORCH_FR_BUFFER_SIZE > 0 before the "
+                 "process group is created)")
+        return None
+    try:
+        import json
+        import pickle
+
+        from torch._C import _distributed_c10d as c10d
+
+        dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+        if dump is None:
+            log.info("flight recorder: not dumped, this torch build has no flight recorder")
+            return None
+        trace = pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=True))
+        folder = os.path.join(directory, f"iter_{iteration}")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"_dump_{rank}.json")
+        with open(path, "w") as output:
+            json.dump(trace, output, indent=1, default=repr)
+            output.flush()
+            os.fsync(output.fileno())
+        log.info("flight recorder: %d entries of rank %s written to %s", len(trace.get("entries", ())), rank, path)
+        return path
+    except Exception:  # noqa: BLE001 - a trace must never stop the abort
+        log.warning("flight recorder: dump failed", exc_info=True)
+        return None
+
+
 class AbortTorchDistributed(Abort):
-    """Abort every process group (NCCL: ``abort()``, gloo: shut its peer sockets), then destroy them."""
+    """Abort every process group (NCCL: ``abort()``, gloo: shut its peer sockets), then destroy them.
+
+    With ``torch_fr_trace_path`` (or ``NVRX_FR_TRACE_PATH``) set, the flight recorder is dumped first, one file per
+    rank and restart iteration (``dump_flight_recorder``).
+    """
 
     def __init__(self, torch_fr_trace_path: Optional[str] = None, shutdown_gloo_sockets: bool = True) -> None:
         self.torch_fr_trace_path = torch_fr_trace_path or os.environ.get("NVRX_FR_TRACE_PATH")
         self.shutdown_gloo_sockets = shutdown_gloo_sockets
+
+    def collect_fr_trace(self, state: Optional[FrozenState]) -> Optional[str]:
+        """Dump the flight recorder for this abort (None when no path is set or nothing was written)."""
+        import torch.distributed as dist
+
+        if self.torch_fr_trace_path is None:
+            return None
+        iteration = state.iteration if state is not None else "unknown"
+        return dump_flight_recorder(self.torch_fr_trace_path, iteration, dist.get_rank())
 
     def __call__(self, state: Optional[FrozenState] = None) -> Optional[FrozenState]:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
             return state
+        self.collect_fr_trace(state)
         from torch.distributed import distributed_c10d
 
         groups = list(distributed_c10d._world.pg_map.items())
@@ -163,3 +227,56 @@ class AbortTransformerEngine(Abort):
         te.module.base.destroy_ub()
         te.fp8.FP8GlobalStateManager.reset()
         return state
+
+
+class AbortPersistentCheckpointProcesses(Abort):
+    """Stop the processes that write checkpoints in the background, so none survives into the next iteration.
+
+    Without arguments, as in the reference: closes (with abort) every asynchronous checkpoint queue of
+    nvidia-resiliency-ext's checkpointing, if that package is installed. ``workers`` adds the application's own
+    persistent writers: ``multiprocessing.Process``/``subprocess.Popen``/``psutil.Process`` objects are
+    terminated (then killed after ``grace`` seconds); objects with ``close(abort=True)`` are closed so.
+    """
+
+    def __init__(self, *workers: Any, grace: float = 5.0) -> None:
+        self.workers = list(workers)
+        self.grace = grace
+
+    def __call__(self, state: Optional[FrozenState] = None) -> Optional[FrozenState]:
+        try:
+            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (  # type: ignore[import-not-found]
+                abort_nvrx_checkpoint,
+            )
+        except Exception:  # noqa: BLE001 - not installed: no queues of it to close
+            abort_nvrx_checkpoint = None
+        if abort_nvrx_checkpoint is not None:
+            abort_nvrx_checkpoint()
+        for worker in self.workers:
+            try:
+                self._stop(worker)
+            except Exception:  # noqa: BLE001 - one worker must not keep the others alive
+                log.warning("cannot stop checkpoint worker %r", worker, exc_info=True)
+        return state
+
+    def _stop(self, worker: Any) -> None:
+        if hasattr(worker, "close") and not hasattr(worker, "terminate"):
+            worker.close(abort=True)
+            return
+        alive = getattr(worker, "is_alive", None) or getattr(worker, "is_running", None)
+        if alive is not None and not alive():
+            return
+        if getattr(worker, "poll", None) is not None and worker.poll() is not None:
+            return
+        worker.terminate()
+        waiter = getattr(worker, "join", None) or getattr(worker, "wait")
+        try:
+            waiter(self.grace)
+        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired, psutil.TimeoutExpired
+            pass
+        still = getattr(worker, "is_alive", None) or getattr(worker, "is_running", None)
+        if (still is not None and still()) or (getattr(worker, "poll", None) is not None and worker.poll() is None):
+            worker.kill()
+            try:
+                waiter(self.grace)
+            except Exception:  # noqa: BLE001
+                pass

@@ -42,15 +42,24 @@ class VerdictKind(str, enum.Enum):
         return self is not VerdictKind.COMM_STUCK
 
 
+#: ``ExternalVerdict.iteration`` for a verdict about processes rather than an iteration (a death, a hang): it is
+#: applied to the newest iteration in which the named ranks take part, so a death noticed while the survivors
+#: are between two iterations still reaches the iteration that must drop it.
+LATEST_ITERATION = -1
+
+
 @dataclasses.dataclass(frozen=True)
 class ExternalVerdict:
     iteration: int
     ranks: frozenset[int]
     reason: str = ""
     kind: Union[VerdictKind, str] = VerdictKind.PEER_DEAD
+    #: Ranks in the iteration's own numbering (a communicator verdict names those), translated by the wrapper.
+    iteration_ranks: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", frozenset(int(rank) for rank in self.ranks))
+        object.__setattr__(self, "iteration_ranks", frozenset(int(rank) for rank in self.iteration_ranks))
         object.__setattr__(self, "kind", VerdictKind(self.kind))
 
 

@@ -53,12 +53,35 @@ log = logging.getLogger("inprocess.monitor_process")
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# The monitor's start-up (a fresh interpreter importing torch) may take this long whatever barrier_timeout is.
+STARTUP_BUDGET = 120.0
+
+
 def _encode(message: dict) -> bytes:
     return (json.dumps(message) + "\n").encode()
 
 
 # ==== trainer side ==============================================================================================
 
+
+def _factory_by_reference(factory: Any, kwargs: dict) -> Optional[str]:
+    """``(factory, kwargs)`` pickled, if a fresh interpreter can import the factory by name; None otherwise."""
+    qualname = getattr(factory, "__qualname__", "")
+    if getattr(factory, "__module__", "__main__") == "__main__" or "<locals>" in qualname:
+        return None  # __main__ is the monitor's own script there; a local class has no importable name
+    try:
+        return base64.b64encode(pickle.dumps((factory, kwargs))).decode()
+    except Exception:  # noqa: BLE001 - unpicklable kwargs: plain connection parameters instead
+        return None
+
+
+
+#: The one-line reasons every rank prints at the restart (``fault_reasons`` in the store), by what was found.
+_REASONS = {
+    "TERMINATED": "PEER_DEAD of rank {rank} (pid {pid} exited, seen by its monitor process)",
+    "HARD_TIMEOUT": "HARD_TIMEOUT of rank {rank} (pid {pid} made no progress, its monitor process ends it)",
+    "SOFT_TIMEOUT": "SOFT_TIMEOUT of rank {rank} (pid {pid} made no progress)",
+}
 
 class MonitorProcess:
     """Handle held by the trainer: start the monitor, feed it stamps and iteration changes, stop it."""
@@ -95,7 +118,9 @@ class MonitorProcess:
             log_filename=log_filename.format(rank=rank) if log_filename else None,
             pid_filename=pid_filename.format(rank=rank) if pid_filename else None,
         )
-        blob = base64.b64encode(pickle.dumps((store_factory, store_kwargs))).decode()
+        # Sent by reference only when the monitor can import it; otherwise it gets plain connection parameters
+        # (``store_ready``), so a factory defined inside a function works too.
+        self._factory = _factory_by_reference(store_factory, store_kwargs)
         self._socket, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
@@ -117,7 +142,7 @@ class MonitorProcess:
         self._lock = threading.Lock()
         self._broken = False
         self._buffer = b""
-        self._send(dict(t="config", config=config, store=blob))
+        self._send(dict(t="config", config=config))
 
     @property
     def pid(self) -> int:
@@ -148,18 +173,32 @@ class MonitorProcess:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def store_ready(self) -> None:
-        """The trainer's store exists, so the monitor may connect as a client (it must never host it)."""
-        self._send(dict(t="store_ready"))
+    def store_ready(self, namespace: str, store: Any) -> None:
+        """The trainer's store exists: the monitor connects its own client (never a server) to ``namespace``."""
+        from .store import connection_parameters
+
+        message: dict = dict(t="store_ready", namespace=namespace, factory=self._factory)
+        if self._factory is None:
+            message["parameters"] = connection_parameters(store)
+        self._send(message)
 
     def wait_ready(self, timeout: float) -> None:
+        """Wait for the monitor: its start-up within ``max(timeout, STARTUP_BUDGET)``, then its store hand-shake
+        within ``timeout``. A fresh interpreter importing torch takes seconds on a loaded machine, which a tight
+        ``barrier_timeout`` (the reference's own tests use 3 s) must not turn into a failure; a monitor that never
+        connects to the store still fails after ``timeout``."""
         from . import exception
 
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + max(timeout, STARTUP_BUDGET)
+        booted = False
         while True:
             message = self._receive(deadline)
             if message is None:
-                raise exception.TimeoutError(f"the monitor process was not ready within {timeout} s")
+                what = "ready" if booted else "started"
+                raise exception.TimeoutError(f"the monitor process was not {what} within {timeout} s")
+            if message.get("t") == "booted" and not booted:
+                booted = True
+                deadline = time.monotonic() + timeout
             if message.get("t") == "ready":
                 return
             if message.get("t") == "error":
@@ -198,10 +237,9 @@ class MonitorProcess:
 
 
 class _Monitor:
-    def __init__(self, sock: socket.socket, config: dict, store_blob: str) -> None:
+    def __init__(self, sock: socket.socket, config: dict) -> None:
         self.sock = sock
         self.config = config
-        self.store_blob = store_blob
         self.trainer_pid: int = config["trainer_pid"]
         self.rank: int = config["rank"]
         self.initial_rank: int = config["rank"]
@@ -245,14 +283,20 @@ class _Monitor:
             self.timeouts_enabled = bool(message["enabled"])
             self.baseline = time.monotonic()
         elif kind == "store_ready":
-            self.connect_store()
+            self.connect_store(message)
         elif kind == "stop":
             self.stop_requested = True
 
-    def connect_store(self) -> None:
+    def connect_store(self, message: dict) -> None:
+        from inprocess.store import NamespaceStore, open_connection
+
         try:
-            factory, kwargs = pickle.loads(base64.b64decode(self.store_blob))
-            self.base_store = factory(**kwargs)
+            if message.get("factory"):
+                factory, kwargs = pickle.loads(base64.b64decode(message["factory"]))
+                raw = factory(**kwargs)
+            else:
+                raw = open_connection(message["parameters"])
+            self.base_store = NamespaceStore(message["namespace"], raw)
             self.sock.sendall(_encode(dict(t="ready")))
             log.info("connected to the store")
         except Exception as error:  # noqa: BLE001 - reported to the trainer
@@ -324,7 +368,8 @@ class _Monitor:
             return  # the iteration is over; a verdict now could split the survivors' views
         log.warning("rank %s is unresponsive (no heartbeat for %.1f s): terminating it", rank, silence)
         store.record_terminated_ranks([rank])
-        store.record_interrupted([InterruptionRecord(rank, Interruption.UNRESPONSIVE)])
+        store.record_interrupted([InterruptionRecord(rank, Interruption.UNRESPONSIVE)],
+                                 reason=f"UNRESPONSIVE rank {rank}: no heartbeat for {silence:.1f} s")
         store.iteration_barrier([rank], self.world_size, 0)
         if store.check([f"initial_rank_{rank}"]):
             initial = store.get_initial_ranks([rank])[0]
@@ -362,6 +407,7 @@ class _Monitor:
     # ---- store writes ---------------------------------------------------------------------------------------
 
     def record(self, interruption: str, *, terminated: bool) -> None:
+        """Record what this monitor found about its trainer in the current iteration (docs/inprocess.md §1)."""
         from inprocess.attribution import Interruption, InterruptionRecord
 
         if self.iteration is None or self.base_store is None:
@@ -370,7 +416,9 @@ class _Monitor:
             store = self.base_store.iteration_store(self.iteration)
             if terminated:
                 store.record_terminated_ranks([self.rank])
-            store.record_interrupted([InterruptionRecord(self.rank, Interruption[interruption])])
+            store.record_interrupted([InterruptionRecord(self.rank, Interruption[interruption])],
+                                     reason=_REASONS.get(interruption, interruption + " of rank {rank} (pid {pid})").format(
+                                         rank=self.initial_rank, pid=self.trainer_pid))
         except Exception:  # noqa: BLE001 - the store may be gone (its host exited); keep guarding the trainer
             log.warning("cannot record %s in the store", interruption, exc_info=True)
 
@@ -448,17 +496,28 @@ def main(argv: list[str]) -> int:
         handler = logging.FileHandler(config["log_filename"])
     else:
         handler = logging.NullHandler()
-    handler.setFormatter(logging.Formatter(f"%(asctime)s monitor[rank {config['rank']}] %(levelname)s %(message)s"))
+    # Every line names the trainer it guards (target_pid), as the reference's monitor log does.
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s monitor[rank {config['rank']} target_pid={config['trainer_pid']}] %(levelname)s %(message)s"
+    ))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    log.info("target_pid=%s daemon_pid=%s rank=%s world_size=%s", config["trainer_pid"], os.getpid(),
+             config["rank"], config["world_size"])
     if config["pid_filename"]:
-        with open(config["pid_filename"], "w") as pidfile:
-            pidfile.write(f"{os.getpid()}\n")
+        # Written once and left in place after the call, as the reference does (SLURM's wait_daemon.py reads it).
+        try:
+            with open(config["pid_filename"], "w") as pidfile:
+                pidfile.write(str(os.getpid()))
+        except OSError as error:
+            log.error("cannot write the pid file %s: %s", config["pid_filename"], error)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is the trainer's business
     import inprocess.store  # noqa: F401 - torch and the store classes, before the loop starts
 
-    monitor = _Monitor(sock, config, message["store"])
+    sock.sendall(_encode(dict(t="booted")))  # start-up done; the store hand-shake has its own deadline
+
+    monitor = _Monitor(sock, config)
     monitor.buffer = rest
     try:
         while b"\n" in monitor.buffer:
@@ -472,14 +531,12 @@ def main(argv: list[str]) -> int:
         except Exception:  # noqa: BLE001
             pass
         return 1
-    finally:
-        if config["pid_filename"]:
-            try:
-                os.unlink(config["pid_filename"])
-            except OSError:
-                pass
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    # Leave at once: the monitor holds nothing to clean up, and tearing down torch's modules at exit takes
+    # seconds on a loaded machine, which the trainer's bounded shutdown would count as a monitor that hangs.
+    logging.shutdown()
+    os._exit(code)

@@ -14,8 +14,10 @@ the exception is raised again every ``soft_timeout`` (it may have been swallowed
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -34,16 +36,86 @@ class RankShouldRestart(BaseException):
         return self.args[0] if self.args else self.message
 
 
-def async_raise(thread_id: int, exc_type: Optional[type]) -> int:
+def _set_async_exc(thread_id: int, exc_type: Optional[type]) -> int:
     """Schedule ``exc_type`` in the thread; ``None`` cancels a scheduled exception. Returns threads affected."""
     return ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else ctypes.c_void_p(0)
     )
 
 
+def async_raise(thread_id: int, exc_type: type, event: Optional[threading.Event] = None) -> None:
+    """Raise ``exc_type`` asynchronously in the thread ``thread_id`` (delivered at its next bytecode boundary).
+
+    As in the reference: nothing happens while the interpreter shuts down or once ``event`` is set; a thread id
+    that matches no thread raises ``RuntimeError`` (and one matching several is undone, then raises).
+    """
+    if sys.is_finalizing() or (event is not None and event.is_set()):
+        return
+    affected = _set_async_exc(thread_id, exc_type)
+    if affected == 0:
+        raise RuntimeError(f"async_raise: no thread with id {thread_id}")
+    if affected > 1:
+        _set_async_exc(thread_id, None)
+        raise RuntimeError(f"async_raise: {affected} threads with id {thread_id}")
+
+
 def restart_exception_type(message: str) -> type:
     """``SetAsyncExc`` takes a class, so the message travels as a class attribute of a fresh subclass."""
     return type("RankShouldRestart", (RankShouldRestart,), {"message": message, "__module__": __name__})
+
+
+def async_abort_main_thread(msg: Optional[str] = None) -> None:
+    """Raise ``RankShouldRestart`` (carrying ``msg``) in the main thread, as the monitor thread does."""
+    async_raise(threading.main_thread().ident, restart_exception_type(msg or RankShouldRestart.message))
+
+
+def _raise_after(event: threading.Event, thread_id: int, exc_type: type) -> None:
+    event.wait()
+    time.sleep(2 * sys.getswitchinterval())  # let the hook return first
+    async_raise(thread_id, exc_type)
+
+
+class reraise_if_unraisable(contextlib.ContextDecorator):  # noqa: N801 - the reference's name
+    """Context manager and decorator: an ``exc_type`` that ends up "unraisable" is raised again in the main thread.
+
+    An asynchronous exception can be delivered inside a ``__del__``, a weakref callback or a ctypes callback, where
+    Python only reports it through ``sys.unraisablehook``. Inside this context the hook raises it again into the
+    main thread (from a short helper thread, so it is delivered at the main thread's next bytecode boundary); other
+    unraisable exceptions go to the previous hook, which is restored on exit.
+    """
+
+    def __init__(self, exc_type: type) -> None:
+        self.exc_type = exc_type
+        self._previous: list[Any] = []
+
+    def __enter__(self) -> "reraise_if_unraisable":
+        previous = sys.unraisablehook
+        self._previous.append(previous)
+
+        def hook(unraisable: Any) -> None:
+            if isinstance(unraisable.exc_value, self.exc_type):
+                hook_done = threading.Event()
+                raiser = threading.Thread(
+                    target=_raise_after, args=(hook_done, threading.main_thread().ident, type(unraisable.exc_value)),
+                    name="ReraiseUnraisable", daemon=True,
+                )
+                raiser.start()
+                hook_done.set()  # raised only once this hook has returned: never inside it (it would be lost)
+            else:
+                previous(unraisable)
+
+        sys.unraisablehook = hook
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        sys.unraisablehook = self._previous.pop()
+
+
+def _is_store_loss(error: BaseException) -> bool:
+    """A lost connection to the store (torch's DistNetworkError family, etcd's EtcdUnavailable included)."""
+    import torch.distributed
+
+    return isinstance(error, torch.distributed.DistNetworkError)
 
 
 class MonitorThread(threading.Thread):
@@ -83,12 +155,17 @@ class MonitorThread(threading.Thread):
         with self.atomic_lock:
             self._main_out = True
             if self._raised:
-                async_raise(self.main_thread_id, None)
+                _set_async_exc(self.main_thread_id, None)
         self._acknowledged.set()
 
     def notify_swallowed(self) -> None:
         """The restart exception ended up "unraisable" (delivered inside a __del__ or a callback): raise again."""
         self._swallowed.set()
+
+    @property
+    def raised_restart(self) -> bool:
+        """Did this thread raise ``RankShouldRestart`` into the main thread? (False: the workload raised it.)"""
+        return self._raised
 
     def wait_aborted(self, timeout: float) -> bool:
         return self.aborted.wait(timeout)
@@ -109,11 +186,26 @@ class MonitorThread(threading.Thread):
             self.message = format_interruption_records(records) or "an interruption without records"
             log.info("restart: %s", self.message)
             self._terminate_main()
-        except Exception:  # noqa: BLE001 - a broken store ends this thread; the main thread notices
-            log.warning("monitor thread failed", exc_info=True)
+        except Exception as error:  # noqa: BLE001 - a broken store ends this thread
+            if _is_store_loss(error) and not self.interrupted.is_set():
+                self._store_lost(error)
+            else:
+                log.warning("monitor thread failed", exc_info=True)
         finally:
             self.aborted.set()
             self.finished.set()
+
+    def _store_lost(self, error: Exception) -> None:
+        """The store is gone (inprocess.store.StoreUnavailable): say so and make the main thread leave the call."""
+        from .store import StoreUnavailable
+
+        message = f"the wrapper's store is unreachable ({error}): no fault can be coordinated any more"
+        log.error("%s: %s; this rank leaves the call", self.name, message)
+        exc_type = type("StoreUnavailable", (StoreUnavailable,), {"message": message, "__module__": "inprocess.store"})
+        with self.atomic_lock:
+            if not self._main_out:
+                self._raised = True  # so that leave_function cancels it if it was not delivered yet
+                _set_async_exc(self.main_thread_id, exc_type)
 
     def _terminate_main(self) -> None:
         exc_type = restart_exception_type(self.message)
@@ -123,7 +215,7 @@ class MonitorThread(threading.Thread):
             log.debug("aborted")
             if not self._main_out:
                 self._raised = True
-                async_raise(self.main_thread_id, exc_type)
+                _set_async_exc(self.main_thread_id, exc_type)
         self.aborted.set()
         last_raise = time.monotonic()
         while not self._acknowledged.wait(0.05):
@@ -134,7 +226,7 @@ class MonitorThread(threading.Thread):
                     break
                 log.warning("the main thread did not leave the function; raising again")
                 self._swallowed.clear()
-                async_raise(self.main_thread_id, exc_type)
+                _set_async_exc(self.main_thread_id, exc_type)
                 last_raise = time.monotonic()
 
     def _call_abort(self) -> None:

@@ -8,7 +8,7 @@ import numbers
 import re
 import types
 import typing
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 
 def check_condition(condition: bool, text: str, **variables: Any) -> None:
@@ -114,6 +114,3 @@ def substitute_param_value(fn: Callable, args: tuple, kwargs: dict, values: dict
         bound.arguments[name] = value
     return bound.args, bound.kwargs
 
-
-def optional_seconds(name: str, value: Optional[Any]) -> Optional[float]:
-    return None if value is None else as_seconds(name, value)

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import datetime
 import logging
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
+
+from .param_utils import as_seconds
 
 log = logging.getLogger(__name__)
 
@@ -61,22 +64,19 @@ class Timestamp:
     auto: Optional[float] = None
     manual: Optional[float] = None
 
-    def is_timed_out(self, timeout: float, now: Optional[float] = None) -> bool:
-        now = time.monotonic() if now is None else now
-        return any(stamp is not None and now - stamp > timeout for stamp in (self.auto, self.manual))
-
 
 class ProgressWatchdog(threading.Thread):
     """Per call of the wrapped function: automatic stamps every ``interval``, manual ones on ``ping()``.
 
-    ``monitor_process`` is anything with ``send_timestamp(Timestamp)``.
+    ``monitor_process`` is anything with ``send_timestamp(Timestamp)``; ``interval`` a ``datetime.timedelta``
+    (as in the reference) or seconds.
     """
 
-    def __init__(self, rank: Optional[int], monitor_process: Any, interval: float) -> None:
+    def __init__(self, rank: Optional[int], monitor_process: Any, interval: Union[datetime.timedelta, float]) -> None:
         super().__init__(name=f"ProgressWatchdog-{rank}", daemon=True)
         self.rank = rank
         self.monitor_process = monitor_process
-        self.interval = interval
+        self.interval = as_seconds("interval", interval)
         self.timestamp = Timestamp(auto=time.monotonic())
         self._semaphore = _Semaphore()
         self._seen_value = 0
@@ -84,6 +84,7 @@ class ProgressWatchdog(threading.Thread):
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
         self._paused = threading.Event()
+        self._turn = threading.Lock()  # held for one turn of the loop (observe + send)
 
     def _observe(self) -> None:
         """Stamp if the main thread ran the pending call since the last look; keep exactly one call pending."""
@@ -98,13 +99,14 @@ class ProgressWatchdog(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):
-            if self._paused.is_set():
-                continue
-            try:
-                self._observe()
-                self.send()
-            except Exception:  # noqa: BLE001 - the watchdog must not die of a transient error
-                log.warning("progress watchdog error", exc_info=True)
+            with self._turn:
+                if self._paused.is_set():
+                    continue
+                try:
+                    self._observe()
+                    self.send()
+                except Exception:  # noqa: BLE001 - the watchdog must not die of a transient error
+                    log.warning("progress watchdog error", exc_info=True)
 
     def send(self) -> None:
         with self._lock:
@@ -124,6 +126,13 @@ class ProgressWatchdog(threading.Thread):
 
     def pause(self) -> None:
         self._paused.set()
+
+    def pause_and_synchronize(self) -> None:
+        """Pause, wait for a turn of the loop under way to finish (no stamp is sent after this returns), reset."""
+        self._paused.set()
+        with self._turn:
+            pass
+        self.reset()
 
     def resume(self) -> None:
         if not self.is_alive():

@@ -13,6 +13,7 @@ Every rank runs the same assignment on the same inputs and must reach the same a
 from __future__ import annotations
 
 import abc
+import bisect
 import dataclasses
 import datetime
 import enum
@@ -20,7 +21,7 @@ import heapq
 import itertools
 import logging
 import warnings
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from . import exception
 from .state import Mode, State
@@ -53,19 +54,15 @@ class RankFilter(RankAssignment):
 
 def _discard_if_terminated(ctx: RankAssignmentCtx) -> None:
     if ctx.state.rank in ctx.terminated_ranks:
-        raise RankDiscarded(f"rank {ctx.state.rank} (initial rank {ctx.state.initial_rank}) was terminated")
-
-
-def _renumbered(state: State, rank: int, world_size: int) -> State:
-    return dataclasses.replace(
-        state, rank=rank, world_size=world_size, active_rank=rank, active_world_size=world_size, mode=Mode.ACTIVE
-    )
+        raise RankDiscarded(f"rank {ctx.state.rank} (initial rank {ctx.state.initial_rank}) was terminated: "
+                            f"terminated_ranks={sorted(ctx.terminated_ranks)}")
 
 
 class ShiftRanks(RankAssignment):
     """Close the gaps: every healthy rank moves down by the number of terminated ranks below it.
 
-    ::
+    Only ``rank`` and ``world_size`` change, as in the reference; who is active is the business of a filter
+    (``ActivateAllRanks``, ``MaxActiveWorldSize``, ...) listed before it in ``Compose``::
 
         +---+---+---+---+---+---+      +---+---+---+---+
         | 0 | X | 2 | 3 | X | 5 |  --> | 0 | 1 | 2 | 3 |
@@ -75,36 +72,35 @@ class ShiftRanks(RankAssignment):
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         _discard_if_terminated(ctx)
-        state = ctx.state
-        terminated = {rank for rank in ctx.terminated_ranks if 0 <= rank < state.world_size}
+        state, terminated = ctx.state, ctx.terminated_ranks
         new_rank = state.rank - sum(1 for rank in terminated if rank < state.rank)
-        ctx.state = _renumbered(state, new_rank, state.world_size - len(terminated))
+        ctx.state = dataclasses.replace(state, rank=new_rank, world_size=state.world_size - len(terminated))
         ctx.terminated_ranks = set()
         return ctx
 
 
 class FillGaps(RankAssignment):
-    """Keep the first ``world_size - #terminated`` ranks in place; the surplus healthy ranks fill the holes.
+    """Keep the first ``world_size - #terminated`` ranks in place; the ranks above move into terminated slots.
 
-    ::
+    The rank ``r`` at or above the new world size takes the ``(r - new world size)``-th smallest terminated rank,
+    exactly as the reference computes it (its tests pin 8 ranks, {1, 4, 5} terminated: 6->4, 7->5). Note what
+    that implies when terminated ranks lie at or above the new world size: the result is the reference's, not
+    a dense numbering. Only ``rank`` and ``world_size`` change::
 
-        |<--- preserved --->|<- moved ->|     |<--new world size->|
-        +---+---+---+---+---+---+---+---+     +---+---+---+---+---+
-        | 0 | X | 2 | 3 | X | X | 6 | 7 | --> | 0 | 6 | 2 | 3 | 7 |
-        +---+---+---+---+---+---+---+---+     +---+---+---+---+---+
+        |<--- preserved --->|<- moved ->|
+        +---+---+---+---+---+---+---+---+
+        | 0 | X | 2 | 3 | X | X | 6 | 7 |
+        +---+---+---+---+---+---+---+---+
     """
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         _discard_if_terminated(ctx)
-        state = ctx.state
-        terminated = {rank for rank in ctx.terminated_ranks if 0 <= rank < state.world_size}
+        state, terminated = ctx.state, ctx.terminated_ranks
         new_world_size = state.world_size - len(terminated)
         new_rank = state.rank
-        if state.rank >= new_world_size:
-            holes = sorted(rank for rank in terminated if rank < new_world_size)
-            movers = [rank for rank in range(new_world_size, state.world_size) if rank not in terminated]
-            new_rank = dict(zip(movers, holes))[state.rank]
-        ctx.state = _renumbered(state, new_rank, new_world_size)
+        if new_rank >= new_world_size:
+            new_rank = sorted(terminated)[new_rank - new_world_size]
+        ctx.state = dataclasses.replace(state, rank=new_rank, world_size=new_world_size)
         ctx.terminated_ranks = set()
         return ctx
 
@@ -120,13 +116,19 @@ class ActivateAllRanks(RankFilter):
 
 
 def _limit_active(ctx: RankAssignmentCtx, limit: int) -> RankAssignmentCtx:
+    """Ranks below ``limit`` are active (active rank = rank), the others idle reserves."""
     state = ctx.state
-    current = state.active_rank if state.mode == Mode.ACTIVE and state.active_rank is not None else state.rank
-    if current is not None and current < limit:
-        ctx.state = dataclasses.replace(state, mode=Mode.ACTIVE, active_rank=current, active_world_size=limit)
+    if state.rank is not None and state.rank < limit:
+        ctx.state = dataclasses.replace(state, mode=Mode.ACTIVE, active_rank=state.rank, active_world_size=limit)
     else:
         ctx.state = dataclasses.replace(state, mode=Mode.INACTIVE, active_rank=None, active_world_size=limit)
     return ctx
+
+
+def _current_active_world_size(state: State) -> int:
+    if state.active_world_size is None:
+        return state.world_size
+    return min(state.active_world_size, state.world_size)
 
 
 class MaxActiveWorldSize(RankFilter):
@@ -144,8 +146,7 @@ class MaxActiveWorldSize(RankFilter):
         self.max_active_world_size = max_active_world_size
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        state = ctx.state
-        size = state.active_world_size if state.active_world_size is not None else state.world_size
+        size = _current_active_world_size(ctx.state)
         if self.max_active_world_size is not None:
             size = min(size, self.max_active_world_size)
         return _limit_active(ctx, size)
@@ -158,8 +159,7 @@ class ActiveWorldSizeDivisibleBy(RankFilter):
         self.divisor = divisor
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        state = ctx.state
-        size = state.active_world_size if state.active_world_size is not None else state.world_size
+        size = _current_active_world_size(ctx.state)
         return _limit_active(ctx, size // self.divisor * self.divisor)
 
 
@@ -230,60 +230,111 @@ class Layer:
         return self.key_or_fn(state) if callable(self.key_or_fn) else self.key_or_fn
 
 
-class _Node:
-    __slots__ = ("key", "layer", "parent", "children", "leaves", "depth")
+def _hashable(key: Any) -> Any:
+    """Layer keys travel through the store as JSON: lists come back where tuples went in."""
+    if isinstance(key, list):
+        return tuple(_hashable(item) for item in key)
+    return key
 
-    def __init__(self, key: Any, layer: Layer, parent: Optional["_Node"], depth: int) -> None:
+
+def _as_state(value: Any) -> State:
+    """A rank's published state: a ``State`` (in-memory stores of tests) or its JSON form (``send_state``)."""
+    if isinstance(value, State):
+        state = State.__new__(State)  # a plain copy of the fields; dataclasses.replace costs 16k __init__ calls
+        state.__dict__.update(vars(value))
+        return state
+    names = {field.name for field in dataclasses.fields(State)}
+    return State(**{name: item for name, item in dict(value).items() if name in names and name != "mode"})
+
+
+class _Node:
+    """A branch of the Tree: one key of one layer. ``reserve``: its idle leaves, oldest first."""
+
+    __slots__ = ("key", "layer", "parent", "children", "leaves", "reserve", "chain", "is_reserve", "is_backfill")
+
+    def __init__(self, key: Any, layer: Layer, parent: Optional["_Node"]) -> None:
         self.key = key
         self.layer = layer
         self.parent = parent
-        self.children: dict[str, _Node] = {}
-        self.leaves: list[_Leaf] = []  # every leaf of the subtree, in DFS order (filled after the build)
-        self.depth = depth
+        self.children: dict[Any, _Node] = {}
+        self.leaves: list[_Leaf] = []  # the leaves directly below (the last layer's nodes only)
+        self.reserve: dict[int, _Leaf] = {}  # initial rank -> idle leaf anywhere below, in insertion order
+        self.chain: tuple[_Node, ...] = (self,) + (parent.chain if parent is not None else ())  # self to root
+        flag = layer.flag
+        self.is_reserve = flag is not None and bool(flag & LayerFlag.RESERVE)  # enum arithmetic once, not per rank
+        self.is_backfill = flag is not None and bool(flag & LayerFlag.BACKFILL)
 
-    def has(self, flag: LayerFlag) -> bool:
-        return self.layer.flag is not None and bool(self.layer.flag & flag)
+    def iter_leaves(self) -> Iterator["_Leaf"]:
+        """Every leaf below, depth first (children in order of first appearance, leaves in rank order)."""
+        yield from self.leaves
+        for child in self.children.values():
+            yield from child.iter_leaves()
 
-    def ancestors(self) -> list["_Node"]:
-        node, chain = self, []
-        while node is not None:
-            chain.append(node)
-            node = node.parent
-        return chain
+    def __repr__(self) -> str:
+        return f"_Node({self.key!r})"
 
 
 class _Leaf:
-    __slots__ = ("state", "parent", "dfs_index")
+    """One rank. ``state`` is the rank's state as the Tree assigns it (terminated leaves keep theirs)."""
 
-    def __init__(self, state: State, parent: _Node, dfs_index: int) -> None:
+    __slots__ = ("state", "parent", "backfill_domain")
+
+    def __init__(self, state: State, parent: _Node) -> None:
         self.state = state
         self.parent = parent
-        self.dfs_index = dfs_index
+        self.backfill_domain: Optional[_Node] = None
+
+    def ancestors(self) -> tuple[_Node, ...]:
+        """The branches above this leaf, nearest first."""
+        return self.parent.chain
+
+    def activate(self, active_rank: int) -> None:
+        self.state.mode = Mode.ACTIVE
+        self.state.active_rank = active_rank
+        self._leave_reserve()
+
+    def deactivate(self) -> None:
+        self.state.mode = Mode.INACTIVE
+        self.state.active_rank = None
+        for node in self.ancestors():
+            node.reserve[self.state.initial_rank] = self
 
     def terminate(self) -> None:
-        self.state = dataclasses.replace(self.state, mode=Mode.TERMINATED, rank=None, active_rank=None)
+        self.state.mode = Mode.TERMINATED
+        self._leave_reserve()
+
+    def _leave_reserve(self) -> None:
+        for node in self.ancestors():
+            node.reserve.pop(self.state.initial_rank, None)
 
 
 class Tree(RankAssignment):
     """Topology-aware assignment: ranks are leaves of a tree of layers (e.g. job / rack / node / rank).
 
-    It assigns ranks and activity by itself and cannot be composed with other assignments. First call: every
-    rank publishes its layer keys, the tree is built (one root key required), and leaves are activated in DFS
-    order while every ancestor is below its ``max_ranks``. Every later call, given the terminated ranks:
+    It assigns ranks and activity by itself and cannot be composed with other assignments. The algorithm is the
+    reference's, step by step, so the same inputs give the same ranks.
 
-    1. a subtree with fewer than ``min_ranks`` healthy leaves is terminated entirely (bottom-up);
-    2. a dead active rank is replaced by an idle rank from the nearest ancestors flagged RESERVE::
+    First call: every rank publishes its state and its layer keys, the tree is built (one root key required; a
+    ``UserWarning`` if the depth-first order of the leaves differs from the rank order), and leaves are activated
+    in depth-first order while every ancestor is below its ``max_ranks``. Then, on the first call as on every
+    later one, given the terminated ranks:
+
+    1. bottom-up, a branch with fewer than ``min_ranks`` healthy leaves is terminated entirely;
+    2. in ascending rank order, a terminated active rank is replaced by the idle rank most recently made idle
+       in the nearest ancestor flagged RESERVE (walking up while the flag holds)::
 
            node A (RESERVE)              node A
            [0] [X] [1] (idle)    -->     [0] [1]<-took X's place
 
-    3. the holes left over are filled, inside the highest contiguous BACKFILL ancestor, by the active ranks with
-       the largest active rank;
-    4. the remaining active ranks shift down to close the gaps;
+    3. the terminations left over are filled, inside the highest contiguous BACKFILL ancestor, by that domain's
+       active ranks with the largest active ranks;
+    4. the remaining gaps close by shifting the active ranks down;
     5. ``world_size_filter(n) -> m <= n`` turns active ranks ``>= m`` into reserves;
-    6. ``rank`` is renumbered over the surviving leaves in their previous order.
+    6. every leaf gets the new world size, and ``rank`` is renumbered in depth-first order, survivors first
+       (terminated leaves keep a rank past the world size, for bookkeeping).
 
-    A terminated caller gets ``RankDiscarded``.
+    A terminated caller gets ``RankDiscarded``. ``init_rank_map`` (initial rank -> leaf), ``rank_map`` (rank ->
+    leaf) and ``tree`` (the root) are public, as in the reference; a leaf's ``state`` is its assigned State.
     """
 
     def __init__(self, layers: list[Layer], world_size_filter: Optional[Callable[[int], int]] = None) -> None:
@@ -297,203 +348,194 @@ class Tree(RankAssignment):
 
     # ---- building ---------------------------------------------------------------------------------------------
 
-    def _build(self, ctx: RankAssignmentCtx) -> None:
-        state, store = ctx.state, ctx.store
-        keys = [str(layer.key(state)) for layer in self.layers]
-        store.send_key(keys, state.rank)
-        all_keys = store.get_keys(list(range(state.world_size)))
-        self.build_from_keys(all_keys, state.world_size)
+    def _layer_keys(self, state: State) -> list:
+        return [layer.key_or_fn(state) if callable(layer.key_or_fn) else layer.key_or_fn for layer in self.layers]
 
-    def build_from_keys(self, all_keys: list[list], world_size: int) -> None:
-        """Build the tree from every rank's layer keys (``all_keys[rank]``)."""
-        roots = {str(keys[0]) for keys in all_keys}
+    def _build(self, state: State, store: Any) -> None:
+        fields = ("rank", "world_size", "initial_rank", "initial_world_size")
+        published = {field: getattr(state, field) for field in fields}
+        ranks = list(range(state.world_size))
+        store.send_state(published, state.rank)
+        states = store.get_states(ranks)
+        store.send_key(self._layer_keys(state), state.rank)
+        keys = store.get_keys(ranks)
+        self.build_from_keys(keys, state.world_size, states)
+
+    def build_from_keys(self, all_keys: list[list], world_size: int, states: Optional[list] = None) -> None:
+        """Build and activate the tree from every rank's layer keys (``all_keys[rank]``) and published states."""
+        if states is None:
+            states = [State(rank, world_size) for rank in range(world_size)]
+        roots = {_hashable(keys[0]) for keys in all_keys}
         if len(roots) != 1:
-            raise RuntimeError(f"Tree needs a single root key, got {sorted(roots)[:8]}")
-        root = _Node(roots.pop(), self.layers[0], None, 0)
-        leaf_parents: list[_Node] = []
-        for rank in range(world_size):
+            raise RuntimeError(
+                "all distributed ranks are required to share the same grouping key at the root level of the "
+                f"topology tree, but got root_keys={sorted(map(repr, roots))[:8]}"
+            )
+        root = _Node(roots.pop(), self.layers[0], None)
+        self.rank_map, self.init_rank_map = {}, {}
+        for keys, published in zip(all_keys, states):
             node = root
-            for depth in range(1, len(self.layers)):
-                key = str(all_keys[rank][depth])
+            for key, layer in zip(keys[1:], self.layers[1:]):
+                key = _hashable(key)
                 child = node.children.get(key)
                 if child is None:
-                    child = node.children[key] = _Node(key, self.layers[depth], node, depth)
+                    child = node.children[key] = _Node(key, layer, node)
                 node = child
-            leaf_parents.append(node)
-        # DFS order of leaves: children in order of first appearance, leaves of a node in rank order.
-        by_parent: dict[int, list[int]] = {}
-        for rank, parent in enumerate(leaf_parents):
-            by_parent.setdefault(id(parent), []).append(rank)
-        order: list[int] = []
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            order.extend(by_parent.get(id(node), ()))
-            stack.extend(reversed(list(node.children.values())))
-        if order != list(range(world_size)):
-            warnings.warn("Tree: the DFS order of the leaves differs from the rank order", UserWarning)
-        leaves: dict[int, _Leaf] = {}
-        for dfs_index, rank in enumerate(order):
-            leaf_state = State(rank=rank, world_size=world_size, initial_rank=rank, initial_world_size=world_size)
-            leaves[rank] = _Leaf(leaf_state, leaf_parents[rank], dfs_index)
-        for rank in order:
-            for node in leaf_parents[rank].ancestors():
-                node.leaves.append(leaves[rank])
+            leaf = _Leaf(_as_state(published), node)
+            node.leaves.append(leaf)
+            self.init_rank_map[leaf.state.initial_rank] = leaf
+            self.rank_map[leaf.state.rank] = leaf
         self.tree = root
-        self.rank_map = dict(leaves)
-        self.init_rank_map = dict(leaves)
-        # Activation in DFS order while every ancestor is below its max_ranks.
-        active_count: dict[int, int] = {}
-        next_active = 0
-        for rank in order:
-            leaf = leaves[rank]
-            chain = leaf.parent.ancestors()
-            if all(node.layer.max_ranks is None or active_count.get(id(node), 0) < node.layer.max_ranks for node in chain):
-                for node in chain:
-                    active_count[id(node)] = active_count.get(id(node), 0) + 1
-                leaf.state = dataclasses.replace(leaf.state, mode=Mode.ACTIVE, active_rank=next_active)
-                next_active += 1
-            else:
-                leaf.state = dataclasses.replace(leaf.state, mode=Mode.INACTIVE, active_rank=None)
-        self._finish_activity(next_active)
-
-    def _finish_activity(self, active_world_size: int) -> None:
-        for leaf in self.rank_map.values():
-            leaf.state = dataclasses.replace(leaf.state, active_world_size=active_world_size)
-
-    # ---- a restart ----------------------------------------------------------------------------------------------
-
-    def _propagate_terminations(self, dead: set[int]) -> set[int]:
-        """Step 1: bottom-up, a subtree below ``min_ranks`` healthy leaves dies entirely."""
-        assert self.tree is not None
-        dead_leaves = {id(self.rank_map[rank]) for rank in dead}
-        post_order: list[_Node] = []
-        stack = [self.tree]
-        while stack:
-            node = stack.pop()
-            post_order.append(node)
-            stack.extend(node.children.values())
-        for node in reversed(post_order):  # children before parents
-            healthy = sum(1 for leaf in node.leaves if id(leaf) not in dead_leaves)
-            if 0 < healthy < node.layer.min_ranks or (healthy == 0 and node.layer.min_ranks > 0):
-                dead_leaves.update(id(leaf) for leaf in node.leaves)
-        return {rank for rank, leaf in self.rank_map.items() if id(leaf) in dead_leaves}
-
-    def reassign(self, terminated_ranks: set[int]) -> None:
-        """Apply one restart's terminations to the whole tree (the same on every rank)."""
-        dead = self._propagate_terminations({rank for rank in terminated_ranks if rank in self.rank_map})
-        leaves_by_position: dict[int, _Leaf] = {}
-        for leaf in self.rank_map.values():
-            if leaf.state.mode == Mode.ACTIVE:
-                leaves_by_position[leaf.state.active_rank] = leaf
-        holes: list[tuple[int, _Node]] = []
-        for rank in sorted(dead):
-            leaf = self.rank_map[rank]
-            if leaf.state.mode == Mode.ACTIVE:
-                holes.append((leaf.state.active_rank, leaf.parent))
-                del leaves_by_position[leaf.state.active_rank]
-            leaf.terminate()
-        holes.sort(key=lambda hole: hole[0])
-
-        # Step 2: idle replacements from RESERVE ancestors.
-        idle_cursor: dict[int, int] = {}
-        unfilled: list[tuple[int, _Node]] = []
-        for position, dead_leaf_parent in holes:
-            node: Optional[_Node] = dead_leaf_parent
-            replacement = None
-            while node is not None and node.has(LayerFlag.RESERVE):
-                replacement = self._take_idle(node, idle_cursor)
-                if replacement is not None:
-                    break
-                node = node.parent
-            if replacement is not None:
-                replacement.state = dataclasses.replace(replacement.state, mode=Mode.ACTIVE, active_rank=position)
-                leaves_by_position[position] = replacement
-            else:
-                unfilled.append((position, dead_leaf_parent))
-
-        # Step 3: backfill inside the highest contiguous BACKFILL ancestor, largest active ranks first.
-        heaps: dict[int, list[tuple[int, int, _Leaf]]] = {}
-        for position, parent in unfilled:
-            top = None
-            node = parent
-            while node is not None and node.has(LayerFlag.BACKFILL):
-                top = node
-                node = node.parent
-            if top is None:
-                continue
-            heap = heaps.get(id(top))
-            if heap is None:
-                heap = [(-leaf.state.active_rank, leaf.dfs_index, leaf) for leaf in top.leaves if leaf.state.mode == Mode.ACTIVE]
-                heapq.heapify(heap)
-                heaps[id(top)] = heap
-            while heap:
-                negative, _, leaf = heap[0]
-                if leaf.state.mode != Mode.ACTIVE or leaf.state.active_rank != -negative:
-                    heapq.heappop(heap)  # stale entry
-                    continue
+        for position, leaf in enumerate(root.iter_leaves()):
+            if position != leaf.state.rank:
+                warnings.warn(
+                    "Initial environment rank assignment does not match the specified topology: "
+                    f"topology_rank={position} environment_rank={leaf.state.rank}",
+                    UserWarning,
+                )
                 break
-            if heap and -heap[0][0] > position:
-                _, index, leaf = heapq.heappop(heap)
-                del leaves_by_position[leaf.state.active_rank]
-                leaf.state = dataclasses.replace(leaf.state, active_rank=position)
-                leaves_by_position[position] = leaf
-                heapq.heappush(heap, (-position, index, leaf))
+        active_world_size = self._activate(root)
+        domains: dict[int, Optional[_Node]] = {}
+        for leaf in root.iter_leaves():
+            leaf.state.active_world_size = active_world_size
+            parent = leaf.parent
+            if id(parent) not in domains:
+                domain = None
+                for node in parent.chain:
+                    if not node.is_backfill:
+                        break
+                    domain = node
+                domains[id(parent)] = domain
+            leaf.backfill_domain = domains[id(parent)]
 
-        # Step 4: shift the remaining active ranks down.
-        ordered = [leaves_by_position[position] for position in sorted(leaves_by_position)]
-        for new_position, leaf in enumerate(ordered):
-            leaf.state = dataclasses.replace(leaf.state, active_rank=new_position)
-        active_world_size = len(ordered)
+    def _activate(self, root: _Node) -> int:
+        """Depth first, activate each leaf while every ancestor is below its ``max_ranks``; returns the count."""
+        counts: dict[int, int] = {}
+        active = 0
+        for leaf in root.iter_leaves():
+            chain = leaf.parent.chain
+            if all(node.layer.max_ranks is None or counts.get(id(node), 0) < node.layer.max_ranks for node in chain):
+                leaf.activate(active)
+                active += 1
+                for node in chain:
+                    counts[id(node)] = counts.get(id(node), 0) + 1
+            else:
+                leaf.deactivate()
+        return active
 
-        # Step 5: optional world size filter.
-        if self.world_size_filter is not None:
-            limit = self.world_size_filter(active_world_size)
-            if limit > active_world_size:
-                raise ValueError(f"world_size_filter returned {limit} > {active_world_size}")
-            for leaf in ordered[limit:]:
-                leaf.state = dataclasses.replace(leaf.state, mode=Mode.INACTIVE, active_rank=None)
-            active_world_size = limit
+    # ---- one call ---------------------------------------------------------------------------------------------
 
-        # Step 6: renumber the surviving leaves in their previous order.
-        survivors = [self.rank_map[rank] for rank in sorted(self.rank_map) if rank not in dead]
+    def _propagate_terminations(self, node: _Node, terminated: set[int]) -> int:
+        """Step 1, children before parents; adds to ``terminated``, returns the healthy leaves below ``node``."""
+        healthy = sum(self._propagate_terminations(child, terminated) for child in node.children.values())
+        healthy += sum(
+            1 for leaf in node.leaves if leaf.state.mode != Mode.TERMINATED and leaf.state.rank not in terminated
+        )
+        if healthy < node.layer.min_ranks:
+            terminated.update(leaf.state.rank for leaf in node.iter_leaves() if leaf.state.mode != Mode.TERMINATED)
+            return 0
+        return healthy
+
+    def _replace_with_reserve(self, terminated_active: set[int]) -> set[int]:
+        """Step 2; returns the terminated active ranks whose place an idle rank took."""
+        replaced = set()
+        for rank in sorted(terminated_active):
+            dead = self.rank_map[rank]
+            for node in dead.ancestors():
+                if not node.is_reserve:
+                    break
+                if node.reserve:
+                    _, idle = node.reserve.popitem()
+                    idle.activate(dead.state.active_rank)
+                    replaced.add(rank)
+                    break
+        return replaced
+
+    def _backfill(self, unhandled: set[int]) -> set[int]:
+        """Step 3; returns the active ranks that became free (to be closed by the shift of step 4)."""
+        freed: set[int] = set()
+        domains: dict[int, tuple[_Node, list[_Leaf]]] = {}
+        for rank in sorted(unhandled):
+            dead = self.rank_map[rank]
+            if dead.backfill_domain is None:
+                freed.add(dead.state.active_rank)
+            else:
+                domains.setdefault(id(dead.backfill_domain), (dead.backfill_domain, []))[1].append(dead)
+        for domain, dead_leaves in domains.values():
+            largest = heapq.nlargest(
+                len(dead_leaves),
+                (leaf for leaf in domain.iter_leaves() if leaf.state.mode == Mode.ACTIVE),
+                key=lambda leaf: leaf.state.active_rank,
+            )
+            largest.reverse()
+            for position, dead in enumerate(dead_leaves):
+                if position < len(largest):
+                    mover = largest[position]
+                    freed.add(mover.state.active_rank)
+                    mover.state.active_rank = dead.state.active_rank
+                else:
+                    freed.add(dead.state.active_rank)
+        return freed
+
+    def _shift(self, freed: set[int], unhandled_count: int) -> None:
+        """Step 4: every active rank moves down by the number of freed positions below it."""
+        ordered = sorted(freed)
+        for leaf in self.rank_map.values():
+            leaf.state.active_world_size -= unhandled_count
+            if leaf.state.active_rank is not None:
+                leaf.state.active_rank -= bisect.bisect_left(ordered, leaf.state.active_rank)
+
+    def _filter_active_world_size(self) -> None:
+        """Step 5."""
+        assert self.world_size_filter is not None and self.tree is not None
+        current = next(iter(self.rank_map.values())).state.active_world_size
+        limit = self.world_size_filter(current)
+        if limit > current:
+            raise ValueError(f"world_size_filter returned {limit} > {current}")
+        for leaf in self.tree.iter_leaves():
+            leaf.state.active_world_size = limit
+            if leaf.state.mode == Mode.ACTIVE and leaf.state.active_rank >= limit:
+                leaf.deactivate()
+
+    def _renumber(self, world_size: int, terminated: set[int]) -> None:
+        """Step 6."""
+        assert self.tree is not None
+        leaves = list(self.tree.iter_leaves())
+        for leaf in leaves:
+            leaf.state.world_size = world_size
+        for rank in terminated:
+            self.rank_map[rank].state.rank = None
+            self.rank_map[rank].state.active_rank = None
+        leaves.sort(key=lambda leaf: leaf.state.mode == Mode.TERMINATED)
         self.rank_map = {}
-        for new_rank, leaf in enumerate(survivors):
-            leaf.state = dataclasses.replace(leaf.state, rank=new_rank, world_size=len(survivors))
-            self.rank_map[new_rank] = leaf
-        self._finish_activity(active_world_size)
-
-    def _take_idle(self, node: _Node, cursor: dict[int, int]) -> Optional[_Leaf]:
-        index = cursor.get(id(node), 0)
-        leaves = node.leaves
-        while index < len(leaves):
-            leaf = leaves[index]
-            index += 1
-            if leaf.state.mode == Mode.INACTIVE:
-                cursor[id(node)] = index
-                return leaf
-        cursor[id(node)] = index
-        return None
+        for rank, leaf in enumerate(leaves):
+            leaf.state.rank = rank
+            self.rank_map[rank] = leaf
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         state = ctx.state
         if self.tree is None:
-            self._build(ctx)
-            leaf = self.rank_map[state.rank]
-        else:
-            leaf = self.rank_map.get(state.rank)
-            if leaf is None:
-                raise exception.InternalError(f"Tree: unknown rank {state.rank}")
-            self.reassign(set(ctx.terminated_ranks))
-            if leaf.state.mode == Mode.TERMINATED:
-                raise RankDiscarded(f"rank {state.rank} (initial rank {state.initial_rank}) was terminated by Tree")
-        ctx.state = dataclasses.replace(
-            state,
-            rank=leaf.state.rank,
-            world_size=leaf.state.world_size,
-            active_rank=leaf.state.active_rank,
-            active_world_size=leaf.state.active_world_size,
-            mode=leaf.state.mode,
-        )
+            self._build(state, ctx.store)
+        assert self.tree is not None
+        for leaf in self.tree.iter_leaves():
+            leaf.state.copy_from(state, fields=("fn_exception", "iteration"))
+
+        terminated = {rank for rank in ctx.terminated_ranks if rank in self.rank_map}
+        self._propagate_terminations(self.tree, terminated)
+        terminated_active = {rank for rank in terminated if self.rank_map[rank].state.mode == Mode.ACTIVE}
+        for rank in terminated:
+            self.rank_map[rank].terminate()
+        unhandled = terminated_active - self._replace_with_reserve(terminated_active)
+        if unhandled:
+            self._shift(self._backfill(unhandled), len(unhandled))
+        if self.world_size_filter is not None:
+            self._filter_active_world_size()
+        self._renumber(state.world_size - len(terminated), terminated)
+
+        leaf = self.init_rank_map[state.initial_rank]
+        if leaf.state.mode == Mode.TERMINATED:
+            raise RankDiscarded(f"rank {state.rank} (initial rank {state.initial_rank}) was terminated by Tree: "
+                                f"terminated_ranks={sorted(terminated)}")
+        ctx.state = dataclasses.replace(leaf.state)
         ctx.terminated_ranks = set()
         return ctx

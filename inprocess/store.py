@@ -1,8 +1,13 @@
 """The wrapper's key-value store: any ``torch.distributed.Store`` plus ``StoreMixin``'s restart vocabulary.
 
+Where it lives (docs/inprocess.md section 7). No training process hosts it: ``TCPStore`` is a client of a store
+server process (``inprocess.store_server``), ``inprocess.etcd_store.EtcdStore`` a client of an etcd cluster.
+Because the store outlives a call, every call of the wrapped function works in a namespace of its own
+(``open_base_store``); the function's own store (``CallWrapper.store``) is ``user_store(i)`` of that namespace.
+
 Layout. The store built by ``store_factory`` is the *base* store; all state of restart iteration ``i`` lives in
-``PrefixStore("_inprocess_{i}", base)``, so a late write that names an old iteration can never disturb a newer
-one. Keys inside an iteration namespace:
+``PrefixStore(i, base)`` (prefix ``_inprocess_{i}``), so a late write that names an old iteration can never
+disturb a newer one. Keys inside an iteration namespace:
 
     any_rank_interrupted        set by whoever records a fault
     iteration_end               "interrupted" or "completed", written once (compare_set: the first writer wins):
@@ -35,7 +40,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from typing import Any, Iterable, Optional, Sequence
 
 import torch.distributed
@@ -46,11 +50,28 @@ from .attribution import InterruptionRecord
 log = logging.getLogger(__name__)
 
 ITERATION_PREFIX = "_inprocess_{iteration}"
+USER_PREFIX = "_inprocess_user_{iteration}"
+FAULT_REASONS_KEY = "fault_reasons"
+FAULT_TIME_KEY = "fault_time"
 ITERATION_COMPLETED = "completed"
 ITERATION_INTERRUPTED = "interrupted"
 TIMEOUT_FOREVER = datetime.timedelta(days=365)
 # A single store wait longer than this is split, so that a timeout message is printed at most this often.
 _LONG_WAIT_CHUNK = datetime.timedelta(hours=1)
+
+
+class StoreUnavailable(BaseException):
+    """The Wrapper's store cannot be reached (its server process died, or no etcd member answers).
+
+    No fault can be coordinated without it, so every rank leaves the call with this exception and a log line
+    naming the cause, rather than training on unprotected or hanging at the next barrier. A ``BaseException``, like
+    ``RankShouldRestart``, so that a workload's ``except Exception`` does not swallow it.
+    """
+
+    message = "the wrapper's store is unreachable"
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else self.message
 
 
 class BarrierError(exception.RestartError):
@@ -96,7 +117,11 @@ class StoreMixin:
         raise NotImplementedError(f"{type(self).__name__} cannot open another connection")
 
     def iteration_store(self, iteration: int) -> "PrefixStore":
-        return PrefixStore(ITERATION_PREFIX.format(iteration=iteration), self)
+        return PrefixStore(iteration, self)
+
+    def user_store(self, iteration: int) -> "NamespaceStore":
+        """The wrapped function's own namespace in ``iteration`` (``CallWrapper.store``), apart from the wrapper's."""
+        return NamespaceStore(USER_PREFIX.format(iteration=iteration), self)
 
     # ---- small helpers ----------------------------------------------------------------------------------------
 
@@ -127,10 +152,15 @@ class StoreMixin:
 
     # ---- interruptions ----------------------------------------------------------------------------------------
 
-    def record_interrupted(self, records: Iterable[InterruptionRecord] = ()) -> None:
+    def record_interrupted(self, records: Iterable[InterruptionRecord] = (), reason: Optional[str] = None) -> None:
+        """Interrupt the iteration. ``reason``: one line saying what happened, printed by every rank at the restart
+        (``fault_reasons``); the first record also stamps ``fault_time`` (wall clock) to measure the time lost."""
         text = "".join(f"{record};" for record in records)
         if text and int(self.add("interruption_records_lock", 0)) == 0:
             self.append("interruption_records", text)
+        if reason:
+            self.append(FAULT_REASONS_KEY, reason.replace("\n", " ")[:500] + "\n")
+        self.compare_set(FAULT_TIME_KEY, "", repr(time.time()))
         self.set("any_rank_interrupted", "")
         self.compare_set("iteration_end", "", ITERATION_INTERRUPTED)
 
@@ -163,9 +193,6 @@ class StoreMixin:
     def record_completed(self) -> None:
         self.set("any_rank_completed", "")
 
-    def is_completed(self) -> bool:
-        return bool(self.check(["any_rank_completed"]))
-
     # ---- terminated ranks and identities ----------------------------------------------------------------------
 
     def record_terminated_ranks(self, ranks: Iterable[int]) -> None:
@@ -189,15 +216,6 @@ class StoreMixin:
         if not self.wait_key(key, timeout):
             return None
         return int(self.get(key))
-
-    # ---- heartbeats (monitor processes) -----------------------------------------------------------------------
-
-    def send_heartbeat(self, rank: int) -> None:
-        self.set(f"heartbeat_{rank}", repr(time.time()))
-
-    def get_heartbeat(self, rank: int) -> Optional[float]:
-        key = f"heartbeat_{rank}"
-        return float(self.get(key)) if self.check([key]) else None
 
     # ---- Tree inputs ------------------------------------------------------------------------------------------
 
@@ -281,11 +299,17 @@ class StoreMixin:
 
 
 class PrefixStore(StoreMixin, torch.distributed.PrefixStore):
-    """A namespace inside another store (torch joins prefix and key with ``/``)."""
+    """The namespace of restart iteration ``iteration`` inside another store, ``_inprocess_{iteration}``.
 
-    def __init__(self, prefix: Any, store: torch.distributed.Store) -> None:
-        super().__init__(str(prefix), store)
-        self.prefix = str(prefix)
+    Takes the iteration, as the reference's ``PrefixStore(iteration, store)`` does (torch joins prefix and key
+    with ``/``).
+    """
+
+    def __init__(self, iteration: Any, store: torch.distributed.Store) -> None:
+        prefix = ITERATION_PREFIX.format(iteration=iteration)
+        super().__init__(prefix, store)
+        self.iteration = iteration
+        self.prefix = prefix
         self.base_store = store
 
     @property
@@ -295,11 +319,45 @@ class PrefixStore(StoreMixin, torch.distributed.PrefixStore):
     def new_connection(self) -> "PrefixStore":
         base = self.base_store
         other = base.new_connection() if isinstance(base, StoreMixin) else base.clone()
-        return PrefixStore(self.prefix, other)
+        return PrefixStore(self.iteration, other)
+
+
+class NamespaceStore(StoreMixin, torch.distributed.PrefixStore):
+    """Any namespace inside another store: a call's namespace (``open_base_store``), the function's own store."""
+
+    def __init__(self, prefix: str, store: torch.distributed.Store) -> None:
+        super().__init__(prefix, store)
+        self.prefix = prefix
+        self.base_store = store
+
+    @property
+    def critical_ranks(self) -> tuple[int, ...]:
+        return getattr(self.base_store, "critical_ranks", ())
+
+    @property
+    def port(self) -> Optional[int]:
+        """The port of the store underneath, if it has one (the abort leaves connections to it alone)."""
+        return getattr(self.base_store, "port", None)
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """Every port of a replicated store underneath (its members); empty for other stores."""
+        return tuple(getattr(self.base_store, "ports", None) or ())
+
+    def new_connection(self) -> "NamespaceStore":
+        base = self.base_store
+        other = base.new_connection() if isinstance(base, StoreMixin) else base.clone()
+        return NamespaceStore(self.prefix, other)
 
 
 class TCPStore(StoreMixin, torch.distributed.TCPStore):
-    """torch's TCPStore, hosted by the process whose ``RANK`` is ``TCP_STORE_HOST_RANK`` (falls back to client)."""
+    """A client of torch's TCPStore server on (``host_name``, ``port``), which runs in a process of its own.
+
+    The first Wrapper on the host of ``host_name`` binds the port and starts the server process
+    (``inprocess.store_server``); every rank, that one included, is a client, so no training process is special
+    (the reference hosts the server in initial rank 0's trainer). ``critical_ranks`` is empty: nobody has to
+    outlive anybody. ``TCP_STORE_HOST_RANK`` is kept for code that reads it; no rank hosts the store.
+    """
 
     TCP_STORE_HOST_RANK = 0
 
@@ -313,48 +371,40 @@ class TCPStore(StoreMixin, torch.distributed.TCPStore):
         multi_tenant: bool = False,
         use_libuv: bool = True,
     ) -> None:
+        from . import store_server
+
         host_name = host_name if host_name is not None else os.environ["MASTER_ADDR"]
         port = int(port if port is not None else os.environ["MASTER_PORT"])
         world_size = int(world_size if world_size is not None else os.environ.get("WORLD_SIZE", 1))
-        self._host = int(os.environ.get("RANK", 0)) == self.TCP_STORE_HOST_RANK and not os.environ.get(
-            "INPROCESS_STORE_CLIENT"
-        )
-        self._designated_host = self._host  # meant to host, even if it ends up a client (see open_base_store)
-        kwargs = dict(timeout=timeout, multi_tenant=multi_tenant, use_libuv=use_libuv)
-        self._connection = (host_name, port, world_size, kwargs)
-        if self._host:
-            try:
-                # The wrapper's initial barrier waits for the workers; torch's own wait would also count the
-                # extra connections (monitor process, monitor thread), so it is not used.
-                super().__init__(host_name, port, world_size, True, wait_for_workers=False, **kwargs)
-                log.debug("hosting the wrapper store on %s:%s", host_name, port)
-                return
-            except (RuntimeError, torch.distributed.DistError) as error:
-                log.debug("cannot host the store on %s:%s (%s), connecting as a client", host_name, port, error)
-                self._host = False
-        super().__init__(host_name, port, world_size, False, wait_for_workers=False, **kwargs)
-
-    @property
-    def critical_ranks(self) -> tuple[int, ...]:
-        return (self.TCP_STORE_HOST_RANK,)
+        timeout = _as_timedelta(timeout)
+        self.server_pid: Optional[int] = None  # set in the process that started the server
+        if not os.environ.get("INPROCESS_STORE_CLIENT"):  # monitor processes never start a server
+            started = store_server.serve(host_name, port, timeout.total_seconds())
+            if started is not None:
+                self.server_pid, port = started
+        # The wrapper's initial barrier waits for the workers; torch's own wait would also count the extra
+        # connections (monitor process, monitor thread), so it is not used.
+        super().__init__(host_name, port, world_size, False, timeout=timeout, wait_for_workers=False,
+                         use_libuv=use_libuv)
+        self._connection = (host_name, port, world_size, timeout, use_libuv)
 
     @property
     def is_host(self) -> bool:
-        return self._host
+        """True in the process that started the server process (it hosts nothing itself)."""
+        return self.server_pid is not None
 
     def new_connection(self) -> "TCPStore":
-        host_name, _, world_size, kwargs = self._connection
+        host_name, port, world_size, timeout, use_libuv = self._connection
         other = TCPStore.__new__(TCPStore)
-        torch.distributed.TCPStore.__init__(other, host_name, self.port, world_size, False, wait_for_workers=False, **kwargs)
-        other._host = False
-        other._designated_host = False
+        torch.distributed.TCPStore.__init__(other, host_name, port, world_size, False, timeout=timeout,
+                                            wait_for_workers=False, use_libuv=use_libuv)
+        other.server_pid = None
         other._connection = self._connection
         return other
 
-    @property
-    def server_address(self) -> tuple[str, int]:
-        """Where the server is; ``open_base_store`` tells its successive servers on this address apart."""
-        return (self._connection[0], self.port)
+    def connection_parameters(self) -> dict:
+        host_name, port, world_size, timeout, use_libuv = self._connection
+        return dict(kind="tcp", host=host_name, port=port, timeout=timeout.total_seconds(), use_libuv=use_libuv)
 
 
 class FileStore(StoreMixin, torch.distributed.FileStore):
@@ -368,75 +418,101 @@ class FileStore(StoreMixin, torch.distributed.FileStore):
     def new_connection(self) -> "FileStore":
         return FileStore(self.file_name, self.world_size)
 
+    def connection_parameters(self) -> dict:
+        return dict(kind="file", path=self.file_name, world_size=self.world_size)
+
 
 class HashStore(StoreMixin, torch.distributed.HashStore):
     """In-memory store of one process (unit tests of rank assignments)."""
 
 
-# ---- one server per call ------------------------------------------------------------------------------------
+
+
+# ---- one namespace per call ---------------------------------------------------------------------------------
 #
-# The store host builds a new server at the start of every call of a wrapped function and destroys it at the end
-# (``CallWrapper.shutdown``), on the same address. The termination barrier at the end of call N lets every other
-# rank go as soon as everybody has registered, i.e. *before* the host has destroyed call N's server: a rank that
-# starts call N+1 at once may connect to call N's server (still listening, full of call N's keys, e.g. a finished
-# initial barrier) and lose that connection mid-call when the host tears it down (``Broken pipe``). So every
-# server carries a generation, written by the host right after it starts listening, and a rank accepts a
-# connection only to a generation that it has not used before; otherwise it drops the connection and connects
-# again (bounded by the caller's timeout) until the host's new server answers.
+# The store outlives a call of the wrapped function (a store server process, an etcd cluster), so every call
+# works inside a namespace of its own and consecutive calls never mix, even when a rank starts call N+1 while
+# another is still leaving call N. The namespace is the call's number, counted per initial rank on the store
+# itself (``add``), so no process keeps state between calls and every rank of a job agrees on it: they all make
+# the same calls. Counters are kept per launch attempt (torchrun's run id and restart count), so a job relaunched
+# while the store is still up starts again from call 1 on every rank.
 
-GENERATION_KEY = "_inprocess_store_generation"
+CALL_COUNTER = "_inprocess_calls/{job}/{initial_rank}"
+CALL_NAMESPACE = "_inprocess_call/{job}/{number}"
 _RECONNECT_INTERVAL = 0.1
-_last_generation: dict[tuple, str] = {}  # server address -> generation of the server the last call used
-_hosted_generations: set[str] = set()  # generations of the servers that this process hosted
 
 
-def _accept_generation(store: Any, deadline: float) -> bool:
-    """True if ``store`` is connected to a server of this call; False if to a server of an earlier call."""
-    address = store.server_address
-    if store.is_host or getattr(store, "_designated_host", False):
-        if not store.is_host and store.check([GENERATION_KEY]):
-            if store.get(GENERATION_KEY).decode() in _hosted_generations:
-                # Could not bind: a server this process hosted for an earlier call is still referenced somewhere,
-                # hence still listening. It is used as before (as a client), under a new generation.
-                log.info("the store server of an earlier call on %s is still alive; connecting to it", address)
-        # Hosting (or, when the port belongs to a server hosted elsewhere, standing in for the host): a new one.
-        generation = uuid.uuid4().hex
-        store.set(GENERATION_KEY, generation)
-        if store.is_host:
-            _hosted_generations.add(generation)
-        _last_generation[address] = generation
-        return True
-    left = max(deadline - time.monotonic(), 0.0)
-    if not store.wait_key(GENERATION_KEY, datetime.timedelta(seconds=left)):
-        raise exception.TimeoutError(f"the store host did not start the store on {address} in time")
-    generation = store.get(GENERATION_KEY).decode()
-    if generation == _last_generation.get(address):
-        return False  # the server of the previous call, about to be torn down
-    _last_generation[address] = generation
-    return True
+def launch_attempt() -> str:
+    """This launch of the job: torchrun's run id and restart count (both empty or 0 without torchrun)."""
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
-def open_base_store(factory: Any, kwargs: dict, timeout: Any) -> Any:
-    """``factory(**kwargs)``, connected to the server of this call (see above); stores without a host as is."""
+def open_base_store(factory: Any, kwargs: dict, timeout: Any, initial_rank: int = 0) -> tuple[NamespaceStore, Any]:
+    """Connect with ``factory(**kwargs)`` and enter this call's namespace: (namespaced store, raw connection).
+
+    Connection errors are retried until ``timeout`` (a store server of an earlier call that is just ending).
+    """
     deadline = time.monotonic() + _as_timedelta(timeout).total_seconds()
     attempts = 0
     while True:
         attempts += 1
         try:
-            store = factory(**kwargs)
-            if getattr(store, "server_address", None) is None or not hasattr(store, "is_host"):
-                return store
-            if _accept_generation(store, deadline):
-                if attempts > 1:
-                    log.debug("connected to the store of this call after %s attempts", attempts)
-                return store
-            reason: Any = "a server of an earlier call"
-        except exception.TimeoutError:
+            raw = factory(**kwargs)
+            job = launch_attempt()
+            number = int(raw.add(CALL_COUNTER.format(job=job, initial_rank=initial_rank), 1))
+            namespace = CALL_NAMESPACE.format(job=job, number=number)
+            if attempts > 1:
+                log.debug("connected to the store after %s attempts", attempts)
+            return NamespaceStore(namespace, raw), raw
+        except exception.RestartError:
             raise
-        except RuntimeError as error:  # torch's DistError family: the old server went away under us
-            reason = error
-        store = None  # drop the connection (and never keep one to an old server)
-        if time.monotonic() >= deadline:
-            raise exception.TimeoutError(f"could not connect to the store of this call within {timeout}: {reason}")
-        log.debug("store connection attempt %s: %s; connecting again", attempts, reason)
-        time.sleep(_RECONNECT_INTERVAL)
+        except RuntimeError as error:  # torch's DistError family and our store errors
+            if time.monotonic() >= deadline:
+                raise exception.TimeoutError(f"could not connect to the wrapper's store within {timeout}: {error}")
+            log.debug("store connection attempt %s: %s; connecting again", attempts, error)
+            time.sleep(_RECONNECT_INTERVAL)
+
+
+# ---- a client of the same store in another process ------------------------------------------------------------
+#
+# The monitor process (a fresh interpreter) needs its own client of the trainer's store. An importable factory is
+# sent by reference and called there, as the reference does. A factory that cannot be imported by name (a class
+# defined inside a function) is never pickled: the trainer sends plain connection parameters instead, which
+# ``open_connection`` turns into a client of the same server (``kind``: tcp, file, etcd).
+
+
+def connection_parameters(store: Any) -> dict:
+    """Plain, JSON-serialisable parameters from which another process opens its own client of ``store``."""
+    describe = getattr(store, "connection_parameters", None)
+    if callable(describe):
+        return describe()
+    if isinstance(store, torch.distributed.TCPStore):
+        return dict(kind="tcp", host=store.host, port=store.port, timeout=store.timeout.total_seconds(),
+                    use_libuv=store.libuvBackend)
+    if isinstance(store, torch.distributed.FileStore):
+        return dict(kind="file", path=store.path, world_size=-1)
+    raise TypeError(
+        f"{type(store).__qualname__} cannot be opened in another process: make the store factory importable by "
+        "name (a module-level class) or give the store a connection_parameters() method"
+    )
+
+
+def open_connection(parameters: dict) -> StoreMixin:
+    """A new client from ``connection_parameters``: never starts a server."""
+    kind = parameters.get("kind")
+    if kind == "tcp":
+        store = TCPStore.__new__(TCPStore)
+        timeout = datetime.timedelta(seconds=parameters["timeout"])
+        torch.distributed.TCPStore.__init__(store, parameters["host"], parameters["port"], None, False,
+                                            timeout=timeout, wait_for_workers=False,
+                                            use_libuv=parameters.get("use_libuv", True))
+        store.server_pid = None
+        store._connection = (parameters["host"], parameters["port"], 1, timeout, parameters.get("use_libuv", True))
+        return store
+    if kind == "file":
+        return FileStore(parameters["path"], parameters.get("world_size", -1))
+    if kind == "etcd":
+        from .etcd_store import EtcdStore
+
+        return EtcdStore.from_connection_parameters(parameters)
+    raise ValueError(f"unknown store connection kind {kind!r}")

@@ -17,6 +17,7 @@ One call of a wrapped function, seen from one rank::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import functools
 import gc
@@ -29,13 +30,14 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch.distributed
 
-from . import exception, fault_source, param_utils
+from . import exception, fault_source, mesh_source, param_utils
 from . import store as store_module
 from .abort import Abort, AbortTorchDistributed, connection_key, established_connections
 from .attribution import Interruption, InterruptionRecord
 from .completion import Completion
 from .compose import Compose
 from .finalize import Finalize
+from . import health_check as health_check_module
 from .health_check import HealthCheck
 from .initialize import Initialize
 from .monitor_process import MonitorProcess
@@ -52,10 +54,6 @@ DEFAULT_ABORT = AbortTorchDistributed()
 DEFAULT_RANK_ASSIGNMENT = Compose(ActivateAllRanks(), ShiftRanks())
 
 _SECONDS = datetime.timedelta(seconds=1)
-
-
-class HealthCheckPassed(Exception):
-    """Internal control-flow signal (kept for compatibility)."""
 
 
 class Wrapper:
@@ -157,8 +155,8 @@ class Wrapper:
         self.enabled = enabled
         self.completion = completion
         self.terminate = terminate
-        # Only what the user asked for: no NVML/NIC checks are appended on machines with or without GPUs.
-        self.restart_health_check = health_check
+        # The user's check plus GPU/NVLink/NIC checks when LOCAL_RANK is set, as in the reference (harmless on CPUs).
+        self.restart_health_check = health_check_module.restart_health_check(health_check)
 
     def __call__(self, fn: Callable) -> Callable:
         if not self.enabled:
@@ -166,8 +164,12 @@ class Wrapper:
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            with CallWrapper(self) as call_wrapper:
-                return call_wrapper(fn, args, kwargs)
+            try:
+                with CallWrapper(self) as call_wrapper:
+                    return call_wrapper(fn, args, kwargs)
+            except BaseException as error:
+                _release_wrapper_frames(error)
+                raise
 
         return wrapped
 
@@ -195,12 +197,23 @@ class CallWrapper:
         self.watchdog: Optional[ProgressWatchdog] = None
         self.monitor_thread: Optional[MonitorThread] = None
         self.base_store: Any = None
+        #: The wrapped function's own store in the current iteration, on the wrapper's durable backend (the store
+        #: server process, or etcd): use it for ``init_process_group(store=call_wrapper.store, ...)``. The
+        #: reference's attribute of the same name is its base store; this one is a fresh namespace per iteration.
+        self.store: Any = None
+        self._user_connection: Any = None
         self._monitor_connection: Any = None
         self._fault_connection: Any = None
         self._protected: set[tuple] = set()
         self._verdict_lock = threading.Lock()
         self._return_value: Any = None
         self._shut_down = False
+        self.mesh: Optional[mesh_source.MeshFaultSource] = None
+        #: The last restart of this call (None before the first): what the wrapped function may print.
+        self.last_restart: Optional[RestartInfo] = None
+        self._restarts = 0
+        #: Called (no arguments) at every restart, out of the function: inprocess.elastic states restore here.
+        self.restart_hooks: list[Callable[[], Any]] = []
         self._previous_unraisablehook: Optional[Callable[[Any], Any]] = None
         try:
             self._start()
@@ -213,8 +226,10 @@ class CallWrapper:
     def _new_connection(self) -> Any:
         try:
             return self.base_store.new_connection()
-        except NotImplementedError:
-            return self.wrapper.store_factory(**self.wrapper.store_kwargs)
+        except NotImplementedError:  # a store without new_connection: a fresh client, in this call's namespace
+            return store_module.NamespaceStore(
+                self.base_store.prefix, self.wrapper.store_factory(**self.wrapper.store_kwargs)
+            )
 
     def _start(self) -> None:
         w = self.wrapper
@@ -234,19 +249,32 @@ class CallWrapper:
             store_factory=w.store_factory,
             store_kwargs=w.store_kwargs,
         )
-        # A server of this call, never the previous call's (which its host may still be tearing down).
-        self.base_store = store_module.open_base_store(w.store_factory, w.store_kwargs, w.barrier_timeout)
-        self.monitor_process.store_ready()
+        # Every call works in a namespace of its own on a store that outlives it (docs/inprocess.md section 7).
+        self.base_store, raw_store = store_module.open_base_store(
+            w.store_factory, w.store_kwargs, w.barrier_timeout, self.state.initial_rank
+        )
+        self.monitor_process.store_ready(self.base_store.prefix, raw_store)
+        del raw_store
+        self._user_connection = self._new_connection()
         self._monitor_connection = self._new_connection()
         self._fault_connection = self._new_connection()
         self.base_store.initial_barrier([rank], world_size, w.barrier_timeout)
         self.monitor_process.wait_ready(w.barrier_timeout)
+        self._join_mesh()
         self._protected = {connection_key(connection) for connection in established_connections()}
         self.watchdog = ProgressWatchdog(rank, self.monitor_process, w.progress_watchdog_interval)
         self.watchdog.start()
         self._previous_unraisablehook = sys.unraisablehook
         sys.unraisablehook = self._unraisablehook
         fault_source.register_active_call(self)
+
+    def _join_mesh(self) -> None:
+        """The rasd mesh's verdicts become restarts (``inprocess.mesh_source``); off with ``TORCHRAS_ENABLE=0``."""
+        if not mesh_source.mesh_enabled():
+            return
+        source = mesh_source.MeshFaultSource(self, self._new_connection(), self.state.initial_rank)
+        if source.start(self._new_connection()):
+            self.mesh = source
 
     def _unraisablehook(self, unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, RankShouldRestart) and self.monitor_thread is not None:
@@ -293,10 +321,11 @@ class CallWrapper:
 
     def store_ports(self) -> set[int]:
         ports = set()
-        for store in (self.base_store, self._monitor_connection, self._fault_connection):
+        for store in (self.base_store, self._user_connection, self._monitor_connection, self._fault_connection):
             port = getattr(store, "port", None)
             if isinstance(port, int):
                 ports.add(port)
+            ports.update(getattr(store, "ports", None) or ())  # a replicated store: every member's port
         return ports
 
     def protected_connections(self) -> set[tuple]:
@@ -309,45 +338,78 @@ class CallWrapper:
         with self._verdict_lock:
             if self._shut_down or self._fault_connection is None:
                 return False
-            iteration = self.state.iteration
-            if verdict.iteration < iteration:
-                log.info("ignoring a stale verdict for iteration %s (now %s): %s", verdict.iteration, iteration, verdict)
+            current = self.state.iteration
+            kind = fault_source.VerdictKind(verdict.kind)
+            if verdict.iteration == fault_source.LATEST_ITERATION:
+                target = self._newest_iteration_of(verdict.ranks, current)
+                if target is None:
+                    log.info("ignoring a verdict about ranks outside the current iteration: %s", verdict)
+                    return False
+            elif verdict.iteration < current:
+                log.info("ignoring a stale verdict for iteration %s (now %s): %s", verdict.iteration, current, verdict)
                 return False
-            if verdict.iteration > iteration:
+            elif verdict.iteration > current:
                 log.warning("ignoring a verdict for iteration %s, which has not started here (now %s): %s",
-                            verdict.iteration, iteration, verdict)
+                            verdict.iteration, current, verdict)
                 return False
-            store = self._fault_connection.iteration_store(verdict.iteration)
-            ranks = {}
-            for initial_rank in sorted(verdict.ranks):
-                rank = store.get_rank_of_initial(initial_rank, timeout=0)
-                if rank is None:
-                    log.warning("verdict %s: initial rank %s is not part of iteration %s", verdict, initial_rank, verdict.iteration)
-                    continue
-                ranks[initial_rank] = rank
+            else:
+                target = verdict.iteration
+            store = self._fault_connection.iteration_store(target)
+            ranks = self._translate(store, verdict, target)
             if not ranks:
                 return False
+            if kind.terminates and verdict.iteration == fault_source.LATEST_ITERATION:
+                if set(ranks.values()) <= store.get_terminated_ranks():
+                    log.debug("verdict about ranks already terminated in iteration %s: %s", target, verdict)
+                    return False  # a refreshed verdict (HUNG) or another survivor's report: done already
             world = store.get_packed("world_size", ",")
             world_size = int(world[-1]) if world else self.state.world_size
-            kind = fault_source.VerdictKind(verdict.kind)
             if kind.terminates:
                 store.record_terminated_ranks(sorted(ranks.values()))
             first_report = int(store.add(f"external_verdict:{kind.value}:{sorted(ranks)}", 1)) == 1
             records = [InterruptionRecord(rank, Interruption.EXTERNAL) for rank in sorted(ranks.values())]
-            store.record_interrupted(records if first_report else ())
+            reason = (verdict.reason or f"{kind.value} of ranks {sorted(ranks)}") if first_report else None
+            store.record_interrupted(records if first_report else (), reason=reason)
             if kind.terminates:
                 store.iteration_barrier(sorted(ranks.values()), world_size, 0)
                 self._fault_connection.termination_barrier(sorted(ranks), self.state.initial_world_size, 0)
             log.warning("external verdict %s %s applied to iteration %s: %s", kind.value, sorted(ranks),
-                        verdict.iteration, verdict.reason)
+                        target, verdict.reason)
             return True
+
+    def _newest_iteration_of(self, initial_ranks: frozenset[int], current: int) -> Optional[int]:
+        """The newest iteration (the current one or the next, which faster ranks may have entered) in which one
+        of ``initial_ranks`` has published its rank."""
+        assert self._fault_connection is not None
+        for iteration in (current + 1, current):
+            store = self._fault_connection.iteration_store(iteration)
+            if any(store.get_rank_of_initial(rank, timeout=0) is not None for rank in initial_ranks):
+                return iteration
+        return None
+
+    def _translate(self, store: Any, verdict: fault_source.ExternalVerdict, iteration: int) -> dict[int, int]:
+        """Initial rank -> rank in ``iteration`` for every rank the verdict names (initial or iteration ranks)."""
+        ranks: dict[int, int] = {}
+        for initial_rank in sorted(verdict.ranks):
+            rank = store.get_rank_of_initial(initial_rank, timeout=0)
+            if rank is None:
+                log.warning("verdict %s: initial rank %s is not part of iteration %s", verdict, initial_rank, iteration)
+                continue
+            ranks[initial_rank] = rank
+        for rank in sorted(verdict.iteration_ranks):
+            key = f"initial_rank_{rank}"
+            if store.check([key]):
+                ranks[int(store.get(key))] = rank
+        if not ranks and not fault_source.VerdictKind(verdict.kind).terminates and not verdict.ranks:
+            ranks[self.state.initial_rank] = self.state.rank  # a communicator verdict naming nobody: the reporter
+        return ranks
 
     # ---- the restart loop -------------------------------------------------------------------------------------
 
     def __call__(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         inject = param_utils.injected_parameters(fn, CallWrapper)
         try:
-            initial_store = store_module.PrefixStore("_inprocess_initial", self.base_store)
+            initial_store = store_module.PrefixStore("initial", self.base_store)
             self._assign(initial_store, set())
             while True:
                 if self._run_iteration(fn, args, kwargs, inject):
@@ -372,10 +434,8 @@ class CallWrapper:
 
     def _assign(self, store: Any, terminated: set[int]) -> None:
         ctx = self.wrapper.rank_assignment(RankAssignmentCtx(self.state, store, set(terminated)))
-        state = ctx.state
-        if state.mode not in (Mode.ACTIVE, Mode.INACTIVE):
-            raise exception.InternalError(f"rank assignment left rank {state.rank} in mode {state.mode}")
-        self.state = state
+        # A mode other than ACTIVE/INACTIVE is a fault of the iteration (``_call_function``), as in the reference.
+        self.state = ctx.state
 
     def _run_iteration(self, fn: Callable, args: tuple, kwargs: dict, inject: list[str]) -> bool:
         """One iteration; True when every rank completed, False when a restart is due."""
@@ -384,11 +444,14 @@ class CallWrapper:
             self._publish()  # later iterations publish right after their rank assignment
         state.set_distributed_vars()
         store = self.base_store.iteration_store(state.iteration)
+        self.store = self._user_connection.user_store(state.iteration)
         assert self.monitor_process is not None and self.watchdog is not None
         self.monitor_process.start_iteration(
             state.rank, state.world_size, state.iteration, state.initial_rank, state.initial_world_size
         )
         self.watchdog.reset()
+        if self.mesh is not None:
+            self.mesh.begin_iteration(state.iteration)
         monitor = MonitorThread(
             state_fn=lambda: self.state.freeze(),
             store=self._monitor_connection.iteration_store(state.iteration),
@@ -416,6 +479,11 @@ class CallWrapper:
         if kind == "error":
             if isinstance(payload, RankShouldRestart):
                 log.info("rank %s leaves iteration %s: %s", state.rank, state.iteration, payload)
+                if not monitor.raised_restart:  # raised by the workload itself: a restart of every rank
+                    cause = payload.__cause__
+                    state.fn_exception = cause if isinstance(cause, Exception) else None
+                    store.record_interrupted([InterruptionRecord(state.rank, Interruption.EXCEPTION)],
+                                             reason=f"RankShouldRestart raised on rank {state.initial_rank}: {payload}")
             elif isinstance(payload, Exception):
                 if monitor.interrupted.is_set():
                     log.info("rank %s: %r while a restart was under way", state.rank, payload)
@@ -423,7 +491,8 @@ class CallWrapper:
                     log.warning("rank %s: %r in iteration %s, restarting", state.rank, payload, state.iteration,
                                 exc_info=payload)
                     state.fn_exception = payload
-                    store.record_interrupted([InterruptionRecord(state.rank, Interruption.EXCEPTION)])
+                    store.record_interrupted([InterruptionRecord(state.rank, Interruption.EXCEPTION)],
+                                             reason=f"{type(payload).__name__} on rank {state.initial_rank}: {payload}")
             else:
                 raise payload
             return False
@@ -451,8 +520,10 @@ class CallWrapper:
             if w.initialize is not None:
                 w.initialize(frozen)
             _run_health_check(w.health_check, frozen, "health check")
-            if state.mode != Mode.ACTIVE:
+            if state.mode == Mode.INACTIVE:
                 return ("ok", None)
+            if state.mode != Mode.ACTIVE:
+                raise exception.InternalError(f"rank assignment left rank {state.rank} in mode {state.mode}")
             call_args, call_kwargs = param_utils.substitute_param_value(
                 fn, args, kwargs, {name: self for name in inject}
             )
@@ -469,7 +540,9 @@ class CallWrapper:
         monitor = self.monitor_thread
         assert monitor is not None
         started = time.monotonic()
-        if not monitor.wait_aborted(self._thread_budget()):
+        with self.disable_hang_protection():  # a bounded wait of the wrapper's own (last_call_wait, the abort)
+            aborted = monitor.wait_aborted(self._thread_budget())
+        if not aborted:
             log.warning("rank %s: the monitor thread did not abort in time; aborting here", state.rank)
             if w.abort is not None:
                 try:
@@ -484,6 +557,8 @@ class CallWrapper:
         frozen = state.freeze()
         if w.finalize is not None:
             w.finalize(frozen)
+        for hook in list(self.restart_hooks):  # docs/elastic.md section 3: restore the last commit
+            hook()
         _run_health_check(w.restart_health_check, frozen, "restart health check")
         store = self.base_store.iteration_store(state.iteration)
         log.debug("restart: entering the iteration barrier")
@@ -491,16 +566,23 @@ class CallWrapper:
             store.iteration_barrier([state.rank], state.world_size, w.barrier_timeout)
         log.debug("restart: left the iteration barrier")
         terminated = store.get_terminated_ranks()
-        fn_exception = state.fn_exception
+        terminated_initial = _initial_ranks(store, terminated)
+        reasons = _order_reasons(store.get_packed(store_module.FAULT_REASONS_KEY, "\n")) or [monitor.message]
+        fault_time = _fault_time(store)
         self._assign(store_module.PrefixStore("assignment", store), terminated)
         self.state.advance()
         self._publish()
+        self._restarts += 1
+        lost = max(0.0, time.time() - fault_time) if fault_time is not None else time.monotonic() - started
+        self.last_restart = RestartInfo(self.state.iteration, self._restarts, tuple(reasons),
+                                        tuple(terminated_initial), lost)
         log.info(
-            "rank %s restarts as rank %s of %s (active %s of %s), iteration %s, terminated %s, cause %r, %.3f s",
+            "rank %s restarts as rank %s of %s (active %s of %s), iteration %s, terminated initial ranks %s, "
+            "after %s; %.3f s lost",
             state.rank, self.state.rank, self.state.world_size, self.state.active_rank,
-            self.state.active_world_size, self.state.iteration, sorted(terminated), fn_exception,
-            time.monotonic() - started,
+            self.state.active_world_size, self.state.iteration, terminated_initial, "; ".join(reasons), lost,
         )
+        _announce_restart(self.last_restart)
         # Free what the failed iteration left in reference cycles. The young generations hold it; a full
         # collection costs ~70 ms in a torch process, on every rank, on the critical path of the restart.
         gc.collect(1)
@@ -538,6 +620,9 @@ class CallWrapper:
             return
         self._shut_down = True
         fault_source.unregister_active_call(self)
+        if self.mesh is not None:
+            self.mesh.close()
+            self.mesh = None
         if self._previous_unraisablehook is not None and sys.unraisablehook == self._unraisablehook:
             sys.unraisablehook = self._previous_unraisablehook
         w = self.wrapper
@@ -566,7 +651,34 @@ class CallWrapper:
         self.monitor_thread = None
         with self._verdict_lock:
             self.base_store = self._monitor_connection = self._fault_connection = None
+            self.store = self._user_connection = None
         gc.collect()
+
+
+def _release_wrapper_frames(error: BaseException) -> None:
+    """Clear the locals of this module's finished frames in the tracebacks of ``error`` and its chain.
+
+    The exception a call raises reaches the caller, who may keep it; its traceback would otherwise keep the
+    call's stores (and their sockets) alive through the wrapper's frames. Nothing of a call outlives it
+    (docs/inprocess.md, section 1); the frames of the user's own code are left as they are.
+    """
+    seen: set[int] = set()
+    pending: list[Optional[BaseException]] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback = current.__traceback__
+        while traceback is not None:
+            frame = traceback.tb_frame
+            if frame.f_code.co_filename == __file__:
+                try:
+                    frame.clear()
+                except RuntimeError:  # still executing (this very frame's caller): nothing to release
+                    pass
+            traceback = traceback.tb_next
+        pending += [current.__cause__, current.__context__]
 
 
 def _run_health_check(check: Optional[Callable[[FrozenState], Any]], frozen: FrozenState, what: str) -> None:
@@ -577,3 +689,56 @@ def _run_health_check(check: Optional[Callable[[FrozenState], Any]], frozen: Fro
         check(frozen)
     except Exception as error:
         raise exception.HealthCheckError(f"{what} failed: {error!r}") from error
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartInfo:
+    """One restart of a call, as ``CallWrapper.last_restart`` and the mesh's RESTART event tell it."""
+
+    iteration: int  # the iteration that starts
+    count: int  # restarts of this call so far
+    #: What was recorded, the cause first, e.g. ("PEER_DEAD of rank 2 (Process 4711 on node 10.0.0.3 managing
+    #: CPU)", "RuntimeError on rank 1: Connection closed by peer ..."): the others are usually its consequences.
+    reasons: tuple[str, ...]
+    terminated_ranks: tuple[int, ...]  # initial ranks that left the job at this restart
+    seconds_lost: float  # from the fault being recorded to this rank being ready to run the function again
+
+    @property
+    def cause(self) -> str:
+        more = len(self.reasons) - 1
+        return self.reasons[0] + (f" (and {more} more)" if more > 0 else "") if self.reasons else "unknown"
+
+
+def _order_reasons(reasons: list[str]) -> list[str]:
+    """The reasons recorded in the iteration, verdicts first: a crash also makes its peers' collectives fail,
+    and those exceptions (recorded a few milliseconds earlier) are consequences, not the cause. Verdicts and the
+    monitor process's findings start with an upper-case word (``PEER_DEAD of rank 2 ...``), exceptions with
+    their class name."""
+    return sorted(dict.fromkeys(reasons), key=lambda reason: not reason.split(" ", 1)[0].isupper())
+
+
+def _initial_ranks(store: Any, ranks: set[int]) -> list[int]:
+    """Initial ranks of the iteration ranks that published theirs (a rank may die before publishing)."""
+    keys = [f"initial_rank_{rank}" for rank in sorted(ranks)]
+    return sorted({int(store.get(key)) for key in keys if store.check([key])})
+
+
+def _fault_time(store: Any) -> Optional[float]:
+    if not store.check([store_module.FAULT_TIME_KEY]):
+        return None
+    try:
+        return float(store.get(store_module.FAULT_TIME_KEY))
+    except ValueError:
+        return None
+
+
+def _announce_restart(info: RestartInfo) -> None:
+    """Tell this process's RAS node (a RESTART event for ``rascli -m``, the counts in STATUS), if one runs."""
+    rasd = sys.modules.get("rasd")
+    record = getattr(rasd, "record_restart", None) if rasd is not None else None
+    if record is None:
+        return
+    try:
+        record(info.iteration, info.cause, info.terminated_ranks, info.seconds_lost)
+    except Exception:  # noqa: BLE001 - never raise into training
+        log.debug("could not tell rasd about the restart", exc_info=True)

@@ -1,5 +1,5 @@
 """What changed between two reports, for ``--watch``: items of Errors and Warnings that are new or changed,
-items that went away, communicator rows that differ, and whether the job summary moved."""
+items that went away, communicator rows that differ, and whether the job summary or the restarts moved."""
 
 from __future__ import annotations
 
@@ -16,10 +16,13 @@ class Changes:
     resolved_items: tuple[str, ...] = ()
     changed_rows: frozenset[int] = frozenset()
     summary_changed: bool = False
+    #: The Restarts section differs (the job restarted again, or a process caught up).
+    restarts_changed: bool = False
 
     @property
     def any(self) -> bool:
-        return bool(self.new_items or self.resolved_items or self.changed_rows or self.summary_changed)
+        return bool(self.new_items or self.resolved_items or self.changed_rows or self.summary_changed
+                    or self.restarts_changed)
 
 
 NO_CHANGES = Changes()
@@ -34,7 +37,7 @@ def diff(previous: Report | None, current: Report) -> Changes:
     resolved = tuple(h for h in before if h not in now)
     old_rows = set(previous.comms or ())
     rows = frozenset(i for i, row in enumerate(current.comms or ()) if row not in old_rows)
-    return Changes(new, resolved, rows, previous.summary != current.summary)
+    return Changes(new, resolved, rows, previous.summary != current.summary, previous.restarts != current.restarts)
 
 
 def describe(changes: Changes) -> str:
@@ -49,4 +52,6 @@ def describe(changes: Changes) -> str:
         parts.append("communicator rows changed: " + ", ".join(str(i) for i in sorted(changes.changed_rows)))
     if changes.summary_changed:
         parts.append("job summary changed")
+    if changes.restarts_changed:
+        parts.append("restarts changed")
     return "changed since the last report: " + "; ".join(parts)

@@ -60,15 +60,18 @@ def check(options: Options, timeouts: Timeouts, streams: Streams) -> int:
         raise RasCliError(f"cannot tell whether the job is healthy: the report does not parse ({err})",
                           Exit.PROTOCOL) from None
     where = f"{options.host}:{options.port}"
+    # A job that restarted in place says so at the end of the line ("iteration 2 after 2 restarts"); the
+    # restarts never make it unhealthy: they are what it did about a fault.
+    restarts = f" ({report.restart_summary})" if report.restart_summary else ""
     if report.healthy:
-        streams.write(f"healthy: the job at {where} reports no errors and no warnings\n".encode())
+        streams.write(f"healthy: the job at {where} reports no errors and no warnings{restarts}\n".encode())
         return Exit.OK
     problems = [f"error {item.header}" for item in report.errors]
     problems += [f"warning {item.header}" for item in report.warnings]
     shown = "; ".join(problems[:CHECK_ITEMS_SHOWN])
     if len(problems) > CHECK_ITEMS_SHOWN:
         shown += f"; and {len(problems) - CHECK_ITEMS_SHOWN} more"
-    streams.write(f"unhealthy: the job at {where} reports {shown}\n".encode())
+    streams.write(f"unhealthy: the job at {where} reports {shown}{restarts}\n".encode())
     return Exit.UNHEALTHY
 
 

@@ -2,7 +2,7 @@
 
 In a pipe, with --no-color or in JSON, the bytes are relayed unchanged. On a terminal each text event line is
 coloured by what it means: red for a verdict that something is wrong, yellow for trouble that may pass, green
-for recovery and arrivals.
+for recovery and arrivals, cyan for RESTART (the job restarted in place: what it did about a fault).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .errors import Exit, RasCliError
 from .options import Options
 from .output import Streams
 from .protocol import Timeouts, final_command, open_session
-from .render import detail_text
+from .render import RESTART_HIGHLIGHTS, detail_text
 
 BANNER = "RAS Monitor Mode - watching for peer changes (Ctrl+C to exit)...\n" + "=" * 64
 EVENT_LINE = re.compile(r"\[(?P<time>[^\]]*)\] (?P<event>[A-Z][A-Z_]*):(?P<rest>.*)")
@@ -27,6 +27,7 @@ EVENT_STYLES = {
     **dict.fromkeys(("PEER_UNRESPONSIVE", "PEER_KEEPALIVE_TIMEOUT", "PEER_INIT_TIMEOUT", "PEER_SEND_STUCK",
                      "PEER_DISCONNECTED", "PEER_RETRY", "PEER_LEFT"), "yellow"),
     **dict.fromkeys(("PEER_NEW", "PEER_CONNECTING", "PEER_CONNECTED", "PEER_RECOVERED", "COMM_RECOVERED"), "green"),
+    "RESTART": "bold cyan",
 }
 
 
@@ -39,7 +40,11 @@ def event_text(line: str) -> Text:
     text.append(f"[{match.group('time')}] ", style="dim")
     text.append(match.group("event"), style=EVENT_STYLES.get(match.group("event"), "bold"))
     text.append(":")
-    text.append_text(detail_text(match.group("rest")))
+    rest = detail_text(match.group("rest"))
+    if match.group("event") == "RESTART":
+        for pattern, style in RESTART_HIGHLIGHTS:
+            rest.highlight_regex(pattern, style)
+    text.append_text(rest)
     return text
 
 

@@ -27,6 +27,16 @@ DETAIL_HIGHLIGHTS = (
     (r"\b(?:GPUs?|CPU)\b(?: [0-9][0-9,]*)?(?: \(NVML [0-9,]+\))?", "magenta"),
     (r"\bstatus [A-Z]+", "bold"),
 )
+#: The Restarts section: the iteration and counts at a glance, and the verdict that caused the last restart.
+RESTART_HIGHLIGHTS = (
+    (r"^Iteration [0-9]+", "bold"),
+    (r"\b[0-9]+ restarts?\b", "bold"),
+    (r"\b(?:PEER|COMM)_[A-Z_]+\b", "bold"),
+    (r"\branks? [0-9][0-9,]* terminated", "yellow"),
+    (r"\bno rank terminated", "green"),
+    (r"\b[0-9.]+s lost", "bold"),
+)
+RESTARTS_STYLE = "cyan"
 
 
 def headline(report: Report) -> Text:
@@ -43,6 +53,8 @@ def headline(report: Report) -> Text:
             parts.append((_count(len(report.warnings), "warning"), "bold yellow"))
         for i, (part, style) in enumerate(parts):
             text.append((", " if i else "") + part, style=style)
+    if report.restart_summary:
+        text.append(f"  ({report.restart_summary})", style=RESTARTS_STYLE)
     return text
 
 
@@ -79,6 +91,18 @@ def items_panel(title: str, items: tuple[Item, ...], style: str, changes: Change
         body.append(item_renderable(item, style, item.header in changes.new_items))
     return Panel(Group(*body), title=f"[bold {style}]{title}[/] ({len(items)})", title_align="left",
                  border_style=style, box=box.ROUNDED)
+
+
+def restarts_panel(report: Report, changes: Changes) -> RenderableType:
+    """The job restarted in place: its iteration, its restarts and the last one (not a fault: cyan, not red)."""
+    lines = []
+    for line in report.restarts:
+        text = detail_text(line)
+        for pattern, style in RESTART_HIGHLIGHTS:
+            text.highlight_regex(pattern, style)
+        lines.append(text)
+    title = f"[bold {RESTARTS_STYLE}]Restarts[/]" + ("  [bold reverse]CHANGED[/]" if changes.restarts_changed else "")
+    return Panel(Group(*lines), title=title, title_align="left", border_style=RESTARTS_STYLE, box=box.ROUNDED)
 
 
 def errors_style(errors: str) -> str:
@@ -136,6 +160,8 @@ def render_report(report: Report, changes: Changes = NO_CHANGES) -> RenderableTy
         parts.append(items_panel("Errors", report.errors, "red", changes))
     if report.warnings:
         parts.append(items_panel("Warnings", report.warnings, "yellow", changes))
+    if report.restarts:
+        parts.append(restarts_panel(report, changes))
     if changes.resolved_items:
         resolved = Text("Resolved since the last report: ", style="bold green")
         resolved.append(", ".join(changes.resolved_items), style="green")

@@ -10,6 +10,8 @@ structure and lenient about content:
     Job summary / ===========             blocks separated by blank lines: tables of numbers,
     <blocks>                              or notes such as "The outlier nodes:" with their lines
     Communicators... (0.123s) / ======    the communicator table, or "No communicator data collected!"
+    Restarts / ========                   (torchras, only once the job restarted in place) lines indented by
+                                          two spaces: the job's iteration, its restarts, the last one
     Errors / ======                       items: a header line ("DEAD", "#0-1 (hash) MISMATCH"),
     Warnings / ========                   then detail lines indented by two spaces, then a blank line
 """
@@ -73,16 +75,26 @@ class Report:
     comms: tuple[CommRow, ...] | None
     errors: tuple[Item, ...] = field(default=())
     warnings: tuple[Item, ...] = field(default=())
+    #: The lines of the Restarts section (torchras: the job restarted in place), without their indent; empty when
+    #: the report has none. A restart is what the job did about a fault: it does not make the job unhealthy.
+    restarts: tuple[str, ...] = field(default=())
 
     @property
     def healthy(self) -> bool:
         return not self.errors and not self.warnings
+
+    @property
+    def restart_summary(self) -> str:
+        """The first Restarts line as a phrase (``iteration 2 after 2 restarts``), or "" without restarts."""
+        first = self.restarts[0] if self.restarts else ""
+        return first[:1].lower() + first[1:]
 
 
 COMMS_LINE = re.compile(r"Communicators\.\.\.(?: \((?P<time>[0-9.]+s)\))?")
 COMM_HEADER = ("Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors",
                "    #  in group  per comm  per node  per comm  in group")
 NO_COMMS = "No communicator data collected!"
+RESTARTS_HEADER = ("", "Restarts", "========")
 ITEM_HEADER = re.compile(r"#(?P<comm>\d+-\d+) \((?P<hash>[0-9a-fA-F]+)\) (?P<word>\S+)")
 
 
@@ -140,11 +152,29 @@ def parse_report(text: str) -> Report:
         while lines.peek() != "":
             rows.append(_comm_row(lines.take()))
         comms = tuple(rows)
+    restarts = _restarts(lines)
     lines.expect("", "Errors", "======", "")
     errors = _items(lines, until=("Warnings", "========"))
     lines.expect("Warnings", "========", "")
     warnings = _items(lines, until=None)
-    return Report(tuple(version_lines), _summary(summary_lines), match.group("time"), comms, errors, warnings)
+    return Report(tuple(version_lines), _summary(summary_lines), match.group("time"), comms, errors, warnings,
+                  restarts)
+
+
+def _restarts(lines: _Lines) -> tuple[str, ...]:
+    """The Restarts section, if the report has one: lines indented by two spaces up to a blank line."""
+    if tuple(lines.lines[lines.at: lines.at + 3]) != RESTARTS_HEADER:
+        return ()
+    lines.expect(*RESTARTS_HEADER, "")
+    out = []
+    while lines.peek() != "":
+        line = lines.take()
+        if not line.startswith("  ") or not line.strip():
+            raise ReportFormatError(f"line {lines.at}: a Restarts line that is not indented: {line!r}")
+        out.append(line[2:])
+    if not out:
+        raise ReportFormatError("an empty Restarts section")
+    return tuple(out)
 
 
 def _summary(lines: list[str]) -> tuple[SummaryTable | SummaryNote, ...]:

@@ -1,6 +1,6 @@
 """rasd: the RAS node that runs inside every process of a torchras job (see rasd.api)."""
 
-from rasd.api import on_event, runtime, start, stop, subscribe
+from rasd.api import on_event, record_restart, runtime, start, stop, subscribe
 from rasd.core.events import Event, Kind
 
 __version__ = "0.1.0"
@@ -13,4 +13,5 @@ def install(start_mesh: bool = True):
 
     return _install(start_mesh=start_mesh)
 
-__all__ = ["Event", "Kind", "install", "on_event", "runtime", "start", "stop", "subscribe", "__version__"]
+__all__ = ["Event", "Kind", "install", "on_event", "record_restart", "runtime", "start", "stop", "subscribe",
+           "__version__"]

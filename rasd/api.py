@@ -6,6 +6,7 @@
     rasd.start(store)                      # join the job's mesh through a torch.distributed Store
     with rasd.subscribe({rasd.Kind.PEER_DEAD, rasd.Kind.PEER_HUNG}) as verdicts:
         event = verdicts.get(timeout=1.0)
+    rasd.record_restart(3, "PEER_DEAD of rank 2", [2], 0.4)  # training restarted in place (inprocess.Wrapper)
     rasd.stop()                            # leave: peers record LEFT, not DEAD (also done at exit)
 
 ``start`` returns at once; the node runs on its own daemon thread. Nothing here raises into the caller once the
@@ -21,12 +22,13 @@ import random
 import socket
 import sys
 import threading
-from typing import Any, Callable, Iterable
+import time
+from typing import Any, Callable, Iterable, Sequence
 
 from rasd.core.comms import ProcessData
 from rasd.core.config import Timers
 from rasd.core.events import Event, Kind
-from rasd.core.peers import PeerInfo
+from rasd.core.peers import PeerInfo, new_incarnation
 from rasd.net.bootstrap import StoreBootstrap
 from rasd.net.runtime import Runtime, mesh_host
 from rasd.net.subscriptions import Subscription
@@ -72,7 +74,8 @@ def start(
         if host is None:
             host = mesh_host(_store_host(store))
         bootstrap = StoreBootstrap(store, prefix) if store is not None else None
-        incarnation = random.SystemRandom().getrandbits(64)
+        # Ordered by start time: a later process at the same address is the newer peer (docs/architecture.md 2.6).
+        incarnation = new_incarnation(time.time(), random.SystemRandom())
         hostname = socket.gethostname()
         dev = tuple(devices)
         pid = os.getpid()
@@ -120,6 +123,27 @@ def on_event(callback: Callable[[Event], None], kinds: Iterable[Kind] | None = N
     """Call ``callback(event)`` on a dispatcher thread for each event (never on the RAS thread)."""
     rt = _require()
     return rt.subscribers.on_event(callback, kinds, replay)
+
+
+def record_restart(iteration: int, cause: str, terminated_ranks: Sequence[int], seconds_lost: float) -> None:
+    """Tell this process's node that training restarted in place: ``iteration`` is the one that runs now,
+    ``cause`` what made it restart (e.g. ``PEER_DEAD of rank 2 (pid 4242)``), ``terminated_ranks`` the ranks it
+    left behind and ``seconds_lost`` the training time it cost.
+
+    The node emits a RESTART event to its subscribers and MONITOR clients, and its contribution to status reports
+    carries the restart from then on (docs/protocol.md). inprocess.Wrapper calls this on the training thread after
+    every restart, so it only hands the call to the RAS thread: it is cheap, never raises, and does nothing (a
+    debug log line) when no node runs.
+    """
+    try:
+        rt = _runtime
+        if rt is None or not rt.running:
+            log.debug("rasd: no RAS node runs: restart to iteration %s not recorded", iteration)
+            return
+        args = (int(iteration), str(cause), tuple(int(r) for r in terminated_ranks), float(seconds_lost))
+        rt.call(lambda: rt._feed(lambda now: rt.node.restarted(*args, now)))
+    except Exception:  # never into training
+        log.debug("rasd: could not record a restart", exc_info=True)
 
 
 def _require() -> Runtime:

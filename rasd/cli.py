@@ -23,6 +23,8 @@ SWARM_HELP = """commands (member numbers as listed above):
   lag I K       member I falls K operations behind on the world communicator
   freeze I      member I stops counting         stuck I           member I is stuck inside an operation
   leave-comm I world|pair                       heal I            undo lag, freeze and stuck
+  restart I N [RANKS [SECONDS [CAUSE...]]]      member I restarted in place to iteration N (as inprocess.Wrapper
+                reports it): RANKS terminated (e.g. 2,3 or -), SECONDS lost
   list          show the members                quit              stop the swarm"""
 
 
@@ -130,7 +132,8 @@ def _obey(sw, words: list[str]) -> bool:
     try:
         if cmd in signals:
             sw.kill(i, signals[cmd])
-        elif cmd in ("exit", "crash", "raise", "lag", "freeze", "stuck", "heal", "leave-comm", "error", "abort", "finalize"):
+        elif cmd in ("exit", "crash", "raise", "lag", "freeze", "stuck", "heal", "leave-comm", "error", "abort", "finalize",
+                     "restart"):
             sw.command(i, cmd, *args[1:])
         else:
             print(f"unknown command: {cmd} (try help)")

@@ -12,6 +12,9 @@ healthy swarm reports equal counts. Control commands make a member misbehave (se
     error CODE       an asynchronous error on world
     abort | finalize set that status on world
     heal             undo lag, freeze and stuck
+    restart N [RANKS [SECONDS [CAUSE...]]]
+                     training restarted in place to iteration N (what inprocess.Wrapper reports through
+                     rasd.record_restart): RANKS terminated (comma-separated, - for none), SECONDS lost
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from typing import Any
 
 from rasd.core.comms import OP_TYPES
+from rasd.api import record_restart
 from rasd.core.registry import CommRegistry, LocalComm
 from rasd.net import client_port
 
@@ -64,7 +68,12 @@ class SyntheticJob:
         self.world.completed[ALLREDUCE] = world
         self.world.launched[BROADCAST] = self.world.completed[BROADCAST] = 1
         self.pair.launched[ALLREDUCE] = self.pair.completed[ALLREDUCE] = base
-        return self.registry.snapshot(time.monotonic())
+        now = time.monotonic()
+        if self.frozen_at is None and self.step_s > 0:
+            # The counters moved at the start of the current step: idle_ms must say so, as a real rank's would.
+            moved = now - max(0.0, time.time() - (self.epoch + self.steps() * self.step_s))
+            self.world.last_change = self.pair.last_change = moved
+        return self.registry.snapshot(now)
 
     def obey(self, words: list[str]) -> bool:
         cmd, args = words[0], words[1:]
@@ -84,6 +93,12 @@ class SyntheticJob:
             self.world.abort_flag = True
         elif cmd == "finalize":
             self.world.finalize_called = True
+        elif cmd == "restart" and args:
+            try:
+                ranks = () if len(args) < 2 or args[1] == "-" else tuple(int(r) for r in args[1].split(","))
+                record_restart(int(args[0]), " ".join(args[3:]), ranks, float(args[2]) if len(args) > 2 else 0.0)
+            except ValueError:
+                return False
         else:
             return False
         return True

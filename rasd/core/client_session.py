@@ -112,8 +112,8 @@ class ClientSession:
         digits = digits[1:] if digits.startswith("+") else digits
         if rest == "":
             seconds = 0
-        elif digits.isascii() and digits.isdigit():
-            seconds = int(digits)
+        elif digits.isascii() and digits.isdigit() and len(digits) <= 18:
+            seconds = int(digits)  # at most 18 digits: strtol's range (ERANGE beyond it), and a float holds it
         else:
             return [Reply(f"ERROR: Invalid timeout value {rest}\n")]
         self.timeout = float("inf") if seconds == 0 else float(seconds)

@@ -10,6 +10,7 @@ Op types are NCCL's five, in NCCL's order, then ours. Only the first five take p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 OP_TYPES: tuple[str, ...] = (
@@ -62,10 +63,73 @@ class CommRecord:
 
 
 @dataclass(frozen=True)
+class RestartRecord:
+    """This process's in-process restarts, as ``inprocess.Wrapper`` reports them (``rasd.record_restart``).
+
+    The node keeps the latest one and contributes it to every gather, so the report can tell the job's current
+    iteration, how many restarts it has had and what caused the last one (docs/protocol.md section 3.5).
+    """
+
+    #: The restart iteration this process runs now (the Wrapper's iteration counter).
+    iteration: int
+    #: How many restarts this process has been through.
+    restarts: int
+    #: What caused the last restart, as the Wrapper words it (e.g. ``PEER_DEAD of rank 2 (pid 4242)``).
+    cause: str = ""
+    #: The ranks the last restart terminated (the Wrapper's initial ranks), ascending.
+    terminated: tuple[int, ...] = ()
+    #: Seconds of training the last restart cost, from the fault to training again.
+    seconds_lost: float = 0.0
+
+    def outcome(self) -> str:
+        """``rank 2 terminated, 0.412s lost``: who was left behind and what it cost."""
+        if not self.terminated:
+            who = "no rank terminated"
+        else:
+            noun = "rank" if len(self.terminated) == 1 else "ranks"
+            who = f"{noun} {','.join(str(r) for r in self.terminated)} terminated"
+        return f"{who}, {self.seconds_lost:.3f}s lost"
+
+    def describe(self) -> str:
+        """The RESTART event's details: ``restart 2 (iteration 5) after <cause>: rank 2 terminated, 0.412s lost``."""
+        after = f" after {self.cause}" if self.cause else ""
+        return f"restart {self.restarts} (iteration {self.iteration}){after}: {self.outcome()}"
+
+
+@dataclass(frozen=True)
 class ProcessData:
     """Everything one process contributes to a gather."""
 
     comms: tuple[CommRecord, ...] = ()
+    #: Its in-process restarts, once it has had one (None: it never restarted, or runs no restart Wrapper).
+    restart: RestartRecord | None = None
+
+
+#: The wire carries a cause of at most this many UTF-8 bytes (a longer one is cut at a character boundary).
+MAX_CAUSE_BYTES = 255
+_MAX_COUNT = 0xFFFFFFFF
+
+
+def next_restart(previous: RestartRecord | None, iteration: int, cause: str, terminated: tuple[int, ...],
+                 seconds_lost: float) -> RestartRecord | None:
+    """The record after one more restart, or None when the notification repeats the last one (the same
+    iteration: a Wrapper that reports a restart twice does not count it twice).
+
+    Whatever the caller passes becomes a record the wire can carry: the cause on one line and cut to
+    ``MAX_CAUSE_BYTES``, ranks non-negative 32-bit, unique and ascending, counts clamped to 32 bits, and a time lost
+    that is not a finite non-negative number counts as 0.
+    """
+    iteration = min(max(int(iteration), 0), _MAX_COUNT)
+    if previous is not None and previous.iteration == iteration:
+        return None
+    text = " ".join(str(cause).split())
+    clipped = text.encode("utf-8")[:MAX_CAUSE_BYTES].decode("utf-8", "ignore")
+    ranks = tuple(sorted({int(r) for r in terminated if 0 <= int(r) < 2**31}))
+    lost = float(seconds_lost)
+    if not math.isfinite(lost) or lost < 0:
+        lost = 0.0
+    restarts = min((previous.restarts if previous is not None else 0) + 1, _MAX_COUNT)
+    return RestartRecord(iteration=iteration, restarts=restarts, cause=clipped, terminated=ranks, seconds_lost=lost)
 
 
 def runs_of(global_ranks: list[int] | tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:

@@ -2,7 +2,8 @@
 
 The names and groups of NCCL's events are kept (reference section 2.9); ours are added as new words. Verdicts are
 the events other code acts on: a dead, hung or departed peer, and the communicator verdicts of ``rasd.torch``.
-Each names the peer and its incarnation, so a consumer can tell a stale verdict from a fresh one.
+Each names the peer and its incarnation, so a consumer can tell a stale verdict from a fresh one. RESTART is not a
+verdict but what the job did about one: this process's training restarted in place (``rasd.record_restart``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .comms import RestartRecord
 from .peers import Addr, PeerInfo
 
 
@@ -37,6 +39,9 @@ class Kind(str, enum.Enum):
     PEER_HUNG = "PEER_HUNG"
     COMM_STUCK = "COMM_STUCK"
     COMM_RECOVERED = "COMM_RECOVERED"
+    # torchras: this process's training restarted in place (inprocess.Wrapper -> rasd.record_restart). Not a
+    # verdict: what the job did about one. Emitted by each process's own node (every rank restarts).
+    RESTART = "RESTART"
 
     def __str__(self) -> str:
         return self.value
@@ -44,7 +49,7 @@ class Kind(str, enum.Enum):
 
 LIFECYCLE_KINDS = frozenset(
     {Kind.PEER_NEW, Kind.PEER_DEAD, Kind.PEER_LEFT, Kind.PEER_HUNG, Kind.COMM_STUCK,
-     Kind.COMM_RECOVERED}
+     Kind.COMM_RECOVERED, Kind.RESTART}
 )
 
 #: Verdicts: the events that say a peer or a communicator is in trouble (or has left), for in-process subscribers.
@@ -67,6 +72,8 @@ class Event:
     #: Communicator verdicts: the communicator hash, the ranks involved, and the op type and sequence number.
     comm_hash: int | None = None
     ranks: tuple[int, ...] = ()
+    #: RESTART: the restart as the process records it (``ranks`` are then the terminated ranks).
+    restart: RestartRecord | None = None
 
     @property
     def group(self) -> Group:

@@ -23,6 +23,10 @@ Theory of operation
   DEAD at once.
 * **Verdicts travel as floods** (DEAD, LEFT, HUNG, RECOVERED): every node passes a flood on once to all its
   healthy connections. The dead and departed lists are also hashed into every keepalive, as a backstop.
+* **Processes, not addresses.** Verdicts are about a ``PeerKey`` (address, incarnation). Connections and links are
+  about addresses: they reach whoever listens there now, the newest incarnation the table knows there (its
+  *current* entry). An older incarnation at an address is gone and recorded dead unless it left, so a process
+  that gets a dead predecessor's port back is a new, live peer, and the predecessor never comes back.
 * **The peer table** is gossiped: hash mismatches trade whole tables, new entries are passed on as diffs.
 * **Gathers** (status queries) flood a request and fold the replies back up the tree the flood made.
 * **A paused node** (its thread starved, or SIGSTOP) does not blame its peers for its own silence: a long gap
@@ -32,16 +36,17 @@ Theory of operation
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
 from . import auth, ring, wire
-from .comms import ProcessData
+from .comms import ProcessData, RestartRecord, next_restart
 from .config import Timers
 from .events import Event, Kind
-from .peers import Addr, PeerInfo, PeerTable, addr_set_hash
+from .peers import Addr, PeerInfo, PeerKey, PeerTable, key_set_hash
 from .snapshot import JobSnapshot
 from .stuck import StuckDetector, StuckVerdict
 
@@ -112,6 +117,7 @@ class Conn:
     outgoing: bool
     opened_at: float
     peer: Addr | None = None
+    incarnation: int | None = None  # the peer process's, once its CONNINIT or CONNINITACK named it
     state: ConnState = ConnState.AUTH
     reader: wire.FrameReader = field(default_factory=wire.FrameReader)
     last_recv: float = 0.0
@@ -125,11 +131,13 @@ class Conn:
 
 @dataclass
 class Contact:
-    """A peer this node keeps a link to."""
+    """A peer this node keeps a link to: the current incarnation at ``addr`` when the link was made. A newer
+    incarnation at that address gets a new contact (``Node._retire``)."""
 
     addr: Addr
     last_heard: float
     wanted_since: float
+    incarnation: int = 0
     conn: int | None = None
     next_connect: float = 0.0
     disconnected_since: float | None = None
@@ -138,6 +146,10 @@ class Contact:
     hung_refreshed: float = 0.0
     heard_ever: bool = False
     lost_connection: bool = False  # the peer closed our connection; a refused reconnect now means it is gone
+    key: PeerKey = field(init=False)  # (addr, incarnation), kept: the liveness checks read it every tick
+
+    def __post_init__(self) -> None:
+        self.key = PeerKey(self.addr, self.incarnation)
 
 
 @dataclass
@@ -171,12 +183,15 @@ class Node:
         self.express_links = express_links
         self.table = PeerTable()
         self.table.merge([info])
-        self.dead: set[Addr] = set()
-        self.left: set[Addr] = set()
+        # Dead and departed processes, by (address, incarnation): a newer process at one of their addresses is not.
+        self.dead: set[PeerKey] = set()
+        self.left: set[PeerKey] = set()
         # Peers under a HUNG verdict (ours or flooded to us), with when it was last confirmed. The peers that flag
         # a hang re-flood it every HUNG_REFRESH hang limits while it lasts; a verdict nobody confirms expires, so a
         # node that missed the RECOVERED flood (cut off, paused) does not keep a stale verdict.
-        self.hung: dict[Addr, float] = {}
+        self.hung: dict[PeerKey, float] = {}
+        # The process each outstanding ProbePid asked about, by address (the answer names only the address).
+        self._probes: dict[Addr, PeerKey] = {}
         self.conns: dict[int, Conn] = {}
         self.contacts: dict[Addr, Contact] = {}
         self.gathers: dict[tuple[Addr, int], Gather] = {}
@@ -193,10 +208,12 @@ class Node:
         self._next_coll_id = 1
         self._seen_floods: collections.OrderedDict[tuple[Addr, int], None] = collections.OrderedDict()
         self._done_gathers: collections.OrderedDict[tuple[Addr, int], None] = collections.OrderedDict()
-        self._dead_hash = addr_set_hash(())
+        self._dead_hash = self._gone_hash()
         self._last_tick: float | None = None
         self._now = 0.0  # the time of the input being handled, for helpers that send or close
         self._out: list[Action] = []
+        #: This process's in-process restarts (``restarted``), contributed to every gather.
+        self.restart: RestartRecord | None = None
 
     # ------------------------------------------------------------------------------------------------------------
     # Inputs
@@ -281,7 +298,7 @@ class Node:
                     contact.disconnected_since = now
                 contact.next_connect = now + self.timers.connect_retry
                 if refused and self.timers.fast_death and contact.lost_connection:
-                    self._declare_dead(conn.peer, now, "connection closed and reconnect refused")
+                    self._declare_dead(contact.key, now, "connection closed and reconnect refused")
                 elif refused:
                     self._probe_if_local(conn.peer)  # nobody listens there: if its process is gone, it is dead
         return self._flush()
@@ -310,10 +327,13 @@ class Node:
         return self._flush()
 
     def pid_gone(self, addr: Addr, now: float) -> list[Action]:
-        """The driver checked a ``ProbePid``: that process no longer exists."""
+        """The driver checked a ``ProbePid``: that process no longer exists. The verdict is about the incarnation
+        the probe asked about; if a newer one holds the address by now, that one is not touched."""
         self._now = now
-        if self.timers.fast_death and addr in self.table and addr not in self.dead and addr not in self.left:
-            self._declare_dead(addr, now, "process no longer exists")
+        current = self.table.get(addr)
+        key = self._probes.pop(addr, None) or (current.key if current is not None else None)
+        if self.timers.fast_death and key is not None and self.table.is_current(key) and not self._gone(key):
+            self._declare_dead(key, now, "process no longer exists")
         return self._flush()
 
     def received(self, conn_id: int, data: bytes, now: float) -> list[Action]:
@@ -364,14 +384,29 @@ class Node:
         self._next_coll_id += 1
         g = Gather(root=self.me.addr, coll_id=coll_id, from_conn=None, query_id=query_id, started=now,
                    timeout=None if timeout == float("inf") else timeout, pending=set(),
-                   entries=[(self.me.addr, self.local_data())])
+                   entries=[(self.me.addr, self._contribution())])
         self.gathers[(g.root, g.coll_id)] = g
-        timeout_ms = 0 if g.timeout is None else max(1, int(g.timeout * 1000))
+        # The wire carries a u32 of milliseconds (49.7 days): a longer client TIMEOUT is clamped, never raised.
+        timeout_ms = 0 if g.timeout is None else max(1, min(int(g.timeout * 1000), 0xFFFFFFFF))
         req = wire.CollReq(g.root, g.coll_id, timeout_ms)
         for c in self._gather_conns(now, except_conn=None):
             self._send(c, req, now)
             g.pending.add(c.id)
         self._maybe_finish(g, now)
+
+    def restarted(self, iteration: int, cause: str, terminated: tuple[int, ...], seconds_lost: float,
+                  now: float) -> list[Action]:
+        """A local notification: this process's training restarted in place (``rasd.record_restart``, called by
+        inprocess.Wrapper). The node keeps the summary it contributes to gathers and emits RESTART to its own
+        subscribers. Nothing goes over the mesh: every rank of the job restarts and its own node tells its own
+        clients, and gathers carry the summaries job-wide. A repeat of the last iteration is ignored."""
+        self._now = now
+        record = next_restart(self.restart, iteration, cause, terminated, seconds_lost)
+        if record is not None:
+            self.restart = record
+            self._out.append(Emit(Event(kind=Kind.RESTART, at=now, addr=self.me.addr, peer=self.me,
+                                        details=record.describe(), ranks=record.terminated, restart=record)))
+        return self._flush()
 
     def leave(self, now: float) -> list[Action]:
         """Say goodbye: every peer records this process as LEFT, not dead. Closes every connection."""
@@ -390,6 +425,13 @@ class Node:
     # ------------------------------------------------------------------------------------------------------------
     # Queries (for the runtime and tests)
 
+    def _contribution(self) -> ProcessData:
+        """What this process adds to a gather: its communicators and, once it has restarted, its restarts."""
+        data = self.local_data()
+        if self.restart is not None and data.restart is None:
+            data = dataclasses.replace(data, restart=self.restart)
+        return data
+
     @property
     def dead_hash(self) -> int:
         return self._dead_hash
@@ -398,7 +440,22 @@ class Node:
         return set(self.contacts)
 
     def live_peers(self) -> list[PeerInfo]:
-        return [p for p in self.table if p.addr not in self.dead and p.addr not in self.left]
+        """The current entry of every address whose process is neither dead nor departed."""
+        return [p for p in self.table if not self._gone(p.key)]
+
+    def is_dead(self, addr: Addr) -> bool:
+        """Whether the process that holds ``addr`` now (the newest incarnation known there) is dead."""
+        p = self.table.get(addr)
+        return p is not None and p.key in self.dead
+
+    def has_left(self, addr: Addr) -> bool:
+        """Whether the process that holds ``addr`` now left the job cleanly."""
+        p = self.table.get(addr)
+        return p is not None and p.key in self.left
+
+    def left_addresses(self) -> set[Addr]:
+        """The addresses whose current process left the job (the job summary leaves them out)."""
+        return {k.addr for k in self.left if self.table.is_current(k)}
 
     def is_unresponsive(self, addr: Addr) -> bool:
         c = self.contacts.get(addr)
@@ -461,13 +518,17 @@ class Node:
 
     def _on_conninit(self, conn: Conn, msg: wire.ConnInit, now: float) -> None:
         addr = msg.info.addr
-        if addr in self.dead or addr in self.left:
+        key = msg.info.key
+        if self._gone(key) or self.table.is_outdated(key):
+            # Dead, departed, or older than the process that holds its address now (so gone): never rejoins.
             self._send(conn, wire.ConnInitAck(wire.Nack.YOU_ARE_DEAD), now)
             self._drop_conn(conn.id)
             return
         if addr == self.me.addr:
             raise wire.ProtocolError("connection from our own address")
         existing = self._conn_to(addr, exclude=conn.id)
+        if existing is not None and existing.incarnation not in (None, key.incarnation):
+            existing = None  # a connection to an older process at that address: the merge below retires it
         if existing is not None:
             # Simultaneous connects (reference 3.3): the connection the lower address opened survives, on both
             # sides, whatever the timing. A ready connection gone silent is no reason to refuse a fresh one.
@@ -478,6 +539,7 @@ class Node:
                 return
             self._drop_conn(existing.id, replaced=True)
         conn.peer = addr
+        conn.incarnation = key.incarnation
         conn.state = ConnState.READY
         conn.peer_wants = True
         if self._merge_peers([msg.info], now):
@@ -498,34 +560,47 @@ class Node:
             return
         if msg.nack is wire.Nack.LEAVING:
             self._drop_conn(conn.id)
-            self._mark_left(conn.peer, now, flood=False)
+            acceptor = self.table.get(conn.peer)
+            if acceptor is not None:
+                self._mark_left(acceptor.key, now, flood=False)
             return
         if msg.info is not None and msg.info.addr != conn.peer:
             raise wire.ProtocolError("the peer answered with another address")
+        if msg.info is not None and (self._gone(msg.info.key) or self.table.is_outdated(msg.info.key)):
+            self._drop_conn(conn.id)  # a process the job holds gone answered: no business with it
+            return
+        current = self.table.get(conn.peer)
+        conn.incarnation = msg.info.incarnation if msg.info is not None else current.incarnation if current else None
+        # A newer process at that address retires the older one first (dropping its connections, not this one).
+        if msg.info is not None and self._merge_peers([msg.info], now):
+            self._relink(now)
         existing = self._conn_to(conn.peer, exclude=conn.id)
         if existing is not None and existing.state is ConnState.READY:
             # The peer accepted our connection and dropped its own: keep this one.
             self._drop_conn(existing.id, replaced=True)
         conn.state = ConnState.READY
-        if msg.info is not None and self._merge_peers([msg.info], now):
-            self._relink(now)
         self._emit(Kind.PEER_CONNECTED, now, self.table.get(conn.peer), "connection established successfully")
         self._attach(conn, now)
 
     def _on_peers_update(self, conn: Conn, msg: wire.PeersUpdate, now: float) -> None:
-        if self.me.addr in msg.dead or self.me.addr in msg.left:
+        if self.me.key in msg.dead or self.me.key in msg.left:
             self._expel(now)
             return
-        new = self._merge_peers(msg.peers, now)
+        # The lists first, then the rule that retires replaced incarnations: a replaced process that this update
+        # lists as departed is recorded LEFT, not dead.
+        new = self._merge_peers(msg.peers, now, retire=False)
         changed = bool(new)
-        for a in msg.left:
-            if a not in self.left and a not in self.dead and a in self.table:
-                self._mark_left(a, now, flood=False)
+        for k in msg.left:
+            if k not in self.left and k not in self.dead and self.table.knows(k):
+                self._mark_left(k, now, flood=False)
                 changed = True
-        for a in msg.dead:
-            if a not in self.dead and a in self.table:
-                self._declare_dead(a, now, None, flood=False)
+        for k in msg.dead:
+            if k not in self.dead and self.table.knows(k):
+                self._declare_dead(k, now, None, flood=False)
                 changed = True
+        self._retire({p.addr for p in new}, now)
+        if self.expelled:
+            return
         if new:
             self._pass_on(wire.PeersUpdate(tuple(new), (), (), full=False), except_conn=conn.id)
         if changed:
@@ -536,15 +611,13 @@ class Node:
         if key in self._seen_floods:
             return
         self._remember(self._seen_floods, key)
-        subject = msg.subject
-        if subject == self.me.addr:
+        subject = PeerKey(msg.subject, msg.incarnation)
+        if subject == self.me.key:
             if msg.kind is wire.FloodKind.DEAD:
                 self._expel(now)
             return
-        if subject not in self.table or subject in self.dead or subject in self.left:
-            return
-        if self.table.get(subject).incarnation != msg.incarnation:  # type: ignore[union-attr]
-            return  # about another incarnation: stale
+        if not self.table.is_current(subject) or self._gone(subject):
+            return  # unknown, already gone, or an older incarnation of that address (gone by rule): stale
         if msg.kind is wire.FloodKind.DEAD:
             self._declare_dead(subject, now, None, flood=False)
         elif msg.kind is wire.FloodKind.LEFT:
@@ -553,7 +626,7 @@ class Node:
             self._hung_verdict(subject, now, "peer silent beyond the hang limit")
         elif msg.kind is wire.FloodKind.RECOVERED:
             if self.hung.pop(subject, None) is not None:
-                self._emit(Kind.PEER_RECOVERED, now, self.table.get(subject), "peer responding again")
+                self._emit(Kind.PEER_RECOVERED, now, self.table.entry(subject), "peer responding again")
         self._pass_on(msg, except_conn=conn.id)
 
     def _on_comm_verdict(self, conn: Conn, msg: wire.CommVerdict, now: float) -> None:
@@ -578,7 +651,7 @@ class Node:
             a = p.addr
             if a == self.me.addr:
                 return True
-            if a in self.dead or a in self.left or a in self.hung or self.is_unresponsive(a):
+            if self._gone(p.key) or p.key in self.hung or self.is_unresponsive(a):
                 continue
             return False
         return False
@@ -647,7 +720,7 @@ class Node:
             return
         g = Gather(root=msg.root, coll_id=msg.coll_id, from_conn=conn.id, query_id=0, started=now,
                    timeout=None if msg.timeout_ms == 0 else msg.timeout_ms / 1000, pending=set(),
-                   entries=[(self.me.addr, self.local_data())])
+                   entries=[(self.me.addr, self._contribution())])
         self.gathers[key] = g
         for c in self._gather_conns(now, except_conn=conn.id):
             self._send(c, msg, now)
@@ -675,7 +748,12 @@ class Node:
             responses: dict[Addr, ProcessData] = {}
             for addr, data in g.entries:
                 responses.setdefault(addr, data)
-            snap = JobSnapshot(peers=tuple(self.table), dead=frozenset(self.dead), left=frozenset(self.left),
+            current_dead = frozenset(k.addr for k in self.dead if self.table.is_current(k))
+            current_left = frozenset(k.addr for k in self.left if self.table.is_current(k))
+            former = self.table.former()
+            snap = JobSnapshot(peers=tuple(self.table), dead=current_dead, left=current_left,
+                               former_dead=tuple(p for p in former if p.key in self.dead),
+                               former_left=tuple(p for p in former if p.key in self.left and p.key not in self.dead),
                                responses=responses, timeouts=g.leg_timeouts, collection_time=now - g.started,
                                stuck={h: v.describe() for h, (v, _) in self.stuck.items()},
                                in_flight_grace=self.timers.in_flight)
@@ -731,7 +809,7 @@ class Node:
             return
         order = [p.addr for p in self.table]
         me_index = order.index(self.me.addr)
-        gone = self.dead | self.left
+        gone = {k.addr for k in self.dead | self.left if self.table.is_current(k)}
 
         def unhealthy(a: Addr) -> bool:
             c = self.contacts.get(a)
@@ -746,7 +824,7 @@ class Node:
         for a in sorted(wanted, key=Addr.sort_key):
             if a in self.contacts:
                 continue
-            contact = Contact(addr=a, last_heard=now, wanted_since=now)
+            contact = Contact(addr=a, last_heard=now, wanted_since=now, incarnation=self.table.get(a).incarnation)
             existing = self._conn_to(a)
             if existing is not None:
                 contact.conn = existing.id
@@ -760,7 +838,7 @@ class Node:
 
     def _is_fallback(self, a: Addr) -> bool:
         """Not one of our two ring neighbours: we asked for it because another peer is silent."""
-        live = [p.addr for p in self.table if p.addr not in self.dead and p.addr not in self.left]
+        live = [p.addr for p in self.live_peers()]
         i = live.index(self.me.addr)
         return a not in (live[(i + 1) % len(live)], live[(i - 1) % len(live)])
 
@@ -782,14 +860,14 @@ class Node:
         contact.last_heard = now
         was_delayed = contact.delayed and contact.conn == conn.id
         # Under a HUNG verdict, ours or another node's: hearing the peer ends it, here and (by flood) everywhere.
-        was_hung = self.hung.pop(contact.addr, None) is not None or contact.hung
+        was_hung = self.hung.pop(contact.key, None) is not None or contact.hung
         contact.hung = False
         if was_delayed:
             contact.delayed = False
         if was_delayed or was_hung:
-            self._emit(Kind.PEER_RECOVERED, now, self.table.get(contact.addr), "peer responding again")
+            self._emit(Kind.PEER_RECOVERED, now, self.table.entry(contact.key), "peer responding again")
         if was_hung:
-            self._pass_on(self._new_flood(wire.FloodKind.RECOVERED, contact.addr, self._incarnation(contact.addr)),
+            self._pass_on(self._new_flood(wire.FloodKind.RECOVERED, contact.addr, contact.incarnation),
                           except_conn=None)
         if was_delayed:
             self._relink(now)
@@ -799,7 +877,7 @@ class Node:
         assert conn.peer is not None
         peer = self.table.get(conn.peer)
         contact = self.contacts.get(conn.peer)
-        if contact is None or contact.conn != conn.id or conn.peer in self.dead or conn.peer in self.left:
+        if contact is None or contact.conn != conn.id or self._gone(contact.key):
             return
         contact.conn = None
         contact.lost_connection = True
@@ -813,13 +891,14 @@ class Node:
         peer = self.table.get(addr)
         same_host = peer is not None and peer.host == self.me.host and peer.hostname == self.me.hostname
         if same_host and self.timers.fast_death and peer is not None:
+            self._probes[addr] = peer.key
             self._out.append(ProbePid(peer.addr, peer.pid))
 
     def _liveness(self, now: float) -> None:
         t = self.timers
         for contact in list(self.contacts.values()):
             a = contact.addr
-            if a in self.dead or a in self.left or a not in self.contacts:
+            if contact.key in self.dead or contact.key in self.left or self.contacts.get(a) is not contact:
                 continue
             silence = now - contact.last_heard
             conn = self.conns.get(contact.conn) if contact.conn is not None else None
@@ -836,12 +915,12 @@ class Node:
                     not contact.hung or now - contact.hung_refreshed >= HUNG_REFRESH * t.hang):
                 contact.hung = True
                 contact.hung_refreshed = now
-                self._hung_verdict(a, now, f"peer silent for {int(silence)}s")
-                self._pass_on(self._new_flood(wire.FloodKind.HUNG, a, self._incarnation(a)), except_conn=None)
+                self._hung_verdict(contact.key, now, f"peer silent for {int(silence)}s")
+                self._pass_on(self._new_flood(wire.FloodKind.HUNG, a, contact.incarnation), except_conn=None)
             if silence > t.dead:
                 self._emit(Kind.PEER_TIMEOUT_DEAD, now, self.table.get(a),
                            f"peer failed to respond for {int(silence)}s, declaring dead")
-                self._declare_dead(a, now, None)
+                self._declare_dead(contact.key, now, None)
                 continue
             if ready and silence > t.reset:
                 assert conn is not None
@@ -852,19 +931,19 @@ class Node:
                 contact.disconnected_since = contact.last_heard
                 contact.next_connect = now
 
-    def _hung_verdict(self, a: Addr, now: float, why: str) -> None:
-        if a not in self.hung:
-            self._emit(Kind.PEER_HUNG, now, self.table.get(a), why)
-        self.hung[a] = now
+    def _hung_verdict(self, key: PeerKey, now: float, why: str) -> None:
+        if key not in self.hung:
+            self._emit(Kind.PEER_HUNG, now, self.table.entry(key), why)
+        self.hung[key] = now
 
     def _expire_hung(self, now: float) -> None:
-        for a, confirmed in list(self.hung.items()):
-            contact = self.contacts.get(a)
-            if contact is not None and contact.hung:
+        for key, confirmed in list(self.hung.items()):
+            contact = self.contacts.get(key.addr)
+            if contact is not None and contact.hung and contact.incarnation == key.incarnation:
                 continue  # our own verdict: it stands while we hear nothing
             if now - confirmed > HUNG_EXPIRY * self.timers.hang:
-                del self.hung[a]
-                self._emit(Kind.PEER_RECOVERED, now, self.table.get(a), "hang verdict no longer confirmed")
+                del self.hung[key]
+                self._emit(Kind.PEER_RECOVERED, now, self.table.entry(key), "hang verdict no longer confirmed")
 
     def _flag_delayed(self, contact: Contact, now: float, why: str) -> None:
         contact.delayed = True
@@ -936,29 +1015,43 @@ class Node:
     # ------------------------------------------------------------------------------------------------------------
     # Verdicts
 
-    def _declare_dead(self, addr: Addr, now: float, why: str | None, flood: bool = True) -> None:
-        if addr in self.dead or addr == self.me.addr:
+    def _declare_dead(self, key: PeerKey, now: float, why: str | None, flood: bool = True) -> None:
+        if key in self.dead or key == self.me.key:
             return
-        peer = self.table.get(addr)
-        self.dead.add(addr)
-        self.left.discard(addr)
-        self.hung.pop(addr, None)
+        peer = self.table.entry(key)
+        self.dead.add(key)
+        self.left.discard(key)
+        self.hung.pop(key, None)
         self._dead_hash = self._gone_hash()
-        self._disconnect(addr, now)
+        self._disconnect(key, now)
         self._emit(Kind.PEER_DEAD, now, peer, why or "")
         if flood and peer is not None:
-            self._pass_on(self._new_flood(wire.FloodKind.DEAD, addr, peer.incarnation), except_conn=None)
+            self._pass_on(self._new_flood(wire.FloodKind.DEAD, key.addr, key.incarnation), except_conn=None)
         self._relink(now)
 
-    def _mark_left(self, addr: Addr, now: float, flood: bool) -> None:
-        if addr in self.left or addr in self.dead or addr == self.me.addr:
+    def _mark_left(self, key: PeerKey, now: float, flood: bool) -> None:
+        if key in self.left or key in self.dead or key == self.me.key:
             return
-        self.left.add(addr)
-        self.hung.pop(addr, None)
+        self.left.add(key)
+        self.hung.pop(key, None)
         self._dead_hash = self._gone_hash()
-        self._disconnect(addr, now)
-        self._emit(Kind.PEER_LEFT, now, self.table.get(addr), "process left the job")
+        self._disconnect(key, now)
+        self._emit(Kind.PEER_LEFT, now, self.table.entry(key), "process left the job")
         self._relink(now)
+
+    def _gone(self, key: PeerKey) -> bool:
+        return key in self.dead or key in self.left
+
+    def _retire(self, addrs: set[Addr], now: float) -> None:
+        """Newer incarnations arrived at ``addrs``: every older one there that is not yet known gone is dead (its
+        port was free for the newer process to bind). If a newer incarnation holds this node's own address, the job
+        counts this node gone: it stops taking part."""
+        for addr in sorted(addrs, key=Addr.sort_key):
+            for p in self.table.former(addr):
+                if not self._gone(p.key):
+                    self._declare_dead(p.key, now, "a newer process holds its address", flood=False)
+        if self.me.addr in addrs and not self.table.is_current(self.me.key):
+            self._expel(now)
 
     def _expel(self, now: float) -> None:
         """The job has declared this process dead. It can never rejoin: stop taking part."""
@@ -975,30 +1068,41 @@ class Node:
                 self._maybe_finish(g, now, force=True)
         self.gathers.clear()
 
-    def _disconnect(self, addr: Addr, now: float) -> None:
-        self.contacts.pop(addr, None)
+    def _disconnect(self, key: PeerKey, now: float) -> None:
+        """Forget the link to that process and close its connections. Connections to the same address that belong
+        to a newer incarnation stay; ones still in their handshake (incarnation unknown) go only if ``key`` is the
+        current entry, as they would reach that process."""
+        contact = self.contacts.get(key.addr)
+        if contact is not None and contact.incarnation == key.incarnation:
+            del self.contacts[key.addr]
+        current = self.table.is_current(key)
         for c in list(self.conns.values()):
-            if c.peer == addr:
+            if c.peer == key.addr and (c.incarnation == key.incarnation or (c.incarnation is None and current)):
                 self._drop_conn(c.id)
 
     def _gone_hash(self) -> int:
-        return addr_set_hash(self.dead) ^ (addr_set_hash(self.left) * 3 & 0xFFFFFFFFFFFFFFFF)
+        return key_set_hash(self.dead) ^ (key_set_hash(self.left) * 3 & 0xFFFFFFFFFFFFFFFF)
 
     # ------------------------------------------------------------------------------------------------------------
     # Tables
 
-    def _merge_peers(self, peers, now: float) -> list[PeerInfo]:
+    def _merge_peers(self, peers, now: float, retire: bool = True) -> list[PeerInfo]:
+        """Add entries to the table (PEER_NEW for each new one) and, unless the caller does it after applying
+        dead and departed lists, retire the older incarnations at the addresses that got a new one."""
         new = self.table.merge(peers)
         for p in new:
             self._emit(Kind.PEER_NEW, now, p)
+        if retire and new:
+            self._retire({p.addr for p in new}, now)
         return new
 
     def _sync_tables(self, conn: Conn, peers_hash: int, dead_hash: int, now: float) -> None:
         mine = (self.table.hash, self._dead_hash)
         if (peers_hash, dead_hash) != mine and conn.full_sent_for != mine:
             conn.full_sent_for = mine
-            self._send(conn, wire.PeersUpdate(tuple(self.table), tuple(sorted(self.dead, key=Addr.sort_key)),
-                                              tuple(sorted(self.left, key=Addr.sort_key)), full=True), now)
+            self._send(conn, wire.PeersUpdate(tuple(self.table.all_entries()),
+                                              tuple(sorted(self.dead, key=PeerKey.sort_key)),
+                                              tuple(sorted(self.left, key=PeerKey.sort_key)), full=True), now)
 
     # ------------------------------------------------------------------------------------------------------------
     # Plumbing
@@ -1013,10 +1117,6 @@ class Node:
         for c in list(self.conns.values()):
             if c.id != except_conn and c.state is ConnState.READY:
                 self._send(c, msg, self._now)
-
-    def _incarnation(self, addr: Addr) -> int:
-        p = self.table.get(addr)
-        return p.incarnation if p else 0
 
     def _conn_to(self, addr: Addr, exclude: int | None = None) -> Conn | None:
         for c in self.conns.values():

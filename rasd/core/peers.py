@@ -1,12 +1,20 @@
 """Peers and the peer table.
 
-A *peer* is one process of the job running a RAS node. It is known by its mesh address (the host IP and the
-ephemeral port its node listens on) and an *incarnation*, a random 64-bit number drawn when the node starts, so a
-restarted process is always a new peer.
+A *peer* is one process of the job running a RAS node. It is known by its mesh address (the host IP and the port
+its node listens on) and an *incarnation*, drawn when the node starts: the start time in milliseconds in the high
+bits, random bits below (``new_incarnation``). The pair (address, incarnation), a ``PeerKey``, names one process for
+the life of the job: a restarted process that gets its predecessor's port back is a new peer.
+
+Two processes cannot listen on one address at once, so of the incarnations known at an address the newest (the
+highest) is the one that holds it now, the *current* entry; the older ones are *former* entries, processes that are
+gone (the node records each as dead unless it left cleanly, docs/architecture.md section 2.6). This rule is a pure
+function of what a node has heard, so every node that has heard the same entries agrees, whatever the order.
 
 The table is sorted by address (IPv4 before IPv6, then IP bytes, then port), so the processes of one host sit
-together, and it only grows: dead and departed peers stay listed, and are tracked in separate sets by the node. Its
-hash travels in every keepalive; a mismatch makes neighbours exchange tables until they agree.
+together, and it only grows: dead, departed and former peers stay listed, and the node tracks which are dead or
+departed in separate sets of keys. Iterating it gives the current entries, one per address; its hash covers every
+entry, former ones included, and travels in every keepalive; a mismatch makes neighbours exchange tables until they
+agree.
 
 Nothing here does I/O.
 """
@@ -16,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
+import random
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
@@ -41,6 +50,32 @@ def _sort_key(host: str, port: int) -> tuple[int, bytes, int]:
     return (ip.version, ip.packed, port)
 
 
+class PeerKey(NamedTuple):
+    """One process of the job: its mesh address and its incarnation. Death and departure are keyed by it."""
+
+    addr: Addr
+    incarnation: int
+
+    def sort_key(self) -> tuple[tuple[int, bytes, int], int]:
+        return (self.addr.sort_key(), self.incarnation)
+
+
+#: Bits of an incarnation below the start time (random, so two processes started in one millisecond differ).
+INCARNATION_RANDOM_BITS = 22
+
+
+def new_incarnation(wall_time: float, rng: random.Random) -> int:
+    """The incarnation of a process started at ``wall_time`` (seconds since the epoch): the start time in milliseconds
+    in the high bits, so a later process at the same address has a higher incarnation, and random bits below.
+
+    Fits the wire's u64 until the year 2109. A clock stepped back by more than the time between a process's death and
+    its successor's start at the same address would make the successor look older: it would be taken for the former
+    entry (docs/architecture.md section 10)."""
+    millis = max(0, int(wall_time * 1000))
+    return ((millis << INCARNATION_RANDOM_BITS) | (rng.getrandbits(64) & ((1 << INCARNATION_RANDOM_BITS) - 1))) \
+        & 0xFFFFFFFFFFFFFFFF
+
+
 @dataclass(frozen=True)
 class PeerInfo:
     """What the job knows about one process."""
@@ -55,6 +90,11 @@ class PeerInfo:
     @property
     def host(self) -> str:
         return self.addr.host
+
+    @functools.cached_property
+    def key(self) -> PeerKey:
+        # Cached (frozen, so it never changes): the node reads it for every table entry on hot paths.
+        return PeerKey(self.addr, self.incarnation)
 
     def sort_key(self) -> tuple[int, bytes, int]:
         return self.addr.sort_key()
@@ -78,18 +118,23 @@ def table_hash(entries: Iterable[PeerInfo]) -> int:
     return int.from_bytes(h.digest(), "big")
 
 
-def addr_set_hash(addrs: Iterable[Addr]) -> int:
+def key_set_hash(keys: Iterable[PeerKey]) -> int:
+    """A 64-bit hash of a set of peer keys (the dead or the departed), independent of order."""
     h = hashlib.blake2b(digest_size=8)
-    for a in sorted(addrs, key=Addr.sort_key):
-        h.update(f"{a.host}|{a.port};".encode())
+    for k in sorted(keys, key=PeerKey.sort_key):
+        h.update(f"{k.addr.host}|{k.addr.port}|{k.incarnation};".encode())
     return int.from_bytes(h.digest(), "big")
 
 
 @dataclass
 class PeerTable:
-    """The sorted, grow-only table of every process the node has heard of."""
+    """The sorted, grow-only table of every process the node has heard of.
 
-    _by_addr: dict[Addr, PeerInfo] = field(default_factory=dict)
+    Iteration, ``len``, ``get`` and ``in`` (by address) see the current entry of each address; ``former`` and
+    ``entry`` (by key) reach the entries a newer incarnation replaced."""
+
+    _current: dict[Addr, PeerInfo] = field(default_factory=dict)
+    _former: dict[PeerKey, PeerInfo] = field(default_factory=dict)
     _sorted: list[PeerInfo] = field(default_factory=list)
     _hash: int = 0
 
@@ -97,39 +142,42 @@ class PeerTable:
         self._resort()
 
     def _resort(self) -> None:
-        self._sorted = sorted(self._by_addr.values(), key=PeerInfo.sort_key)
-        self._hash = table_hash(self._sorted)
+        self._sorted = sorted(self._current.values(), key=PeerInfo.sort_key)
+        self._hash = table_hash(self.all_entries())
 
     def merge(self, peers: Iterable[PeerInfo]) -> list[PeerInfo]:
-        """Add unknown peers; return the ones that were new (the diff to gossip on).
+        """Add unknown entries; return the ones that were new (the diff to gossip on), each once, in input order.
 
-        An entry for a known address is kept as first seen: an address belongs to one incarnation for the life of
-        the job (a restarted process binds a new ephemeral port).
-        """
-        new = [p for p in peers if p.addr not in self._by_addr]
-        for p in new:
-            self._by_addr[p.addr] = p
+        An entry for a known key is kept as first seen. A new incarnation at a known address becomes the current
+        entry if it is newer than the current one (which becomes former), else it is filed as former at once."""
+        new: list[PeerInfo] = []
+        for p in peers:
+            current = self._current.get(p.addr)
+            if (current is not None and current.incarnation == p.incarnation) or p.key in self._former:
+                continue
+            if current is None:
+                self._current[p.addr] = p
+            elif p.incarnation > current.incarnation:
+                self._former[current.key] = current
+                self._current[p.addr] = p
+            else:
+                self._former[p.key] = p
+            new.append(p)
         if new:
             self._resort()
-        # Dedupe peers listed twice in the input.
-        seen: set[Addr] = set()
-        unique = []
-        for p in new:
-            if p.addr not in seen:
-                seen.add(p.addr)
-                unique.append(p)
-        return unique
+        return new
 
     def copy(self) -> "PeerTable":
         """An independent table with the same entries (no re-sorting or re-hashing)."""
         other = PeerTable.__new__(PeerTable)
-        other._by_addr = dict(self._by_addr)
+        other._current = dict(self._current)
+        other._former = dict(self._former)
         other._sorted = list(self._sorted)
         other._hash = self._hash
         return other
 
     def __contains__(self, addr: object) -> bool:
-        return addr in self._by_addr
+        return addr in self._current
 
     def __len__(self) -> int:
         return len(self._sorted)
@@ -138,10 +186,42 @@ class PeerTable:
         return iter(self._sorted)
 
     def get(self, addr: Addr) -> PeerInfo | None:
-        return self._by_addr.get(addr)
+        """The current entry at ``addr``."""
+        return self._current.get(addr)
+
+    def entry(self, key: PeerKey) -> PeerInfo | None:
+        """The entry of that process, current or former."""
+        current = self._current.get(key.addr)
+        if current is not None and current.incarnation == key.incarnation:
+            return current
+        return self._former.get(key)
+
+    def knows(self, key: PeerKey) -> bool:
+        return self.entry(key) is not None
+
+    def is_current(self, key: PeerKey) -> bool:
+        current = self._current.get(key.addr)
+        return current is not None and current.incarnation == key.incarnation
+
+    def is_outdated(self, key: PeerKey) -> bool:
+        """A newer incarnation holds that address: the process is (or would be, if unknown) a former entry."""
+        current = self._current.get(key.addr)
+        return current is not None and current.incarnation > key.incarnation
+
+    def former(self, addr: Addr | None = None) -> list[PeerInfo]:
+        """Replaced entries (at ``addr``, or everywhere), in address then incarnation order."""
+        found = [p for k, p in self._former.items() if addr is None or k.addr == addr]
+        return sorted(found, key=lambda p: p.key.sort_key())
 
     def entries(self) -> list[PeerInfo]:
+        """The current entries, in address order."""
         return list(self._sorted)
+
+    def all_entries(self) -> list[PeerInfo]:
+        """Every entry, former ones included, in address then incarnation order (what a full table update sends)."""
+        if not self._former:
+            return list(self._sorted)
+        return sorted([*self._sorted, *self._former.values()], key=lambda p: p.key.sort_key())
 
     def index(self, addr: Addr) -> int:
         for i, p in enumerate(self._sorted):

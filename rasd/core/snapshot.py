@@ -14,11 +14,16 @@ from .peers import Addr, PeerInfo
 
 @dataclass(frozen=True)
 class JobSnapshot:
-    #: The whole peer table of the root, sorted by address, dead and departed peers included.
+    #: The whole peer table of the root, sorted by address, dead and departed peers included: one entry per address.
     peers: tuple[PeerInfo, ...]
-    #: Peers known dead (permanent) and peers that left cleanly (a finished process is not a fault).
+    #: Peers known dead (permanent) and peers that left cleanly (a finished process is not a fault), by address:
+    #: about the entry of ``peers`` at that address, the newest process known there.
     dead: frozenset[Addr] = frozenset()
     left: frozenset[Addr] = frozenset()
+    #: Older processes at addresses a newer one holds now (a restarted process that got its predecessor's port
+    #: back): each is dead, or departed if it left cleanly. They are not in ``peers`` (docs/architecture.md 2.6).
+    former_dead: tuple[PeerInfo, ...] = ()
+    former_left: tuple[PeerInfo, ...] = ()
     #: What each responding process contributed, by address. The root itself is always among them.
     responses: dict[Addr, ProcessData] = field(default_factory=dict)
     #: Legs of the gather that went quiet or were cut (NCCL's nLegTimeouts).

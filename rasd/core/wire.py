@@ -19,10 +19,10 @@ import struct
 from dataclasses import dataclass
 from typing import Iterator, Union
 
-from .comms import N_OPS, CommRecord, ProcessData, RankRecord
-from .peers import Addr, PeerInfo
+from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord
+from .peers import Addr, PeerInfo, PeerKey
 
-VERSION = 1
+VERSION = 2  # 2: deaths keyed by (address, incarnation); restart records in gather replies
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -50,7 +50,7 @@ class MsgType(enum.IntEnum):
 
 class Nack(enum.IntEnum):
     OK = 0
-    YOU_ARE_DEAD = 1  # the connector is in the acceptor's dead (or departed) list: it can never rejoin
+    YOU_ARE_DEAD = 1  # the connector's incarnation is dead, departed or replaced at its address: it can never rejoin
     DUPLICATE = 2  # a simultaneous connect lost the tie-break; the other connection stays
     LEAVING = 3  # the acceptor is shutting down
 
@@ -105,8 +105,8 @@ class Keepalive:
 @dataclass(frozen=True)
 class PeersUpdate:
     peers: tuple[PeerInfo, ...]
-    dead: tuple[Addr, ...]
-    left: tuple[Addr, ...]
+    dead: tuple[PeerKey, ...]  # processes, not addresses: a newer incarnation at a dead one's address is alive
+    left: tuple[PeerKey, ...]
     full: bool  # the sender's whole table (a hash mismatch) rather than a diff to pass on
 
 
@@ -277,6 +277,12 @@ def _get_peer(r: _Reader) -> PeerInfo:
     return PeerInfo(addr=addr, pid=pid, hostname=hostname, incarnation=incarnation, devices=devices, rank=rank)
 
 
+def _get_key(r: _Reader) -> PeerKey:
+    """A process in a dead or departed list: its address, then its incarnation (``u64``)."""
+    addr = r.addr()
+    return PeerKey(addr, r.one("Q"))
+
+
 def _put_process_data(w: _Writer, data: ProcessData) -> None:
     w.fmt("I", len(data.comms))
     for c in data.comms:
@@ -290,6 +296,33 @@ def _put_process_data(w: _Writer, data: ProcessData) -> None:
             w.fmt(f"{len(rk.launched)}Q", *rk.launched)
             w.fmt(f"{len(rk.completed)}Q", *rk.completed)
             w.fmt("I", min(rk.idle_ms, 0xFFFFFFFF))
+    _put_restart(w, data.restart)
+
+
+def _put_restart(w: _Writer, restart: RestartRecord | None) -> None:
+    """``u8 present``, then iteration, restarts, seconds lost, the cause and the terminated ranks."""
+    w.fmt("B", restart is not None)
+    if restart is None:
+        return
+    w.fmt("IId", restart.iteration, restart.restarts, restart.seconds_lost)
+    w.text(restart.cause)
+    w.fmt("I", len(restart.terminated))
+    if restart.terminated:
+        w.fmt(f"{len(restart.terminated)}i", *restart.terminated)
+
+
+def _get_restart(r: _Reader) -> RestartRecord | None:
+    if not r.boolean():
+        return None
+    iteration, restarts, seconds_lost = r.fmt("IId")
+    cause = r.text()
+    terminated = r.fmt(f"{r.count('I', 4)}i")
+    # What ``comms.next_restart`` makes: a finite time lost, ranks non-negative, unique and ascending.
+    if not 0 <= seconds_lost < float("inf") or any(rank < 0 for rank in terminated) \
+            or list(terminated) != sorted(set(terminated)):
+        raise ProtocolError("bad restart record")
+    return RestartRecord(iteration=iteration, restarts=restarts, cause=cause, terminated=terminated,
+                         seconds_lost=seconds_lost)
 
 
 _RANK_HEAD = struct.calcsize("!IBBBhB")
@@ -313,7 +346,7 @@ def _get_process_data(r: _Reader) -> ProcessData:
                 finalize_called=bool(flags & 1), destroy_flag=bool(flags & 2), abort_flag=bool(flags & 4),
                 device=device, launched=launched, completed=completed))
         comms.append(CommRecord(comm_hash=comm_hash, size=size, ranks=tuple(ranks), rank_map=runs))
-    return ProcessData(comms=tuple(comms))
+    return ProcessData(comms=tuple(comms), restart=_get_restart(r))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -353,8 +386,9 @@ def encode(msg: Message) -> bytes:
             _put_peer(w, p)
         for group in (msg.dead, msg.left):
             w.fmt("I", len(group))
-            for a in group:
-                w.addr(a)
+            for key in group:
+                w.addr(key.addr)
+                w.fmt("Q", key.incarnation)
     elif isinstance(msg, Flood):
         t = MsgType.FLOOD
         w.addr(msg.origin)
@@ -422,8 +456,8 @@ def decode_body(body: bytes) -> Message:
     elif t is MsgType.PEERSUPDATE:
         full = r.boolean()
         peers = tuple(_get_peer(r) for _ in range(r.count("I", 20)))
-        dead = tuple(r.addr() for _ in range(r.count("I", 7)))
-        left = tuple(r.addr() for _ in range(r.count("I", 7)))
+        dead = tuple(_get_key(r) for _ in range(r.count("I", 15)))
+        left = tuple(_get_key(r) for _ in range(r.count("I", 15)))
         msg = PeersUpdate(peers, dead, left, full)
     elif t is MsgType.FLOOD:
         origin = r.addr()

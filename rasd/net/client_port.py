@@ -252,7 +252,7 @@ class ClientPort:
         node = self.runtime.node
         version_line, runtime_line = self._versions
         if req.format is Format.TEXT:
-            summary = build_job_summary(node.table, node.left)
+            summary = build_job_summary(node.table, node.left_addresses())
             client.write(render_head(summary, version_line=version_line, runtime_line=runtime_line,
                                      verbose=req.verbose))
 

@@ -150,6 +150,11 @@ class Runtime:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopped.is_set()
 
+    @property
+    def peer(self) -> PeerInfo:
+        """This process as the mesh knows it: address, pid, incarnation, rank."""
+        return self.node.me
+
     def call(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` in the RAS thread."""
         if self.loop is not None:
@@ -204,8 +209,8 @@ class Runtime:
 
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _MeshProtocol(self, None), host=self._host, port=0,
-                                                backlog=1024)
+        self._server = await loop.create_server(lambda: _MeshProtocol(self, None), host=self._host,
+                                                port=mesh_port(), backlog=1024)
         for sock in self._server.sockets:
             self._fds.add(sock.fileno())
         port = self._server.sockets[0].getsockname()[1]
@@ -222,6 +227,10 @@ class Runtime:
         if self._bootstrap is not None:
             seeds = await loop.run_in_executor(None, self._bootstrap.seeds, self.node.me)
             self._carry_out(self.node.add_peers(seeds, time.monotonic(), introduce=True))
+        # The store is read once: from here on gossip keeps the table, so the mesh outlives whoever hosts the store
+        # (docs/architecture.md), and the node keeps no reference to it (nor the executor's thread) once joined.
+        self._bootstrap = None
+        await loop.shutdown_default_executor()
 
     def _schedule_tick(self) -> None:
         assert self.loop is not None
@@ -311,7 +320,7 @@ class Runtime:
     def _emit(self, event: Event) -> None:
         level = logging.WARNING if event.kind in (Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.COMM_STUCK) else (
             logging.INFO if event.kind in (Kind.PEER_LEFT, Kind.PEER_UNRESPONSIVE, Kind.PEER_RECOVERED,
-                                           Kind.COMM_RECOVERED)
+                                           Kind.COMM_RECOVERED, Kind.RESTART)
             else logging.DEBUG)
         if log.isEnabledFor(level):
             who = event.peer.describe() if event.peer else (str(event.addr) if event.addr else "")
@@ -363,6 +372,21 @@ def pid_running(pid: int) -> bool:
         return False
     except psutil.Error:
         return True
+
+
+def mesh_port() -> int:
+    """The mesh port: ``TORCHRAS_MESH_PORT`` (a firewall that opens one port per process), else 0, the kernel's
+    choice. A process restarted on its predecessor's port is a new peer (docs/architecture.md section 2.6)."""
+    text = os.environ.get("TORCHRAS_MESH_PORT", "").strip()
+    try:
+        port = int(text) if text else 0
+    except ValueError:
+        log.warning("rasd: TORCHRAS_MESH_PORT=%r is not a port number; the kernel picks one", text)
+        return 0
+    if not 0 <= port <= 65535:
+        log.warning("rasd: TORCHRAS_MESH_PORT=%r is out of range; the kernel picks one", text)
+        return 0
+    return port
 
 
 def mesh_host(target: str | None = None) -> str:

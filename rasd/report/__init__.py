@@ -2,8 +2,9 @@
 
     build_report(snapshot)              -> Report               (model.py: merge, classify, sort, group)
     build_job_summary(peers, left)      -> JobSummary           (summary.py)
+    build_restart_summary(...)          -> RestartSummary       (restarts.py: the job's in-process restarts)
     render_head(summary, ...)           -> str                  (text.py: versions, job summary, "Communicators...")
-    render_tail(report, ...)            -> str                  (text.py: time, table, Errors, Warnings)
+    render_tail(report, ...)            -> str                  (text.py: time, table, Restarts, Errors, Warnings)
     render_text(report, ...)            -> str                  (head + tail)
     render_json(report, ...)            -> str                  (json_format.py)
     format_event_text / format_event_json                       (events.py: MONITOR mode)

@@ -8,7 +8,8 @@ two on the wire, so line breaks are sent as blanks.
 JSON: NCCL's pretty object, with strings escaped so it always parses. Our additions: ``hostname`` and
 ``incarnation`` in ``peer`` (a consumer tells a stale verdict by its incarnation), and for communicator verdicts
 (COMM_STUCK, COMM_RECOVERED, or any event carrying a communicator hash) ``comm_hash`` and ``ranks``
-after ``details``.
+after ``details``; for RESTART ``iteration``, ``restarts_count``, ``cause``, ``terminated_ranks`` and
+``seconds_lost`` after ``details``.
 """
 
 from __future__ import annotations
@@ -81,7 +82,15 @@ def format_event_json(event: Event, *, wall_time: float, peers: Mapping[Addr, Pe
         ]
     elif event.addr is not None:
         lines += ['  "peer": {\n', f'    "addr": {json.dumps(str(event.addr))}\n', "  },\n"]
-    if event.kind in _COMM_VERDICTS or event.comm_hash is not None:
+    if event.restart is not None:
+        restart = event.restart
+        lines += [f'  "details": {json.dumps(event.details)},\n',
+                  f'  "iteration": {restart.iteration},\n',
+                  f'  "restarts_count": {restart.restarts},\n',
+                  f'  "cause": {json.dumps(restart.cause)},\n',
+                  f'  "terminated_ranks": {_devices(restart.terminated)},\n',
+                  f'  "seconds_lost": {restart.seconds_lost:.3f}\n']
+    elif event.kind in _COMM_VERDICTS or event.comm_hash is not None:
         comm_hash = "null" if event.comm_hash is None else f'"0x{event.comm_hash & HASH_MASK:x}"'
         ranks = "[" + ",".join(str(int(r)) for r in event.ranks) + "]"
         lines += [f'  "details": {json.dumps(event.details)},\n',

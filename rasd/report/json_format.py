@@ -8,7 +8,10 @@ additions (an NCCL client ignores unknown keys; none is removed or renamed):
 - ``collective_counts`` lists all 11 op types, NCCL's five first;
 - per rank: ``hostname``, ``incarnation`` (null when the process is unknown) and ``completed_counts``;
 - per missing rank: ``hostname``, ``incarnation`` and ``status.left`` (its process left the job cleanly);
-- in ``ras``: ``dead_count``, ``left_count`` and ``missing_processes_count``.
+- in ``ras``: ``dead_count``, ``left_count`` and ``missing_processes_count``;
+- top level, before ``ras``: ``restarts``, the job's in-process restarts (``null`` until a process restarted):
+  ``iteration``, ``restarts_count``, ``last_cause``, ``last_terminated_ranks``, ``last_seconds_lost`` and
+  ``processes_behind`` (host, pid and iteration of each known process at an older iteration).
 
 Communicators come in merged-id order (hash, then size), ranks in communicator-rank order. We merge by hash and
 size, so there is no secondary id: ``secondary_hash`` is always ``"0x0:0x0"``. A rank on the CPU has
@@ -23,6 +26,7 @@ from rasd.core.comms import N_OPS, OP_TYPES
 from rasd.core.peers import PeerInfo
 
 from .model import HASH_MASK, Communicator, MissingRank, MissingReason, PresentRank, Report
+from .restarts import RestartSummary
 from .timestamps import format_timestamp
 
 _SECONDARY_HASH = "0x0:0x0"
@@ -119,6 +123,36 @@ def _communicator(comm: Communicator, stuck: str | None) -> str:
     )
 
 
+def _int_list(values: tuple[int, ...]) -> str:
+    """A list of integers on one line, as NCCL prints device lists: ``[0,2,3]``."""
+    return "[" + ",".join(str(int(v)) for v in values) + "]"
+
+
+def _restarts(summary: RestartSummary | None) -> str:
+    if summary is None:
+        return "null"
+    i = " " * 4
+    behind = [
+        f"{i}  {{\n"
+        f'{i}    "host": {_str(peer.host)},\n'
+        f'{i}    "pid": {peer.pid},\n'
+        f'{i}    "iteration": {iteration}\n'
+        f"{i}  }}"
+        for peer, iteration in summary.behind
+    ]
+    last = summary.last
+    return (
+        "{\n"
+        f'{i}"iteration": {summary.iteration},\n'
+        f'{i}"restarts_count": {summary.restarts},\n'
+        f'{i}"last_cause": {_str(last.cause)},\n'
+        f'{i}"last_terminated_ranks": {_int_list(last.terminated)},\n'
+        f'{i}"last_seconds_lost": {last.seconds_lost:.3f},\n'
+        f'{i}"processes_behind": {_array(behind, i)}\n'
+        "  }"
+    )
+
+
 def render_json(
     report: Report,
     *,
@@ -141,6 +175,7 @@ def render_json(
         f'  "timestamp": {_str(format_timestamp(timestamp))},\n'
         f'  "communicators_count": {len(communicators)},\n'
         f'  "communicators": {_array(communicators, "  ")},\n'
+        f'  "restarts": {_restarts(report.restarts)},\n'
         '  "ras": {\n'
         f'    "collection_time_sec": {report.collection_seconds:.3f},\n'
         f'    "timeouts_count": {report.timeouts},\n'

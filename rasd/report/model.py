@@ -27,7 +27,9 @@ Communicators are sorted by size, nodes, highest status and errors (all descendi
 errors. ``#x-y`` names communicator y of group x.
 
 The job-level lists: processes that did not answer (live, not dead, not left), dead processes, and processes that
-left cleanly. A process that both left and was later declared dead counts as left: it said goodbye first.
+left cleanly. A process that both left and was later declared dead counts as left: it said goodbye first. The job's
+in-process restarts (its iteration, restart count and last restart) come from the responders' restart records
+(restarts.py).
 
 Odd input never makes the report raise (NCCL crashed on half-initialised communicators, issue #2346): a record with
 size <= 0 or a rank outside [0, size) is left out, a communicator nobody holds a rank of is not listed, and a global
@@ -46,6 +48,7 @@ from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot
 
 from .ordering import addr_key, process_key
+from .restarts import RestartSummary, build_restart_summary
 from .summary import JobSummary, build_job_summary
 
 HASH_MASK = (1 << 64) - 1
@@ -221,6 +224,8 @@ class Report:
     collection_time: float
     #: Standing COMM_STUCK verdicts: communicator hash -> their attribution (behind / inside).
     stuck: dict[int, str] = field(default_factory=dict)
+    #: The job's in-process restarts (restarts.py); None when no process has reported one.
+    restarts: RestartSummary | None = None
 
     @property
     def collection_seconds(self) -> float:
@@ -258,6 +263,8 @@ class _Context:
     left: frozenset[Addr]
     everyone_answered: bool
     in_flight_grace: float = 0.0
+    #: The gather's own duration (``JobSnapshot.collection_time``): the processes' data were taken within it.
+    gather_window: float = 0.0
 
     def order(self, addr: Addr) -> tuple:
         known = self.process_order.get(addr)
@@ -316,25 +323,38 @@ def _missing_rank(comm: _MergedComm, comm_rank: int, context: _Context) -> Missi
     return MissingRank(comm_rank, global_rank, process, reason, dead=dead, left=left)
 
 
-def _in_flight(ranks: tuple[PresentRank, ...], op: int, grace: float) -> bool:
+def _in_flight(ranks: tuple[PresentRank, ...], op: int, grace: float, window: float = 0.0) -> bool:
     """Launch counts that differ only because some ranks already entered the next operation, moments ago::
 
         rank 0: launched 42, completed 41, counters moved 3 ms ago    (inside operation 42, waiting)
         rank 1: launched 41, completed 41                             (not there yet)
 
     A skipped operation or a hang looks the same in one snapshot; it differs in time: the leading ranks stay
-    inside, and past ``grace`` it is a MISMATCH (and, later, COMM_STUCK). A rank behind by more than one, or ahead
-    without being inside, is never in flight."""
+    inside, and past ``grace`` it is a MISMATCH (and, later, COMM_STUCK). Without a gather window (a snapshot
+    taken at one instant), only this is in flight: leaders one operation ahead and inside it, the others done.
+
+    The gather's own timing explains more (docs/reliability.md, "No false alarms from timing"). Each process's
+    data are taken when the gather reaches it, all within the gather's ``window`` (its collection time), so a rank
+    read late has run on while one read early has not. A difference is in flight when every rank above the lowest
+    count moved less than ``window`` ago (after the gather began, so possibly after the lowest ones were read), or
+    is inside the next operation within the grace; the lowest ranks are done with their last operation or inside
+    it within the grace. A rank that has been ahead since before the gather began is a MISMATCH. The price: in a
+    loop whose operations are shorter than a gather, a rank that skipped one is reported only by gathers its
+    leaders do not move during (then as MISMATCH), or as COMM_STUCK when the job blocks."""
     if grace <= 0:
         return False
+    low = min(r.launched(op) for r in ranks)
     top = max(r.launched(op) for r in ranks)
     for r in ranks:
-        if r.launched(op) == top:
-            if r.completed(op) != top - 1 or r.record.idle_ms > grace * 1000:
+        launched, completed, idle_ms = r.launched(op), r.completed(op), r.record.idle_ms
+        recent = idle_ms <= grace * 1000
+        if launched == low:
+            if not (completed == low or (window > 0 and completed == low - 1 and recent)):
                 return False
-        elif r.launched(op) != top - 1 or r.completed(op) != top - 1:
+        elif not ((launched == low + 1 and completed == launched - 1 and recent)
+                  or (window > 0 and completed >= launched - 1 and idle_ms <= window * 1000 + 1)):
             return False
-    return True
+    return top > low
 
 
 def _classify(comm: _MergedComm, context: _Context) -> Communicator:
@@ -353,7 +373,7 @@ def _classify(comm: _MergedComm, context: _Context) -> Communicator:
     mismatched_ops = tuple(
         op for op in range(N_OPS)
         if any(r.launched(op) != reference.launched(op) for r in ranks)
-        and not _in_flight(ranks, op, context.in_flight_grace)
+        and not _in_flight(ranks, op, context.in_flight_grace, context.gather_window)
     )
     errors = CommErrors(0)
     if mismatched_ops or bin(int(status_bits)).count("1") > 1:
@@ -430,6 +450,7 @@ def build_report(snapshot: JobSnapshot) -> Report:
         left=left,
         everyone_answered=not missing_processes and not dead,
         in_flight_grace=snapshot.in_flight_grace,
+        gather_window=snapshot.collection_time,
     )
     merged = _merge(snapshot, context)
     by_id = [_classify(comm, context) for comm in merged if comm.ranks]
@@ -441,11 +462,13 @@ def build_report(snapshot: JobSnapshot) -> Report:
         groups=groups,
         communicators_by_id=tuple(named[(c.comm_hash, c.size)] for c in by_id),
         missing_processes=missing_processes,
-        dead_processes=tuple(sorted((table[a] for a in dead if a in table), key=process_key)),
-        left_processes=tuple(sorted((table[a] for a in left if a in table), key=process_key)),
-        dead_count=len(dead),
-        left_count=len(left),
+        # Older processes at an address a newer one holds (JobSnapshot.former_*) are listed with the others.
+        dead_processes=tuple(sorted([*(table[a] for a in dead if a in table), *snapshot.former_dead], key=process_key)),
+        left_processes=tuple(sorted([*(table[a] for a in left if a in table), *snapshot.former_left], key=process_key)),
+        dead_count=len(dead) + len(snapshot.former_dead),
+        left_count=len(left) + len(snapshot.former_left),
         timeouts=snapshot.timeouts,
         collection_time=snapshot.collection_time,
         stuck=dict(snapshot.stuck),
+        restarts=build_restart_summary(snapshot.responses, table, context.order),
     )

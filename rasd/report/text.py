@@ -6,6 +6,9 @@ communicator table, Errors and Warnings) follows when the gather ends::
 
     render_head(summary, ...)  ->  "torchras version ...\\n...\\n\\nJob summary\\n...\\nCommunicators..."
     render_tail(report, ...)   ->  " (0.123s)\\n=============\\n\\nGroup     Comms ...\\nErrors\\n...Warnings\\n..."
+
+Between the communicator table and ``Errors`` comes our ``Restarts`` section, once the job has restarted in place
+(text_restarts.py); without a restart the layout is NCCL's.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from .model import ERRORS_TEXT, Report
 from .summary import JobSummary
 from .text_errors import render_errors
+from .text_restarts import render_restarts
 from .text_summary import render_job_summary
 from .text_warnings import render_warnings
 
@@ -32,6 +36,7 @@ def render_tail(report: Report, *, verbose: bool = False) -> str:
     """Everything from the collection time on."""
     return (f" ({report.collection_seconds:.3f}s)\n=============\n\n"
             f"{render_table(report)}"
+            f"{render_restarts(report.restarts, verbose)}"
             f"\nErrors\n======\n\n{render_errors(report, verbose)}"
             f"Warnings\n========\n\n{render_warnings(report, verbose)}")
 

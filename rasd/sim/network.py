@@ -8,7 +8,9 @@ It drives exactly the state machine the asyncio runtime drives, with the network
 * a *partition* holds every byte between the two sides until it heals; connects across it time out;
 * a *killed* node's sockets are closed by its kernel: peers see EOF, connects are refused;
 * a *paused* node (SIGSTOP) keeps its sockets: the kernel accepts connections and buffers data, and the node
-  handles all of it, in order, when it resumes.
+  handles all of it, in order, when it resumes;
+* a *restarted* node is a new process (new pid, newer incarnation) listening on a dead node's address, as a process
+  restarted on its predecessor's port is.
 
 Everything random comes from one ``random.Random(seed)``, so a run is reproducible from its seed. Each hop may be
 charged a processing time (``hop_cost``) so that gather latencies can be estimated at scales no machine could
@@ -26,9 +28,11 @@ from rasd.core import node as core
 from rasd.core.comms import ProcessData
 from rasd.core.config import Timers
 from rasd.core.events import Event, Kind
-from rasd.core.peers import Addr, PeerInfo, PeerTable
+from rasd.core.peers import Addr, PeerInfo, PeerKey, PeerTable, new_incarnation
 
 SECRET = b"simulated job secret"
+#: The wall clock at virtual time 0, for incarnations (which order the processes at one address by start time).
+EPOCH = 1_800_000_000.0
 
 
 @dataclass
@@ -87,16 +91,24 @@ class Simulation:
         self.messages_sent = 0
         self.gathers_done: dict[tuple[int, int], tuple[float, core.GatherDone]] = {}
         self.nodes: list[SimNode] = []
-        self.addr_index: dict[Addr, int] = {}
+        self.addr_index: dict[Addr, int] = {}  # the node that listens on an address now
+        self._local_data = local_data
+        self._express_links = express_links
         for i in range(n):
             host = f"10.{(i // procs_per_host) // 256 % 256}.{(i // procs_per_host) % 256}.1"
             info = PeerInfo(addr=Addr(host, 20000 + i % procs_per_host), pid=1000 + i, hostname=f"host{i // procs_per_host}",
-                            incarnation=self.rng.getrandbits(64), rank=i)
-            data = (lambda i=i: local_data(i)) if local_data else ProcessData
-            node = core.Node(info, SECRET, timers, rng=random.Random(self.rng.getrandbits(64)), local_data=data,
-                             express_links=express_links)
-            self.nodes.append(SimNode(i, node))
-            self.addr_index[info.addr] = i
+                            incarnation=new_incarnation(EPOCH, self.rng), rank=i)
+            self._add_node(info)
+
+    def _add_node(self, info: PeerInfo) -> SimNode:
+        i = len(self.nodes)
+        data = (lambda i=i: self._local_data(i)) if self._local_data else ProcessData
+        node = core.Node(info, SECRET, self.timers, rng=random.Random(self.rng.getrandbits(64)), local_data=data,
+                         express_links=self._express_links)
+        s = SimNode(i, node)
+        self.nodes.append(s)
+        self.addr_index[info.addr] = i
+        return s
 
     # ------------------------------------------------------------------------------------------------------------
     # Set-up and faults
@@ -126,6 +138,25 @@ class Simulation:
         for (n, cid), pipe in list(self._pipes.items()):
             if n == i and pipe.open:
                 self._close_pipe(pipe)
+
+    def restart(self, i: int, seed: int | None = None) -> int:
+        """Start a new process on node ``i``'s address, as a process restarted on its dead predecessor's port: a
+        new pid, the same rank, a newer incarnation. Node ``i`` must be dead (killed or left). The newcomer joins as
+        from the bootstrap store: it knows node ``seed`` (default: the first live node) and introduces itself.
+        Returns the new node's index."""
+        old = self.nodes[i]
+        if old.alive:
+            raise ValueError(f"node {i} still holds its address")
+        me = old.node.me
+        known = seed if seed is not None else next(s.index for s in self.nodes if s.alive)
+        info = PeerInfo(addr=me.addr, pid=me.pid + 100_000, hostname=me.hostname, devices=me.devices, rank=me.rank,
+                        incarnation=new_incarnation(EPOCH + self.now, self.rng))
+        s = self._add_node(info)
+        seeds = [self.nodes[known].node.me]
+        self._run(s, lambda: s.node.start(self.now))
+        self._run(s, lambda: s.node.add_peers(seeds, self.now, introduce=True))
+        self._at(self.now + self.rng.uniform(0, self.timers.tick), lambda: self._tick(s))
+        return s.index
 
     def pause(self, i: int) -> None:
         self.nodes[i].paused = True
@@ -191,6 +222,10 @@ class Simulation:
     def addr(self, i: int) -> Addr:
         return self.nodes[i].node.me.addr
 
+    def key(self, i: int) -> PeerKey:
+        """Node ``i``'s process: its address and incarnation (what dead and departed lists hold)."""
+        return self.nodes[i].node.me.key
+
     # ------------------------------------------------------------------------------------------------------------
     # Internals
 
@@ -242,7 +277,7 @@ class Simulation:
                 s.events.append((self.now, a.event))
         elif isinstance(a, core.ProbePid):
             j = self.addr_index.get(a.addr)
-            if j is not None and not self.nodes[j].alive:
+            if j is not None and (not self.nodes[j].alive or self.nodes[j].node.me.pid != a.pid):
                 self._at(self.now, lambda: self._run(s, lambda: s.node.pid_gone(a.addr, self.now)))
         elif isinstance(a, core.GatherDone):
             self.gathers_done[(s.index, a.query_id)] = (self.now, a)

@@ -5,8 +5,12 @@ gradients on the world group, and every 10 steps each pair of ranks all-reduces 
 report has two kinds of communicators. Rank 0 prints a progress line per process group. The client port is on:
 ``rascli -v`` or ``echo verbose status | nc localhost 28028`` from another terminal.
 
+Training runs inside ``inprocess.Wrapper`` (``--no-restart``: without it). Its state (model, optimizer, step) is an
+``inprocess.elastic.TorchState`` committed to memory every ``--commit-every`` steps; after a fault the mesh's
+verdict restarts every surviving rank in place, and training resumes from the last commit, on the ranks left.
+
 Faults on demand: ``--inject KIND:rank=R,step=S[,seconds=X]`` (repeatable), KIND one of
-    exception   the rank raises (its process dies of it)
+    exception   the rank raises (under the Wrapper every rank restarts; with --no-restart its process dies)
     kill        kill -9 of the rank
     stop        SIGSTOP of the rank (a hang; ``kill -CONT`` it to resume)
     skip        the rank skips one gradient all-reduce (its counts fall one behind: MISMATCH)
@@ -57,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-every", type=int, default=10, help="progress lines every N steps")
     parser.add_argument("--inject", action="append", default=[], metavar="KIND:rank=R,step=S",
                         help="a fault to make: exception, kill, stop, skip or stall (repeatable)")
+    parser.add_argument("--commit-every", type=int, default=10,
+                        help="keep an in-memory copy of the training state every N steps (default 10)")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="train without inprocess.Wrapper: the first fault ends the job (the old behaviour)")
     parser.add_argument("--timeout-factor", type=float, default=0.0, help="scale every mesh timer")
     parser.add_argument("--addr", default="", help="client port address (TORCHRAS_ADDR; default localhost:28028)")
 
@@ -71,10 +79,9 @@ def demo_main(args: argparse.Namespace) -> int:
         if not 0 <= inj.rank < args.nproc:
             print(f"rasd demo: --inject rank {inj.rank} is not in 0..{args.nproc - 1}", file=sys.stderr)
             return 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        master_port = s.getsockname()[1]
+    master_port, wrapper_port = _free_ports(2)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+           "RASD_DEMO_WRAPPER_PORT": str(wrapper_port),
            "WORLD_SIZE": str(args.nproc), "TORCHRAS_SECRET": os.environ.get("TORCHRAS_SECRET") or os.urandom(16).hex(),
            "PYTHONUNBUFFERED": "1"}
     if args.timeout_factor:
@@ -82,13 +89,20 @@ def demo_main(args: argparse.Namespace) -> int:
     if args.addr:
         env["TORCHRAS_ADDR"] = args.addr
     cmd = [sys.executable, "-m", "rasd.torch.demo", "--steps", str(args.steps), "--step-time", str(args.step_time),
-           "--print-every", str(args.print_every)]
+           "--print-every", str(args.print_every), "--commit-every", str(args.commit_every)]
+    if args.no_restart:
+        cmd.append("--no-restart")
     for inj in injections:
         cmd += ["--inject", inj.spec()]
     addr = args.addr or env.get("TORCHRAS_ADDR") or "localhost:28028"
     host, _, port = addr.rpartition(":")
-    print(f"rasd demo: {args.nproc} gloo processes train a small MLP data-parallel. Their status: rascli -v -p {port}"
-          f" (or: echo verbose status | nc {host.strip('[]')} {port}). Ctrl+C stops it.", flush=True)
+    how = ("without restarts: the first fault ends the job" if args.no_restart else
+           "under inprocess.Wrapper: a fault restarts training in place from the last in-memory commit")
+    print(f"rasd demo: {args.nproc} gloo processes train a small MLP data-parallel, {how}. Their status: rascli -v "
+          f"-p {port} (or: echo verbose status | nc {host.strip('[]')} {port}); events: rascli -m -p {port}. "
+          "Ctrl+C stops it.", flush=True)
+    # A scheduler (or `timeout`) stops the demo with SIGTERM: end the workers as Ctrl+C does, never orphan them.
+    signal.signal(signal.SIGTERM, _interrupt)
     workers = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdin=subprocess.DEVNULL)
                for r in range(args.nproc)]
     try:
@@ -108,7 +122,24 @@ def demo_main(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 w.kill()
     codes = [w.returncode for w in workers]
-    return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else 1
+    faulted = {inj.rank for inj in injections if inj.kind in ("exception", "kill", "stop")}
+    survivors_fine = all(c in (0, -signal.SIGTERM) for r, c in enumerate(codes) if r not in faulted)
+    return 0 if survivors_fine and any(c in (0, -signal.SIGTERM) for c in codes) else 1
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -120,67 +151,141 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--step-time", type=float, default=0.2)
     ap.add_argument("--print-every", type=int, default=10)
+    ap.add_argument("--commit-every", type=int, default=10)
     ap.add_argument("--inject", action="append", default=[])
+    ap.add_argument("--no-restart", action="store_true")
     args = ap.parse_args(argv)
-    import datetime
     import logging
 
-    logging.basicConfig(level=os.environ.get("TORCHRAS_LOG_LEVEL", "WARNING"),
-                        format=f"[rank {os.environ.get('RANK')}] %(levelname)s %(message)s")
-    import torch
-    import torch.distributed as dist
-
+    level = os.environ.get("TORCHRAS_LOG_LEVEL")
+    logging.basicConfig(level=level or "WARNING", format=f"[rank {os.environ.get('RANK')}] %(levelname)s %(message)s")
+    if level is None:  # the progress lines tell the story; TORCHRAS_LOG_LEVEL=INFO shows the verdicts and restarts
+        for name in ("rasd", "inprocess"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     import rasd
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean exit: the node says goodbye
     rasd.install()
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    pairs = [dist.new_group([p, p + 1]) if p + 1 < world else dist.new_group([p]) for p in range(0, world, 2)]
-    pair = pairs[rank // 2]
-    mine = [Injection.parse(s) for s in args.inject if Injection.parse(s).rank == rank]
+    initial_rank = int(os.environ["RANK"])
+    trainer = Trainer(args, [Injection.parse(s) for s in args.inject if Injection.parse(s).rank == initial_rank])
+    if args.no_restart:
+        return trainer.run_without_restarts()
+    return trainer.run_under_the_wrapper()
 
-    torch.manual_seed(rank)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    target = torch.nn.Linear(32, 1)
-    step = 0
-    while args.steps == 0 or step < args.steps:
-        step += 1
-        started = time.monotonic()
-        x = torch.randn(64, 32)
-        with torch.no_grad():
-            y = target(x)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
+
+class Trainer:
+    """A small MLP trained data-parallel. Its state (model, optimizer, step) lives in an ``inprocess.elastic``
+    ``TorchState`` committed to memory every ``--commit-every`` steps, so a restart resumes from the last commit."""
+
+    def __init__(self, args: argparse.Namespace, injections: list[Injection]) -> None:
+        import torch
+
+        from inprocess.elastic import TorchState
+
+        self.args = args
+        self.pending = list(injections)  # each fault happens once, even when its step is replayed after a restart
+        torch.manual_seed(0)  # the same initial model on every rank
+        self.model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.target = torch.nn.Linear(32, 1)
+        self.state = TorchState(self.model, self.optimizer, step=0)
+        self.generator = torch.Generator().manual_seed(1000 + int(os.environ["RANK"]))
+        self.last_step_done = time.time()  # wall clock: what a restart cost is the gap in training it left
+
+    def run_without_restarts(self) -> int:
+        import datetime
+
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+        self.train(None)
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+
+    def run_under_the_wrapper(self) -> int:
+        import inprocess
+
+        wrapper = inprocess.Wrapper(
+            store_kwargs={"port": int(os.environ["RASD_DEMO_WRAPPER_PORT"])},
+        )
+        try:
+            wrapper(self.train_in_wrapper)()
+        except inprocess.rank_assignment.RankDiscarded:
+            print(f"rank {os.environ['RANK']}: left the job (terminated while it was unresponsive)", flush=True)
+        return 0
+
+    def train_in_wrapper(self, call_wrapper: "inprocess.CallWrapper | None" = None) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", store=call_wrapper.store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=600))
+        # No try/finally around the training: after a fault the Wrapper's abort destroys the groups, and a rank
+        # that destroyed its own on the way out would break its peers' collectives first, so that their errors,
+        # not its own, would be recorded as the cause.
+        self.state.sync()
+        restart = call_wrapper.last_restart
+        if restart is not None and dist.get_rank() == 0:
+            cause = restart.reasons[0]  # the verdict; the other reasons are its consequences
+            lost = time.time() - self.last_step_done
+            print(f"restart {restart.count} after {cause}: {dist.get_world_size()} ranks continue from step "
+                  f"{self.state.step}, {lost:.1f} s lost", flush=True)
+        self.train(call_wrapper)
+        dist.barrier()
+        dist.destroy_process_group()
+
+    def train(self, call_wrapper: object) -> None:
+        import torch
+        import torch.distributed as dist
+
+        args, state = self.args, self.state
+        rank, world = dist.get_rank(), dist.get_world_size()
+        pairs = [dist.new_group([p, p + 1]) if p + 1 < world else dist.new_group([p]) for p in range(0, world, 2)]
+        pair = pairs[rank // 2]
+        while args.steps == 0 or state.step < args.steps:
+            state.step += 1
+            step = state.step
+            started = time.monotonic()
+            x = torch.randn(64, 32, generator=self.generator)
+            with torch.no_grad():
+                y = self.target(x)
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            skip = self._inject_due(step)
+            grads = torch.cat([p.grad.flatten() for p in self.model.parameters()])
+            if not skip:
+                dist.all_reduce(grads)
+            grads /= world
+            offset = 0
+            for p in self.model.parameters():
+                p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+            self.optimizer.step()
+            if step % 10 == 0:
+                metric = loss.detach().clone()
+                dist.all_reduce(metric, group=pair)
+                if rank % 2 == 0 and step % args.print_every == 0:
+                    members = dist.get_process_group_ranks(pair)
+                    print(f"step {step:5d}  pair {'-'.join(map(str, members))}: {step // 10} all-reduces, "
+                          f"mean loss {metric.item() / len(members):.4f}", flush=True)
+            if rank == 0 and step % args.print_every == 0:
+                print(f"step {step:5d}  world ({world} ranks): {step} gradient all-reduces, loss {loss.item():.4f}",
+                      flush=True)
+            if call_wrapper is not None and step % args.commit_every == 0:
+                state.commit()
+            time.sleep(max(0.0, args.step_time - (time.monotonic() - started)))
+            self.last_step_done = time.time()
+
+    def _inject_due(self, step: int) -> bool:
+        """Make the faults due at ``step`` (once each); True when the rank should skip this step's all-reduce."""
         skip = False
-        for inj in mine:
-            if inj.step == step:
-                skip = _inject(inj, rank) or skip
-        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-        if not skip:
-            dist.all_reduce(grads)
-        grads /= world
-        offset = 0
-        for p in model.parameters():
-            p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        optimizer.step()
-        if step % 10 == 0:
-            metric = loss.detach().clone()
-            dist.all_reduce(metric, group=pair)
-            if rank % 2 == 0 and step % args.print_every == 0:
-                members = dist.get_process_group_ranks(pair)
-                print(f"step {step:5d}  pair {'-'.join(map(str, members))}: {step // 10} all-reduces, "
-                      f"mean loss {metric.item() / len(members):.4f}", flush=True)
-        if rank == 0 and step % args.print_every == 0:
-            print(f"step {step:5d}  world ({world} ranks): {step} gradient all-reduces, loss {loss.item():.4f}",
-                  flush=True)
-        time.sleep(max(0.0, args.step_time - (time.monotonic() - started)))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+        for inj in [inj for inj in self.pending if inj.step == step]:
+            self.pending.remove(inj)
+            skip = _inject(inj, inj.rank) or skip
+        return skip
 
 
 def _inject(inj: Injection, rank: int) -> bool:
@@ -193,7 +298,10 @@ def _inject(inj: Injection, rank: int) -> bool:
     if inj.kind == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     if inj.kind == "stall":
-        time.sleep(inj.seconds)
+        # A slow rank, not a frozen interpreter: short sleeps, so a restart can reach it between two of them.
+        deadline = time.monotonic() + inj.seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
     return inj.kind == "skip"
 
 

@@ -65,6 +65,9 @@ class TorchHooks:
         self.by_group: dict[int, LocalComm] = {}  # id(ProcessGroup) -> its communicator
         self.originals: dict[tuple[Any, str], Callable] = {}
         self.groups_created = 0
+        #: The in-process restart iteration whose groups are being created (inprocess.Wrapper sets it): part of
+        #: every communicator hash, so a group of iteration 3 is never mistaken for its twin of iteration 2.
+        self.epoch = 0
 
     # ------------------------------------------------------------------------------------------------------------
     # Installing
@@ -129,6 +132,11 @@ class TorchHooks:
 
         return counted
 
+    def begin_epoch(self, epoch: int) -> None:
+        """Groups created from now on belong to restart iteration ``epoch`` (every rank numbers them afresh)."""
+        self.epoch = epoch
+        self.groups_created = 0
+
     # ------------------------------------------------------------------------------------------------------------
     # Groups
 
@@ -150,7 +158,7 @@ class TorchHooks:
     def _register_default(self) -> None:
         pg = c10d._get_default_group()
         self.by_group[id(pg)] = self.registry.register(LocalComm(
-            comm_hash=_hash("world", dist.get_world_size()), size=dist.get_world_size(), rank=dist.get_rank(),
+            comm_hash=_hash(self.epoch, "world", dist.get_world_size()), size=dist.get_world_size(), rank=dist.get_rank(),
             rank_map=((0, dist.get_world_size(), 1),), device=_device_of(pg)))
 
     def _wrap_new_group(self, fn: Callable) -> Callable:
@@ -165,7 +173,7 @@ class TorchHooks:
             if me in members:
                 # Visible as INIT while torch builds it; all members count new_group calls alike.
                 pending = self.registry.register(LocalComm(
-                    comm_hash=_hash("new_group", self.groups_created, *members), size=len(members),
+                    comm_hash=_hash(self.epoch, "new_group", self.groups_created, *members), size=len(members),
                     rank=members.index(me), rank_map=runs_of(members), init_state=RESULT_IN_PROGRESS))
             try:
                 pg = fn(*args, **kwargs)
@@ -249,14 +257,21 @@ def _device_of(pg: Any) -> int:
 
 
 def _start_mesh(hooks: TorchHooks) -> None:
-    import rasd
-    from rasd.net import client_port
-
     try:
         store = c10d._get_default_store()
     except (RuntimeError, ValueError) as e:
         log.warning("rasd: no default store to bootstrap the mesh from (%s); RAS node not started", e)
         return
     device = _device_of(c10d._get_default_group())
-    rasd.start(store, rank=dist.get_rank(), devices=() if device < 0 else (device,),
-               local_data=lambda: hooks.registry.snapshot(monotonic()), services=[client_port.serve])
+    start_node(hooks, store, rank=dist.get_rank(), devices=() if device < 0 else (device,))
+
+
+def start_node(hooks: TorchHooks, store: Any, *, rank: int, devices: tuple[int, ...] = (),
+               prefix: str | None = None) -> Any:
+    """Start this process's RAS node (once) from ``store``, reporting the communicators that ``hooks`` count and
+    serving the client port. Returns the running node's runtime, or None when rasd is off or cannot start."""
+    import rasd
+    from rasd.net import client_port
+
+    return rasd.start(store, rank=rank, devices=devices, prefix=prefix,
+                      local_data=lambda: hooks.registry.snapshot(monotonic()), services=[client_port.serve])

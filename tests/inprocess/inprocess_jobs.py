@@ -37,6 +37,9 @@ class Job:
     directory: Path
     scenario: dict
     processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
+    #: Per rank, the tests/netns.py host it runs in (``.popen``, ``.ip``); None: this machine, on loopback.
+    hosts: Optional[list] = None
+    environment: dict = dataclasses.field(default_factory=dict)
 
     def start(self) -> "Job":
         master_port, wrapper_port = free_ports(2)
@@ -50,17 +53,20 @@ class Job:
         for rank in range(self.world_size):
             env = dict(
                 os.environ,
+                **self.environment,
                 RANK=str(rank),
                 WORLD_SIZE=str(self.world_size),
-                MASTER_ADDR="127.0.0.1",
+                MASTER_ADDR=self.hosts[0].ip if self.hosts else "127.0.0.1",
                 MASTER_PORT=str(master_port),
                 INPROCESS_TEST_SCENARIO=json.dumps(self.scenario),
                 PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
                 TORCH_CPP_LOG_LEVEL="ERROR",
             )
+            env.update(self.scenario.get("env", {}))  # e.g. TORCHRAS_TIMEOUT_FACTOR for the rasd mesh
             log = open(self.directory / f"rank{rank}.stderr", "w")
+            popen = self.hosts[rank].popen if self.hosts else subprocess.Popen
             self.processes.append(
-                subprocess.Popen([sys.executable, *([os.environ["INPROCESS_TEST_DEBUG"]] if os.environ.get("INPROCESS_TEST_DEBUG") else []), str(WORKLOAD)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                popen([sys.executable, *([os.environ["INPROCESS_TEST_DEBUG"]] if os.environ.get("INPROCESS_TEST_DEBUG") else []), str(WORKLOAD)], env=env, stdout=log, stderr=subprocess.STDOUT)
             )
         return self
 
@@ -94,6 +100,11 @@ class Job:
                     return item
             time.sleep(0.1)
         return None
+
+    def stderr(self, rank: int) -> str:
+        """What the rank wrote to stderr and stdout (its log lines)."""
+        path = self.directory / f"rank{rank}.stderr"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def diagnostics(self) -> str:
         parts = []

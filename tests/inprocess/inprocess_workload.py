@@ -29,6 +29,13 @@ if os.environ.get("INPROCESS_TEST_LOG"):
     import logging
 
     logging.basicConfig(level=logging.DEBUG, format="%(asctime)s.%(msecs)03d %(name)s %(message)s", datefmt="%H:%M:%S")
+elif SCENARIO.get("log_levels"):  # {"logger name": "LEVEL"}: what a test reads back from the rank's stderr
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s.%(msecs)03d %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    for name, level in SCENARIO["log_levels"].items():
+        logging.getLogger(name).setLevel(level)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -39,7 +46,8 @@ from inprocess import rank_assignment as ra  # noqa: E402
 
 def wrapper_kwargs() -> dict:
     seconds = datetime.timedelta(seconds=1)
-    settings = SCENARIO.get("wrapper", {})
+    # "wrapper_by_rank": {"<initial rank>": {...}} overrides "wrapper" on one rank (e.g. its own hard timeout).
+    settings = dict(SCENARIO.get("wrapper", {}), **SCENARIO.get("wrapper_by_rank", {}).get(str(INITIAL_RANK), {}))
     kwargs: dict = dict(
         store_kwargs={"port": SCENARIO["wrapper_port"], "timeout": 60 * seconds},
         monitor_thread_interval=settings.get("monitor_thread_interval", 0.1) * seconds,
@@ -56,6 +64,11 @@ def wrapper_kwargs() -> dict:
         monitor_process_pidfile=SCENARIO["pidfile"],
         monitor_process_logfile=SCENARIO.get("logfile"),
     )
+    if SCENARIO.get("etcd"):  # the Wrapper's store on an etcd cluster (tests/inprocess/etcd_cluster.py)
+        from inprocess.etcd_store import EtcdStore
+
+        kwargs["store_factory"] = EtcdStore
+        kwargs["store_kwargs"] = dict(SCENARIO["etcd"], timeout=60 * seconds)
     if "max_iterations" in settings:
         kwargs["initialize"] = inprocess.initialize.RetryController(max_iterations=settings["max_iterations"])
     if "max_active" in settings:
@@ -99,6 +112,13 @@ def inject(fault: dict, call_wrapper: inprocess.CallWrapper) -> None:
     if kind == "exception":
         time.sleep(fault.get("delay", 0))
         raise RuntimeError("injected fault")
+    if kind == "leave":  # a BaseException: this rank leaves the wrapper, the others go on without it
+        raise SystemExit(5)
+    if kind == "kill_store_server":  # the Wrapper's store server process (inprocess.store_server) dies
+        from inprocess.store_server import SERVER_KEY
+
+        raw_store = call_wrapper.base_store.base_store  # the call's namespace sits on the server's root
+        os.kill(int(raw_store.get(SERVER_KEY).split()[0]), signal.SIGKILL)
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "node":  # the whole "node" dies: the monitor process first, then the trainer
@@ -124,10 +144,82 @@ def inject(fault: dict, call_wrapper: inprocess.CallWrapper) -> None:
             emit(event="atomic_end", iteration=call_wrapper.iteration)
     if kind == "verdict":
         threading.Thread(target=report_verdicts, args=(call_wrapper, fault), daemon=True).start()
+    if kind == "stall":  # stuck before the next collective, in short sleeps: alive (not hung), counters frozen
+        while True:
+            time.sleep(0.05)
+    if kind == "kill_with":  # SIGKILL other ranks, then this one `gap` seconds later: near-simultaneous deaths
+        for victim in fault["victims"]:
+            os.kill(pid_of(victim), signal.SIGKILL)
+        time.sleep(fault.get("gap", 0.08))
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "kill_in_restart":  # this rank dies in the middle of the next restart (after its abort)
+        def die() -> None:
+            emit(event="dying_in_restart", iteration=call_wrapper.iteration)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        call_wrapper.restart_hooks.append(die)
+    if kind == "cont":  # resume a stopped rank
+        os.kill(pid_of(fault["target"]), signal.SIGCONT)
+    if kind == "exit":  # leave the mesh as a clean process exit does (rasd's atexit hook), then finish training
+        import rasd
+
+        rasd.stop()
+        emit(event="left_mesh", iteration=call_wrapper.iteration)
+        time.sleep(fault.get("linger", 1.0))
+    if kind == "await":  # until rank `target` reports `what` (every rank waiting at one step: nothing is stuck)
+        deadline = time.monotonic() + fault.get("timeout", 20)
+        while not reported(fault["target"], fault["what"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        emit(event="awaited", what=fault["what"], seen=reported(fault["target"], fault["what"]),
+             iteration=call_wrapper.iteration)
+    if kind == "late_verdicts":
+        replay_late_verdicts(call_wrapper, fault.get("expect", 1))
+
+
+def reported(rank: int, name: str) -> bool:
+    """Whether initial rank ``rank`` has written an event ``name`` to its JSON lines."""
+    with open(SCENARIO["out"].format(rank=rank)) as lines:
+        return any(json.loads(line).get("event") == name for line in lines if line.strip())
+
+
+def pid_of(rank: int) -> int:
+    """The pid of initial rank ``rank``, from the first iteration it reported starting (its JSON lines)."""
+    with open(SCENARIO["out"].format(rank=rank)) as lines:
+        for line in lines:
+            event = json.loads(line)
+            if event.get("event") == "start":
+                return int(event["pid"])
+    raise LookupError(f"rank {rank} has not started")
+
+
+def replay_late_verdicts(call_wrapper: inprocess.CallWrapper, expect: int) -> None:
+    """Hand every verdict the mesh gave this process so far (all about earlier iterations; at least ``expect`` of
+    them, waited for up to 10 s) to a fresh mesh fault source of this call, as if each arrived only now; report
+    whether any was applied."""
+    import rasd
+    from inprocess import mesh_source
+
+    kinds = {rasd.Kind.PEER_DEAD, rasd.Kind.PEER_HUNG, rasd.Kind.COMM_STUCK}
+    deadline = time.monotonic() + 10
+    while True:
+        subscription = rasd.subscribe(kinds, replay=True)
+        verdicts = subscription.drain()
+        subscription.close()
+        if len(verdicts) >= expect or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    source = mesh_source.MeshFaultSource(call_wrapper, call_wrapper._new_connection(), INITIAL_RANK)
+    for event in verdicts:
+        peer = None if event.peer is None else [event.peer.addr.host, event.peer.addr.port]
+        emit(event="late_verdict", kind=str(event.kind), peer=peer, comm_hash=event.comm_hash,
+             applied=source.handle(event), iteration=call_wrapper.iteration)
 
 
 def main() -> None:
-    app_store = dist.TCPStore(
+    # "user_store": the process group's store is the Wrapper's per-iteration store (no process hosts it);
+    # otherwise the classic pattern: an application TCPStore hosted by initial rank 0.
+    user_store = SCENARIO.get("user_store", False)
+    app_store = None if user_store else dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
         INITIAL_RANK == 0, timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
     )
@@ -139,10 +231,15 @@ def main() -> None:
         iteration = call_wrapper.iteration
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group(
-            "gloo", store=dist.PrefixStore(f"call{call}pg{iteration}", app_store), rank=rank, world_size=world_size,
+            "gloo", store=call_wrapper.store if user_store else dist.PrefixStore(f"call{call}pg{iteration}", app_store),
+            rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=SCENARIO.get("pg_timeout", 120)),
         )
-        emit(event="start", iteration=iteration, rank=rank, world_size=world_size, call=call)
+        restart = call_wrapper.last_restart
+        emit(event="start", iteration=iteration, rank=rank, world_size=world_size, call=call, pid=os.getpid(),
+             mesh=call_wrapper.mesh is not None,
+             restart=None if restart is None else {"count": restart.count, "cause": "; ".join(restart.reasons),
+                                                   "terminated": list(restart.terminated_ranks)})
         tensor = torch.ones(sizes[0])
         for step in range(steps):
             tensor.fill_(1.0)

@@ -111,8 +111,10 @@ def test_a_soft_timeout_restarts_a_livelock_whatever_the_intervals(launch):
 
 def test_a_dead_node_is_found_by_its_sibling_heartbeat(launch):
     # Trainer and monitor of rank 2 die together: nobody on its "node" is left to report it. Rank 1's monitor
-    # watches rank 2's heartbeat counter and declares it unresponsive.
+    # watches rank 2's heartbeat counter and declares it unresponsive. The rasd mesh would find the death first
+    # (tests/inprocess/test_mesh_restarts.py): off here, so that the heartbeat path is what is tested.
     job = launch({
+        "env": {"TORCHRAS_ENABLE": "0"},
         "steps": 10,
         "wrapper": {"heartbeat_interval": 0.3, "heartbeat_timeout": 5},
         "faults": [{"iteration": 0, "rank": 2, "step": 4, "kind": "node"}],

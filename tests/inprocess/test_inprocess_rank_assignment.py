@@ -30,9 +30,9 @@ def assign(policy, world_size: int, terminated: set[int]) -> dict[int, State]:
 
 
 def test_shift_ranks_closes_gaps():
-    states = assign(ra.ShiftRanks(), 6, {1, 4})
-    assert {old: s.rank for old, s in states.items()} == {0: 0, 2: 1, 3: 2, 5: 3}
-    assert all(s.world_size == 4 and s.mode == Mode.ACTIVE for s in states.values())
+    states = assign(ra.ShiftRanks(), 8, {1, 4, 5})
+    assert {old: s.rank for old, s in states.items()} == {0: 0, 2: 1, 3: 2, 6: 3, 7: 4}
+    assert all(s.world_size == 5 for s in states.values())
 
 
 def test_shift_ranks_clears_terminated_ranks():
@@ -40,11 +40,24 @@ def test_shift_ranks_clears_terminated_ranks():
     assert out.terminated_ranks == set()
 
 
-def test_fill_gaps_moves_the_surplus_into_the_holes():
-    # | 0 | X | 2 | 3 | X | X | 6 | 7 | --> | 0 | 6 | 2 | 3 | 7 |
+def test_fill_gaps_moves_ranks_as_the_reference_computes():
+    """The reference's own tests pin these numbers (8 ranks, {1, 4, 5} terminated: 6->4, 7->5)."""
     states = assign(ra.FillGaps(), 8, {1, 4, 5})
-    assert {old: s.rank for old, s in states.items()} == {0: 0, 2: 2, 3: 3, 6: 1, 7: 4}
+    assert {old: s.rank for old, s in states.items()} == {0: 0, 2: 2, 3: 3, 6: 4, 7: 5}
     assert {s.world_size for s in states.values()} == {5}
+    states = assign(ra.FillGaps(), 8, {1, 2, 7})
+    assert {old: s.rank for old, s in states.items()} == {0: 0, 3: 3, 4: 4, 5: 1, 6: 2}
+
+
+@pytest.mark.parametrize("policy", [ra.ShiftRanks(), ra.FillGaps()], ids=["ShiftRanks", "FillGaps"])
+def test_renumbering_touches_only_rank_and_world_size(policy):
+    before = State(6, 8, active_rank=3, active_world_size=4, iteration=2, mode=Mode.INACTIVE)
+    after = policy(ra.RankAssignmentCtx(before, None, {1, 4, 5})).state
+    assert (after.active_rank, after.active_world_size, after.mode, after.iteration) == (3, 4, Mode.INACTIVE, 2)
+    assert after.world_size == 5 and after.initial_rank == 6
+    # every rank terminated, and an empty set given as {} (the reference's tests do both)
+    assert assign(policy, 8, set(range(8))) == {}
+    assert policy(ra.RankAssignmentCtx(State(3, 8), None, {})).state.rank == 3
 
 
 def test_activate_all_ranks():
@@ -97,100 +110,214 @@ def test_filter_count_grouped_by_key_terminates_incomplete_groups():
     assert results[0].rank == 0 and results[1].rank == 1 and results[0].world_size == 2
 
 
-# ---- Tree ----------------------------------------------------------------------------------------------------
+# ---- Tree ------------------------------------------------------------------------------------------------------
+# The cases below are the reference's own Tree tests (tests/inprocess/test_rank_assignment.py upstream): the same
+# topologies, the same terminations, the same expected active ranks.
 
 
-def node_tree(world_size: int, per_node: int, max_per_node=None, node_flag=ra.LayerFlag.RESERVE, min_per_node=1):
-    tree = ra.Tree(
-        [
-            ra.Layer(key_or_fn="job", flag=ra.LayerFlag.RESERVE | ra.LayerFlag.BACKFILL),
-            ra.Layer(min_ranks=min_per_node, max_ranks=max_per_node, key_or_fn=lambda s: s.rank // per_node, flag=node_flag),
-        ]
-    )
-    keys = [["job", str(rank // per_node)] for rank in range(world_size)]
-    tree.build_from_keys(keys, world_size)
-    return tree
+class PublishedStore:
+    """What Tree reads from the store on its first call: every rank's state and layer keys, already published."""
+
+    def __init__(self, states: dict[int, State], keys: dict[int, list]) -> None:
+        self.states, self.keys = states, keys
+
+    def send_state(self, state, rank) -> None:
+        pass
+
+    def get_states(self, ranks):
+        return [self.states[rank] for rank in ranks]
+
+    def send_key(self, key, rank) -> None:
+        pass
+
+    def get_keys(self, ranks):
+        return [self.keys[rank] for rank in ranks]
 
 
-def active_map(tree: ra.Tree) -> dict[int, int]:
-    """initial rank -> active rank, for active leaves."""
-    return {
-        initial: leaf.state.active_rank
-        for initial, leaf in tree.init_rank_map.items()
-        if leaf.state.mode == Mode.ACTIVE
+def build(world_size: int, layers: list) -> tuple[ra.Tree, ra.RankAssignmentCtx]:
+    states = {rank: State(rank, world_size) for rank in range(world_size)}
+    keys = {
+        rank: [layer.key_or_fn(state) if callable(layer.key_or_fn) else layer.key_or_fn for layer in layers]
+        for rank, state in states.items()
     }
+    return ra.Tree(layers), ra.RankAssignmentCtx(states[0], PublishedStore(states, keys), set())
 
 
-def test_tree_activates_in_dfs_order_under_max_ranks():
-    tree = node_tree(8, per_node=4, max_per_node=2)
-    assert active_map(tree) == {0: 0, 1: 1, 4: 2, 5: 3}
-    assert tree.init_rank_map[2].state.mode == Mode.INACTIVE
+def active_ranks(tree: ra.Tree) -> list:
+    """Active rank of every initial rank (None: idle or terminated); every leaf agrees on the active world size."""
+    ranks = [tree.init_rank_map[rank].state.active_rank for rank in range(len(tree.init_rank_map))]
+    sizes = {leaf.state.active_world_size for leaf in tree.init_rank_map.values()}
+    assert sizes == {sum(rank is not None for rank in ranks)}
+    return ranks
 
 
-def test_tree_replaces_a_dead_rank_from_its_own_node():
-    """
-    node 0: [0] [X] [2 idle] [3 idle]    node 1: [4] [5] [6 idle] [7 idle]
-    -->     [0] [2 takes active 1]               unchanged
-    """
-    tree = node_tree(8, per_node=4, max_per_node=2)
-    tree.reassign({1})
-    assert active_map(tree) == {0: 0, 2: 1, 4: 2, 5: 3}
+def call(tree: ra.Tree, context: ra.RankAssignmentCtx, terminated: set[int]) -> ra.RankAssignmentCtx:
+    context.terminated_ranks = set(terminated)
+    try:
+        return tree(context)
+    except ra.RankDiscarded:
+        return context
+
+
+BACKFILL, RESERVE = ra.LayerFlag.BACKFILL, ra.LayerFlag.RESERVE
+
+
+def by_four(state: State) -> int:
+    return state.rank // 4
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ((BACKFILL, BACKFILL), [0, None, 2, 3, 4, 5, 6, 1]),
+        ((None, BACKFILL), [0, None, 2, 1, 3, 4, 5, 6]),
+        ((None, None), [0, None, 1, 2, 3, 4, 5, 6]),
+    ],
+    ids=["full", "partial", "none"],
+)
+def test_tree_backfill_honours_terminations_at_its_first_call(flags, expected):
+    tree, context = build(8, [ra.Layer(flag=flags[0]), ra.Layer(key_or_fn=lambda s: s.rank // 4, flag=flags[1])])
+    call(tree, context, {1})
+    assert active_ranks(tree) == expected
+
+
+def test_tree_backfills_groups_in_order():
+    tree, context = build(8, [ra.Layer(flag=BACKFILL), ra.Layer(key_or_fn=lambda s: s.rank // 2, flag=BACKFILL)])
+    call(tree, context, {2, 3})
+    assert active_ranks(tree) == [0, 1, None, None, 4, 5, 2, 3]
+
+
+def test_tree_takes_reserves_most_recently_idle_first():
+    tree, context = build(8, [ra.Layer(flag=RESERVE), ra.Layer(max_ranks=3, key_or_fn=by_four, flag=RESERVE)])
+    context = call(tree, context, {1})
+    assert active_ranks(tree) == [0, None, 2, 1, 3, 4, 5, None]
+    context = call(tree, context, {3})
+    assert active_ranks(tree) == [0, None, 2, 1, None, 4, 5, 3]
+    call(tree, context, {1})
+    assert active_ranks(tree) == [0, None, None, 1, None, 3, 4, 2]
+
+
+def test_tree_min_ranks_terminates_a_branch_and_the_root():
+    tree, context = build(8, [ra.Layer(), ra.Layer(min_ranks=3, key_or_fn=lambda s: s.rank // 4)])
+    with pytest.raises(ra.RankDiscarded):
+        tree(ra.RankAssignmentCtx(context.state, context.store, {0, 2}))
+    assert active_ranks(tree) == [None] * 4 + [0, 1, 2, 3]
+    tree, context = build(8, [ra.Layer(min_ranks=7), ra.Layer(min_ranks=1, key_or_fn=lambda s: s.rank // 4)])
+    with pytest.raises(ra.RankDiscarded):
+        tree(ra.RankAssignmentCtx(context.state, context.store, {0, 5}))
+    assert active_ranks(tree) == [None] * 8
+
+
+def test_tree_without_terminations_and_with_all_terminated():
+    layers = [ra.Layer(), ra.Layer(key_or_fn=lambda s: s.rank // 4)]
+    tree, context = build(8, layers)
+    assert tree(context).state.active_rank == 0
+    assert active_ranks(tree) == list(range(8))
+    tree, context = build(8, layers)
+    with pytest.raises(ra.RankDiscarded):
+        tree(ra.RankAssignmentCtx(context.state, context.store, set(range(8))))
+    assert active_ranks(tree) == [None] * 8
+
+
+def test_tree_propagates_then_reserves_then_backfills():
+    both = RESERVE | BACKFILL
+    tree, context = build(12, [ra.Layer(flag=both), ra.Layer(min_ranks=2, max_ranks=3, key_or_fn=by_four, flag=both)])
+    context = tree(context)
+    with pytest.raises(ra.RankDiscarded):
+        tree(ra.RankAssignmentCtx(context.state, context.store, {0, 1, 2}))
+    assert active_ranks(tree) == [None, None, None, None, 3, 4, 5, 1, 6, 7, 2, 0]
+
+
+def test_tree_sets_world_sizes_of_every_leaf_and_renumbers_depth_first():
+    tree, context = build(8, [ra.Layer(flag=RESERVE), ra.Layer(max_ranks=3, key_or_fn=by_four, flag=RESERVE)])
+    context = call(tree, context, {1})
+    assert {leaf.state.world_size for leaf in tree.init_rank_map.values()} == {7}
     assert tree.init_rank_map[1].state.mode == Mode.TERMINATED
-    assert tree.init_rank_map[2].state.rank == 1  # renumbered over the 7 survivors
-    assert tree.init_rank_map[7].state.world_size == 7
+    assert [tree.init_rank_map[rank].state.rank for rank in range(8)] == [0, 7, 1, 2, 3, 4, 5, 6]
+    assert context.state.rank == 0 and context.state.world_size == 7 and context.terminated_ranks == set()
 
 
-def test_tree_min_ranks_terminates_a_whole_node():
-    tree = node_tree(8, per_node=4, min_per_node=4)
-    tree.reassign({5})
-    assert all(tree.init_rank_map[rank].state.mode == Mode.TERMINATED for rank in (4, 5, 6, 7))
-    assert active_map(tree) == {0: 0, 1: 1, 2: 2, 3: 3}
-
-
-def test_tree_backfill_moves_the_highest_active_rank_into_the_hole():
-    tree = node_tree(6, per_node=3, node_flag=ra.LayerFlag.BACKFILL)
-    # every rank active; no reserve anywhere; root is BACKFILL
-    tree.reassign({1})
-    assert active_map(tree) == {0: 0, 5: 1, 2: 2, 3: 3, 4: 4}
-
-
-def test_tree_without_healing_shifts():
-    tree = ra.Tree([ra.Layer(key_or_fn="job"), ra.Layer(key_or_fn=lambda s: s.rank // 2)])
-    tree.build_from_keys([["job", str(rank // 2)] for rank in range(6)], 6)
-    tree.reassign({0})
-    assert active_map(tree) == {1: 0, 2: 1, 3: 2, 4: 3, 5: 4}
-
-
-def test_tree_world_size_filter_makes_reserves():
-    tree = ra.Tree([ra.Layer(key_or_fn="job")], world_size_filter=lambda n: n // 2 * 2)
-    tree.build_from_keys([["job"] for _ in range(5)], 5)
-    tree.reassign({4})
-    assert active_map(tree) == {0: 0, 1: 1, 2: 2, 3: 3}
-    tree.reassign({0})
-    assert active_map(tree) == {1: 0, 2: 1}
-    assert tree.init_rank_map[3].state.mode == Mode.INACTIVE
-
-
-def test_tree_needs_a_single_root():
-    tree = ra.Tree([ra.Layer(key_or_fn=lambda s: s.rank)])
+def test_tree_needs_a_single_root_and_warns_on_a_mismatched_topology():
+    tree, context = build(8, [ra.Layer(key_or_fn=lambda s: s.rank % 2)])
     with pytest.raises(RuntimeError):
-        tree.build_from_keys([[str(rank)] for rank in range(2)], 2)
-
-
-def test_tree_warns_when_dfs_order_differs_from_rank_order():
-    tree = ra.Tree([ra.Layer(key_or_fn="job"), ra.Layer(key_or_fn=lambda s: s.rank % 2)])
+        tree(context)
+    tree, context = build(8, [ra.Layer(), ra.Layer(key_or_fn=lambda s: s.rank % 2)])
     with pytest.warns(UserWarning):
-        tree.build_from_keys([["job", str(rank % 2)] for rank in range(4)], 4)
+        tree(context)
 
 
-def test_tree_call_through_the_store_and_discard():
+def test_tree_world_size_filter_makes_reserves_from_the_first_call():
+    tree, context = build(5, [ra.Layer(flag=RESERVE)])
+    tree.world_size_filter = lambda n: n // 2 * 2
+    context = tree(context)
+    assert active_ranks(tree) == [0, 1, 2, 3, None]
+    context = call(tree, context, {0})
+    assert active_ranks(tree) == [None, 1, 2, 3, 0]
+
+
+def random_tree_case(generator: random.Random) -> None:
+    """The reference's randomised invariants: sizes agree on every leaf, active ranks are dense."""
+    exponent = generator.randint(4, 8)
+    depth = generator.randint(1, exponent)
+    world_size = 2**exponent
+    boundaries = sorted(generator.sample(range(1, exponent), depth - 1))
+    layers = [ra.Layer(key_or_fn="root")]
+    leaf_counts = [world_size]
+    previous = total = 0
+    for boundary in boundaries:
+        total += boundary - previous
+        previous = boundary
+        leaf_counts.append(world_size // 2**total)
+        layers.append(ra.Layer(key_or_fn=lambda s, size=world_size // 2**total: s.rank // size))
+    reserve_up_to = generator.randint(0, len(layers))
+    backfill_up_to = generator.randint(0, len(layers))
+    for index, layer in enumerate(reversed(layers)):
+        if index < reserve_up_to:
+            layer.flag = (layer.flag or RESERVE) | RESERVE
+            leaf_count = leaf_counts[-index - 1]
+            layer.max_ranks = generator.randint(leaf_count // 2, leaf_count)
+        if index < backfill_up_to:
+            layer.flag = (layer.flag or BACKFILL) | BACKFILL
+    tree, context = build(world_size, layers)
+    context = tree(context)
+    alive = world_size
+    for _ in range(generator.randint(1, 16)):
+        if alive == 1:
+            break
+        count = min(generator.randint(1, 32), alive - 1)
+        alive -= count
+        context = call(tree, context, set(generator.sample(range(1, context.state.world_size), count)))
+        leaves = list(tree.init_rank_map.values())
+        assert len(leaves) == world_size
+        assert {leaf.state.world_size for leaf in leaves} == {alive}
+        (active_world_size,) = {leaf.state.active_world_size for leaf in leaves}
+        assert active_world_size == alive if reserve_up_to == 0 else active_world_size <= alive
+        active = {leaf.state.active_rank for leaf in leaves if leaf.state.mode == Mode.ACTIVE}
+        assert active == set(range(active_world_size))
+
+
+def test_tree_random_topologies_keep_the_invariants():
+    generator = random.Random(1)
+    for _ in range(128):
+        random_tree_case(generator)
+
+
+def test_tree_call_through_a_real_store_and_discard():
+    """First call through HashStore (JSON states and keys), as in the wrapper; then rank 2 terminated."""
     store = HashStore()
     world_size = 4
-    for rank in range(world_size):
-        store.send_key(["job", str(rank // 2)], rank)
-    layers = [ra.Layer(key_or_fn="job", flag=ra.LayerFlag.RESERVE), ra.Layer(key_or_fn=lambda s: s.rank // 2)]
+    layers = [ra.Layer(key_or_fn="job", flag=RESERVE), ra.Layer(key_or_fn=lambda s: s.rank // 2)]
     trees = {rank: ra.Tree(layers) for rank in range(world_size)}
-    states = {rank: trees[rank](ctx(rank, world_size, store=store)).state for rank in range(world_size)}
+    states: dict[int, State] = {}
+
+    def first_call(rank: int) -> None:
+        states[rank] = trees[rank](ctx(rank, world_size, store=store)).state
+
+    threads = [threading.Thread(target=first_call, args=(rank,)) for rank in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
     assert [states[r].active_rank for r in range(4)] == [0, 1, 2, 3]
     with pytest.raises(ra.RankDiscarded):
         trees[2](ra.RankAssignmentCtx(states[2], store, {2}))
@@ -199,37 +326,22 @@ def test_tree_call_through_the_store_and_discard():
 
 
 def test_tree_at_16384_ranks_with_1024_terminated():
-    """Job / 16 racks / 8-rank nodes, 1,024 idle reserves; 1,024 ranks die at once, three restarts in a row.
-
-    The per-call time is printed (run with -s); bench/README.restart.md records it. Asserted: the invariants.
-    """
-    world_size, per_node, per_rack = 16384, 8, 1024
+    """The reference's performance case (it allows 1 s per call); the CPU time is printed (run with -s)."""
+    world_size, flag = 2**14, RESERVE | BACKFILL
     layers = [
-        ra.Layer(key_or_fn="job", max_ranks=world_size - 1024, flag=ra.LayerFlag.RESERVE | ra.LayerFlag.BACKFILL),
-        ra.Layer(key_or_fn=lambda s: s.rank // per_rack, flag=ra.LayerFlag.RESERVE | ra.LayerFlag.BACKFILL),
-        ra.Layer(key_or_fn=lambda s: s.rank // per_node, flag=ra.LayerFlag.RESERVE),
+        ra.Layer(flag=flag),
+        ra.Layer(min_ranks=32, max_ranks=64, key_or_fn=lambda s: s.rank // 64, flag=flag),
+        ra.Layer(min_ranks=8, max_ranks=8, key_or_fn=lambda s: s.rank // 8, flag=flag),
     ]
-    keys = [["job", str(rank // per_rack), str(rank // per_node)] for rank in range(world_size)]
-    tree = ra.Tree(layers)
-    started = time.perf_counter()
-    tree.build_from_keys(keys, world_size)
-    timings = [time.perf_counter() - started]
-    generator = random.Random(7)
-    alive = world_size
-    for restart in range(3):
-        dead = set(generator.sample(range(alive), 1024))
-        started = time.perf_counter()
-        tree.reassign(dead)
-        timings.append(time.perf_counter() - started)
-        alive -= len(dead)
-        leaves = list(tree.rank_map.values())
-        assert len(leaves) == alive
-        assert sorted(leaf.state.rank for leaf in leaves) == list(range(alive))
-        active = sorted(leaf.state.active_rank for leaf in leaves if leaf.state.mode == Mode.ACTIVE)
-        assert active == list(range(len(active)))
-        assert {leaf.state.active_world_size for leaf in leaves} == {len(active)}
-        if restart == 0:
-            assert len(active) == world_size - 1024  # the reserves healed every hole
-    # The first restart is fully healed by the reserves: the active world keeps its size.
-    print(f"\nTree at 16,384 ranks: build {timings[0]:.3f} s, restarts with 1,024 terminated: "
-          + ", ".join(f"{t:.3f} s" for t in timings[1:]))
+    tree, context = build(world_size, layers)
+    started = time.process_time()
+    context = tree(context)
+    built = time.process_time() - started
+    started = time.process_time()
+    context = call(tree, context, set(random.Random(7).sample(range(world_size), 2**10)))
+    restarted = time.process_time() - started
+    leaves = list(tree.init_rank_map.values())
+    (active_world_size,) = {leaf.state.active_world_size for leaf in leaves}
+    active = {leaf.state.active_rank for leaf in leaves if leaf.state.mode == Mode.ACTIVE}
+    assert active == set(range(active_world_size))
+    print(f"\nTree at 16,384 ranks ({flag}): first call {built:.3f} s, 1,024 terminated {restarted:.3f} s (CPU)")

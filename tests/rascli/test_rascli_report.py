@@ -59,7 +59,8 @@ def test_status_part_without_a_blank_line_and_new_item_kinds() -> None:
     assert report.warnings[0].details[1].startswith("Rank 1 has status INIT")
 
 
-@pytest.mark.parametrize("name", ["healthy.txt", "mismatch.txt", "dead.txt", "outliers.txt", "gpus.txt"])
+@pytest.mark.parametrize("name", ["healthy.txt", "mismatch.txt", "dead.txt", "outliers.txt", "gpus.txt",
+                                  "restarts.txt"])
 def test_a_report_cut_short_is_refused(name: str) -> None:
     # (A cut exactly after an item's last detail line cannot be told from the text: an item may end without its
     # blank line. The client knows a report is complete from the job closing the connection.)
@@ -127,7 +128,8 @@ def test_parse_what_the_layout_prints(rows: list[CommRow], errors: list, warning
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.sampled_from(["healthy.txt", "dead.txt", "outliers.txt", "gpus.txt", "rasd_faulty_2x4.txt"]),
+@given(st.sampled_from(["healthy.txt", "dead.txt", "outliers.txt", "gpus.txt", "rasd_faulty_2x4.txt",
+                        "restarts.txt"]),
        st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 40), st.text(max_size=12)), max_size=4))
 def test_damaged_reports_parse_or_are_refused_cleanly(name: str, edits: list) -> None:
     """Whatever arrives, the parser gives a report or ReportFormatError, and a report it gives can be drawn."""

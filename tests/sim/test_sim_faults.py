@@ -146,7 +146,7 @@ def test_every_killed_node_is_known_dead_by_every_survivor_within_a_bound(big):
         for s in survivors:
             assert s in first, f"survivor {s} never learnt that {j} died"
             assert first[s] - sc.cut_off_until(s, killed_at) <= bound, (s, j, first[s], killed_at)
-            assert sc.sim.addr(j) in sc.sim.nodes[s].node.dead
+            assert sc.sim.key(j) in sc.sim.nodes[s].node.dead
 
 
 def test_a_node_paused_past_the_dead_limit_is_dead_everywhere_and_expels_itself_for_good(big):
@@ -162,7 +162,7 @@ def test_a_node_paused_past_the_dead_limit_is_dead_everywhere_and_expels_itself_
         # Dead everywhere, within one UNRESPONSIVE limit of the dead limit (counted from the pause).
         for s in survivors:
             assert s in first and first[s] <= start + t.dead + t.unresponsive, (s, z)
-            assert addr in sc.sim.nodes[s].node.dead
+            assert sc.sim.key(z) in sc.sim.nodes[s].node.dead
             assert addr not in {p.addr for p in sc.sim.nodes[s].node.live_peers()}
         # Resumed, it learnt it is dead, said so about itself, and stopped.
         zombie = sc.sim.nodes[z]
@@ -180,7 +180,7 @@ def test_a_node_paused_past_the_dead_limit_is_dead_everywhere_and_expels_itself_
 def test_survivors_agree_on_the_table_and_on_who_is_dead(big):
     sc, _, _ = big
     nodes = [sc.sim.nodes[i].node for i in sc.survivors()]
-    doomed = {sc.sim.addr(i) for i in sc.doomed()}
+    doomed = {sc.sim.key(i) for i in sc.doomed()}
     assert {n.table.hash for n in nodes} == {nodes[0].table.hash}
     assert all(n.dead == doomed for n in nodes)
     assert not any(n.expelled for n in nodes)
@@ -281,7 +281,7 @@ def test_a_node_cut_off_while_a_hang_ends_does_not_keep_the_hang_verdict():
     sim.run_until(1.0)
     sim.pause(subject)  # hangs: every node hears the HUNG verdict
     sim.run_until(1.0 + t.hang + t.unresponsive)
-    assert all(sim.addr(subject) in s.node.hung for s in sim.nodes if s.index != subject)
+    assert all(sim.key(subject) in s.node.hung for s in sim.nodes if s.index != subject)
     group = set(range(20, 24))  # four processes away from the subject
     p = sim.partition(group, set(range(n)) - group)
     sim.run_until(1.0 + 0.5 * t.dead)
@@ -290,5 +290,5 @@ def test_a_node_cut_off_while_a_hang_ends_does_not_keep_the_hang_verdict():
     sim.heal(p)
     sim.run_until(sim.now + 1.5 * t.dead)
     assert sim.events(Kind.PEER_DEAD) == []
-    still = [s.index for s in sim.nodes if sim.addr(subject) in s.node.hung]
+    still = [s.index for s in sim.nodes if sim.key(subject) in s.node.hung]
     assert still == [], f"nodes {still} still hold a HUNG verdict about a node that answers again"

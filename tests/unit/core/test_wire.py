@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rasd.core import wire
 from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
-from rasd.core.peers import Addr, PeerInfo
+from rasd.core.peers import Addr, PeerInfo, PeerKey
 
 V4 = PeerInfo(Addr("10.1.2.3", 40001), pid=4242, hostname="node-a", incarnation=2**64 - 1, devices=(0, 3), rank=17)
 V6 = PeerInfo(Addr("fe80::1", 65535), pid=1, hostname="ünï-cödé", incarnation=0, devices=(), rank=-1)
@@ -35,7 +35,7 @@ MESSAGES = [
     wire.ConnInitAck(wire.Nack.LEAVING, V6),
     wire.Keepalive(3, 4, True),
     wire.Keepalive(0, 2**64 - 1, False),
-    wire.PeersUpdate((V4, V6), (V6.addr,), (V4.addr, Addr("::", 1)), True),
+    wire.PeersUpdate((V4, V6), (V6.key,), (V4.key, PeerKey(Addr("::", 1), 0), PeerKey(V4.addr, 5)), True),
     wire.PeersUpdate((), (), (), False),
     *[wire.Flood(V4.addr, 9, kind, V6.addr, 12345) for kind in wire.FloodKind],
     wire.CollReq(V6.addr, 2**64 - 1, 0),
@@ -109,7 +109,7 @@ def test_trailing_bytes_are_a_protocol_error(msg):
 
 def test_a_bad_version_is_a_protocol_error():
     b = bytearray(body(wire.Keepalive(1, 2, True)))
-    for version in (0, 2, 255):
+    for version in (0, wire.VERSION - 1, wire.VERSION + 1, 255):
         b[0] = version
         with pytest.raises(wire.ProtocolError, match="version"):
             wire.decode_body(bytes(b))
@@ -185,7 +185,7 @@ def test_a_rank_record_with_the_wrong_op_count_or_flags_is_a_protocol_error():
 
 
 @pytest.mark.parametrize("msg", [
-    wire.PeersUpdate((V4,), (V6.addr,), (), True),
+    wire.PeersUpdate((V4,), (V6.key,), (), True),
     wire.CollResp(V4.addr, 1, 0, ((V4.addr, DATA),)),
 ], ids=["peersupdate", "collresp"])
 def test_a_huge_count_is_refused_before_anything_is_allocated(msg):
@@ -302,12 +302,13 @@ peers = st.builds(
     hostname=st.text(max_size=60), incarnation=st.integers(0, 2**64 - 1),
     devices=st.lists(st.integers(0, 255), max_size=8).map(tuple), rank=st.integers(-2**31, 2**31 - 1))
 u64 = st.integers(0, 2**64 - 1)
+keys = st.builds(PeerKey, addrs, u64)
 messages = st.one_of(
     st.builds(wire.ConnInit, peers, u64, u64),
     st.builds(wire.ConnInitAck, st.sampled_from(list(wire.Nack)), st.none() | peers),
     st.builds(wire.Keepalive, u64, u64, st.booleans()),
-    st.builds(wire.PeersUpdate, st.lists(peers, max_size=5).map(tuple), st.lists(addrs, max_size=5).map(tuple),
-              st.lists(addrs, max_size=5).map(tuple), st.booleans()),
+    st.builds(wire.PeersUpdate, st.lists(peers, max_size=5).map(tuple), st.lists(keys, max_size=5).map(tuple),
+              st.lists(keys, max_size=5).map(tuple), st.booleans()),
     st.builds(wire.Flood, addrs, u64, st.sampled_from(list(wire.FloodKind)), addrs, u64),
     st.builds(wire.CollReq, addrs, u64, st.integers(0, 2**32 - 1)),
     st.builds(wire.CollResp, addrs, u64, st.integers(0, 2**32 - 1),

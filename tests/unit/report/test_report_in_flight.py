@@ -48,3 +48,34 @@ def test_differences_no_operation_in_flight_explains_are_a_mismatch(ranks):
 
 def test_a_zero_grace_is_nccls_rule_any_difference_is_a_mismatch():
     assert mismatch(_snapshot([(42, 41, 3), (41, 41, 3)], grace=0.0))
+
+
+def _gathered(ranks: list[tuple[int, int, int]], collection_time: float) -> JobSnapshot:
+    import dataclasses
+
+    return dataclasses.replace(_snapshot(ranks), collection_time=collection_time)
+
+
+def test_a_leader_that_completed_a_step_during_the_gather_is_in_flight():
+    # Seen on an 8-process swarm queried every 0.2 s: every count complete, one rank one step ahead, because its
+    # counters moved after the others had been read. The gather took 40 ms; the leader moved 12 ms ago.
+    ranks = [(41, 41, 900)] * 7 + [(42, 42, 12)]
+    assert not mismatch(_gathered(ranks, 0.040))
+
+
+def test_operations_shorter_than_the_gather_can_put_ranks_read_late_several_steps_ahead():
+    # Seen with 20 ms steps and a 43 ms gather: counts 432, 433 (six ranks) and 434, each moved during the gather.
+    ranks = [(432, 432, 30)] + [(433, 433, 12)] * 6 + [(434, 434, 2)]
+    assert not mismatch(_gathered(ranks, 0.043))
+    # A gloo rank read while inside its all_reduce, another read after it finished and entered the next.
+    assert not mismatch(_gathered([(41, 40, 4), (42, 41, 1)], 0.010))
+
+
+@pytest.mark.parametrize("ranks, collection_time", [
+    ([(41, 41, 900), (42, 42, 60)], 0.040),  # ahead since before the gather began: not explained by its timing
+    ([(41, 41, 900), (43, 43, 5), (42, 42, 70)], 0.040),  # one rank ahead since before the gather began
+    ([(41, 40, 2500), (42, 42, 5)], 0.040),  # the one behind has been inside its operation too long
+    ([(41, 41, 900), (42, 42, 0)], 0.0),  # no gather window (a snapshot not from a gather): NCCL's rule
+])
+def test_differences_the_gathers_timing_does_not_explain_are_a_mismatch(ranks, collection_time):
+    assert mismatch(_gathered(ranks, collection_time))

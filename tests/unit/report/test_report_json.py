@@ -38,7 +38,7 @@ def test_parses_and_says_what_the_text_says(utc):
     doc = json.loads(dump(two_comms(), nccl_version="2.30.7", cuda_runtime_version=13000,
                           cuda_driver_version=13010))
     assert list(doc) == ["nccl_version", "cuda_runtime_version", "cuda_driver_version", "torchras_version",
-                         "torch_version", "timestamp", "communicators_count", "communicators", "ras"]
+                         "torch_version", "timestamp", "communicators_count", "communicators", "restarts", "ras"]
     assert (doc["nccl_version"], doc["cuda_runtime_version"], doc["cuda_driver_version"]) == ("2.30.7", 13000, 13010)
     assert doc["timestamp"] == "1970-01-01 00:00:00"
     assert doc["communicators_count"] == 2

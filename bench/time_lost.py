@@ -1,0 +1,601 @@
+"""Time lost to a fault: torchras against nvidia-resiliency-ext and torchrun, 4 gloo ranks on the CPU, one run.
+
+Time lost = from the fault (the faulty rank's clock just before it raises, kills or stops itself, starts to
+sleep, or leaves out a collective) until every rank of the restarted job has completed a training step again
+(the first iteration after the fault in which all its ranks, however many the system kept, logged a step).
+Faults, injected by initial rank 2 after 2 s of steady training (``bench/time_lost_worker.py``):
+
+    exception  raise in the training function          kill   SIGKILL of the process
+    stop       SIGSTOP of the process, never resumed   stall  sleep before a collective in 50 ms chunks
+    skip       one gradient all-reduce left out (the rank and its pair partner then wait in different groups)
+
+Systems, every one measured in this same run (what each is exactly: bench/README.md):
+
+    torchras          this repository's ``inprocess.Wrapper``: DEFAULTS, and TUNED (last_call_wait 0.1 s, every
+                      interval 0.1 s); the rasd mesh's verdicts restart it where the Wrapper wires them in
+    nvrx              nvidia-resiliency-ext 0.4.1's ``inprocess.Wrapper`` (a separate venv this script makes,
+                      sharing this venv's torch), at its defaults and tuned the same way, with its stock abort
+    nvrx_sockabort    the same with this repository's gloo-unblocking ``AbortTorchDistributed`` passed in
+    torchrun          ``torchrun --standalone --max-restarts N`` (defaults otherwise), per-attempt store prefix
+    rank 0            kill -9 of initial rank 0 (issue 10): torchras and nvrx at their defaults
+    etcd              torchras TUNED with the Wrapper's store on etcd (issue 10), where an etcd store exists
+
+The application's process-group timeout is 60 s for every system; its own store (for ``init_process_group``) is
+served by this script, outside every rank. Faults that keep every rank are chained in one job (one per restart
+iteration), a kill or a stop ends a chain (it leaves 3 ranks). Two lanes: crash faults are timed one job at a
+time (the next job imports meanwhile and is paused with SIGSTOP while a fault is being timed); hangs and stuck
+collectives, bound by fixed timers of 5 to 90 s, run afterwards, six jobs at once, since they wait rather than
+compute. A system that does not recover within the cap (60 s for crashes, 130 s for hangs) gets ``null``, with
+the reason in the table.
+
+    .venv/bin/python bench/time_lost.py              # 21 min on 2 cores at load 16, 45 min at load 34
+    .venv/bin/python bench/time_lost.py --quick      # one sample of each, tuned only, short caps: a smoke check
+    .venv/bin/python bench/time_lost.py --only torchras       # or nvrx, nvrx_sockabort, torchrun, torchras_tuned...
+
+Prints a table, then, as its last line, one JSON object with a key per (system, setting, fault).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import datetime
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Callable, Optional
+
+import psutil
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).resolve().with_name("time_lost_worker.py")
+OUTPUT = REPOSITORY / "bench" / "out" / "time_lost"
+WORLD_SIZE = 4
+FAULTS = ("exception", "kill", "stop", "stall", "skip")
+NVRX_VERSION = "0.4.1"
+DEFAULT_NVRX_VENV = Path("/tmp/torchras-bench-nvrx-venv")
+STARTUP_S = 600.0  # until the first fault: 8 to 48 torch imports on 2 cores that other work shares
+NEXT_FAULT_S = 60.0  # from a recovery to the chain's next fault (due 2 s after the first step)
+EXIT_GRACE_S = 10.0  # after the last recovery, for the processes to finish on their own before they are killed
+PARALLEL_JOBS = 6
+STARTING = 2  # jobs of the parallel lane starting at once
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One job: a system at a setting, and the faults it suffers, the i-th in restart iteration i.
+
+    Results are keyed ``{prefix}_{fault}_s``. Faults that keep every rank (exception, stall, skip) are chained in
+    one job, one per iteration, which spares the costly start of a job per sample; a kill or a stop takes a rank
+    away, so each needs a fresh job of 4 ranks (torchrun restarts all of them, so it chains everything).
+    """
+
+    prefix: str  # torchras_default, nvrx_tuned, nvrx_sockabort_default, torchrun, torchras_default_rank0, ...
+    system: str  # torchras | nvrx | torchrun (the worker's --system)
+    setting: str  # default | tuned
+    schedule: tuple[str, ...]
+    cap_s: float
+    abort: str = "stock"
+    store: str = "tcp"
+    fault_rank: int = 2
+    parallel: bool = False  # timeout-bound: runs beside other such jobs, after the exclusive ones
+
+
+@dataclasses.dataclass
+class Outcome:
+    samples: list[float] = dataclasses.field(default_factory=list)
+    worlds: list[int] = dataclasses.field(default_factory=list)
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def value(self) -> Optional[float]:
+        return round(statistics.median(self.samples), 3) if self.samples else None
+
+
+# ---- the plan ----------------------------------------------------------------------------------------------------
+
+
+def plan(quick: bool, only: Optional[str], etcd: Optional[dict], fault_filter: Optional[str]) -> list[Spec]:
+    """Every job of one run. Our rows and the crash rows get 3 samples; rows bound by a 60-90 s timeout get one."""
+    settings = ("tuned",) if quick else ("default", "tuned")
+    repeat = 1 if quick else 3
+    crash_cap, slow_cap = (30.0, 45.0) if quick else (60.0, 130.0)
+    specs: list[Spec] = []
+
+    def add(count: int, prefix: str, system: str, setting: str, schedule: tuple[str, ...], cap: float,
+            **extra: object) -> None:
+        if fault_filter:
+            schedule = tuple(fault for fault in schedule if fault == fault_filter)
+        if not schedule or (only and not any(prefix.startswith(part) for part in only.split(","))):
+            return
+        specs.extend(Spec(prefix, system, setting, schedule, cap, **extra) for _ in range(count))
+
+    crashes = ("exception",) * repeat + ("kill",)  # the kill last: it leaves 3 ranks
+    hangs = ("stall", "skip", "stop")  # the stop last: it leaves 3 ranks
+    for setting in settings:
+        ours = f"torchras_{setting}"
+        add(1, ours, "torchras", setting, crashes, crash_cap)
+        add(repeat - 1, ours, "torchras", setting, ("kill",), crash_cap)
+        # A hang waits for the mesh's PEER_HUNG (hang limit 10 s), a stuck collective for its COMM_STUCK (stuck
+        # limit 20 s + up to one 5 s sweep): timer-bound, so in the parallel lane.
+        add(repeat, ours, "torchras", setting, hangs, slow_cap, parallel=True)
+    for setting in settings:
+        # The stock abort leaves gloo blocked until the application's 60 s process-group timeout, and hangs wait
+        # for the 60/90 s soft/hard timeouts: one sample each, in the parallel lane.
+        stock = f"nvrx_{setting}"
+        # Not chained behind the hangs: a hang's hard timeout may terminate the rank that makes the next fault.
+        add(1, stock, "nvrx", setting, ("exception", "stall", "skip"), slow_cap, parallel=True)
+        add(1, stock, "nvrx", setting, ("kill",), slow_cap, parallel=True)
+        add(1, stock, "nvrx", setting, ("stop",), slow_cap, parallel=True)
+        sockets = f"nvrx_sockabort_{setting}"
+        add(1, sockets, "nvrx", setting, crashes, crash_cap, abort="socket")
+        add(repeat - 1, sockets, "nvrx", setting, ("kill",), crash_cap, abort="socket")
+        add(1, sockets, "nvrx", setting, hangs, slow_cap, abort="socket", parallel=True)
+    add(1, "torchrun", "torchrun", "default", ("exception",) * repeat + ("kill",) * repeat, crash_cap)
+    add(1, "torchrun", "torchrun", "default", ("stop",), slow_cap, parallel=True)
+    add(1, "torchrun", "torchrun", "default", ("stall", "skip"), slow_cap, parallel=True)
+    # Issue 10: kill -9 of initial rank 0, the rank that hosts the reference's store.
+    first = settings[0]
+    add(repeat, f"torchras_{first}_rank0", "torchras", first, ("kill",), crash_cap, fault_rank=0)
+    add(1, f"nvrx_{first}_rank0", "nvrx", first, ("kill",), crash_cap, fault_rank=0, parallel=True)
+    if etcd is not None:
+        add(1, "torchras_tuned_etcd", "torchras", "tuned", ("exception",) * repeat, crash_cap, store="etcd")
+    return specs
+
+
+def keys_of(specs: list[Spec]) -> list[str]:
+    keys: list[str] = []
+    for spec in specs:
+        for fault in spec.schedule:
+            key = f"{spec.prefix}_{fault}_s"
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
+# ---- one job -----------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A free port below the ephemeral range (machine-facts.md: ephemeral ports collided in scale tests)."""
+    while True:
+        port = random.randrange(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def read_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            pass
+    return events
+
+
+def recoveries(events: list[dict]) -> list[tuple[dict, Optional[tuple[float, int]]]]:
+    """For every fault: (fault, (seconds lost, ranks after)) or (fault, None) while not recovered.
+
+    Recovered = the first iteration after the fault's in which every rank (its world size, as the system set
+    it) has completed a step after the fault; the time is the last of those steps.
+    """
+    steps: dict[int, list[dict]] = {}
+    for event in events:
+        if event["event"] == "step":
+            steps.setdefault(event["system_iteration"], []).append(event)
+    result = []
+    for fault in (event for event in events if event["event"] == "fault"):
+        found = None
+        for iteration in sorted(i for i in steps if i > fault["system_iteration"]):
+            after = [event for event in steps[iteration] if event["time"] >= fault["time"]]
+            world_size = after[0]["world_size"] if after else 0
+            if after and len({event["rank"] for event in after}) == world_size:
+                found = (max(event["time"] for event in after) - fault["time"], world_size)
+                break
+        result.append((fault, found))
+    return result
+
+
+def next_fault_missing(events: list[dict], fault_rank: int) -> str:
+    """Why the next fault of a chain never came: usually the system terminated the rank that was to make it."""
+    steps = [event for event in events if event["event"] == "step"]
+    latest = max(event["system_iteration"] for event in steps)
+    if fault_rank not in {event["initial_rank"] for event in steps if event["system_iteration"] == latest}:
+        return f"not reached: the previous fault's restart terminated initial rank {fault_rank}, which makes it"
+    return f"not reached: no fault within {NEXT_FAULT_S:.0f} s of the previous recovery"
+
+
+class Job:
+    """The processes of one training job, tagged so that every descendant can be found, paused and ended.
+
+    Started with a closed gate: the processes import torch and the restart system, then wait for ``open``.
+    """
+
+    def __init__(self, spec: Spec, directory: Path, python: str, app_port: int, etcd: Optional[dict]) -> None:
+        self.spec = spec
+        self.directory = directory
+        self.events_path = directory / "events.jsonl"
+        self.gate = directory / "gate"
+        self.tag = uuid.uuid4().hex
+        directory.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+                   TORCH_CPP_LOG_LEVEL="ERROR", MASTER_ADDR="127.0.0.1", TIME_LOST_TAG=self.tag,
+                   PYTHONUNBUFFERED="1")
+        if spec.system != "torchras":
+            env["TORCHRAS_ENABLE"] = "0"  # the baselines run without the mesh
+        if etcd is not None and spec.store == "etcd":
+            env.update(TIME_LOST_ETCD_STORE=etcd["factory"], TIME_LOST_ETCD_KWARGS=json.dumps(etcd["kwargs"]),
+                       INPROCESS_ETCD_PREFIX=f"/time_lost/{self.tag}")
+        arguments = ["--system", spec.system, "--setting", spec.setting, "--abort", spec.abort, "--store", spec.store,
+                     "--schedule", ",".join(spec.schedule), "--fault-rank", str(spec.fault_rank),
+                     "--events", str(self.events_path), "--app-port", str(app_port), "--app-prefix", self.tag,
+                     "--gate", str(self.gate)]
+        self.log = open(directory / "output.log", "wb")
+        if spec.system == "torchrun":
+            command = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD_SIZE}",
+                       f"--max-restarts={len(spec.schedule)}", str(WORKER), *arguments]
+            self.processes = [subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)]
+            return
+        env.update(WORLD_SIZE=str(WORLD_SIZE), MASTER_PORT=str(free_port()))
+        self.processes = []
+        for rank in range(WORLD_SIZE):
+            self.processes.append(subprocess.Popen([python, str(WORKER), *arguments], env=dict(env, RANK=str(rank)),
+                                                   stdout=self.log, stderr=subprocess.STDOUT))
+
+    def open(self) -> None:
+        self.gate.touch()
+
+    def tagged(self) -> list[psutil.Process]:
+        found = []
+        for process in psutil.process_iter():
+            try:
+                if process.environ().get("TIME_LOST_TAG") == self.tag:
+                    found.append(process)
+            except psutil.Error:
+                pass
+        return found
+
+    def signal(self, number: int) -> None:
+        for process in self.tagged():
+            try:
+                process.send_signal(number)
+            except psutil.Error:
+                pass
+
+    def alive(self) -> int:
+        count = 0
+        for process in self.tagged():
+            try:
+                if process.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                    count += 1
+            except psutil.Error:
+                pass
+        return count
+
+    def finished(self) -> bool:
+        return all(process.poll() is not None for process in self.processes)
+
+    def end(self) -> None:
+        self.signal(signal.SIGKILL)
+        for process in self.processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.log.close()
+
+
+def watch(job: Job, steady: Callable[[], None], measured: Callable[[], None]) -> list[tuple[str, Optional[float], int, str]]:
+    """Open the gate, follow the job until every fault recovered (each within the cap) or cannot; end it.
+
+    ``steady`` runs once the job's ranks have all stepped (the window in which faults are timed begins),
+    ``measured`` once the last fault recovered or the job failed. Returns (fault, seconds or None, ranks
+    after, reason) per fault of the schedule.
+    """
+    spec = job.spec
+    job.open()
+    started = time.monotonic()
+    reason = ""
+    recovered_at: Optional[float] = None
+    announced = False
+    try:
+        while True:
+            time.sleep(0.1)
+            events = read_events(job.events_path)
+            if not announced and len({e["initial_rank"] for e in events if e["event"] == "step"}) >= WORLD_SIZE:
+                announced = True
+                steady()
+            found = recoveries(events)
+            if sum(result is not None for _, result in found) >= len(spec.schedule):
+                if recovered_at is None:
+                    recovered_at = time.monotonic()
+                    measured()
+                if job.finished() or time.monotonic() - recovered_at > EXIT_GRACE_S:
+                    break
+                continue
+            if job.finished():
+                reason = "job lost: every process exited" if found else "the job ended before its fault"
+                break
+            if not found:
+                if time.monotonic() - started > STARTUP_S:
+                    reason = f"no fault within {STARTUP_S:.0f} s of the start"
+                    break
+                continue
+            fault, result = found[-1]
+            if result is None and time.time() - fault["time"] > spec.cap_s:
+                reason = f"not recovered within the {spec.cap_s:.0f} s cap ({job.alive()} processes left running)"
+                break
+            if result is not None and time.time() - (fault["time"] + result[0]) > NEXT_FAULT_S:
+                reason = next_fault_missing(events, spec.fault_rank)
+                break
+        if recovered_at is None:
+            measured()
+        found = recoveries(read_events(job.events_path))
+    finally:
+        job.end()
+    results = []
+    for index, fault in enumerate(spec.schedule):
+        if index < len(found) and found[index][1] is not None:
+            seconds, world = found[index][1]
+            results.append((fault, seconds, world, ""))
+        elif index < len(found):
+            results.append((fault, None, 0, reason))
+        else:
+            results.append((fault, None, 0, f"not reached ({reason or 'an earlier fault of the job failed'})"))
+    return results
+
+
+# ---- the baselines' environments ---------------------------------------------------------------------------------
+
+
+def nvrx_python(venv: Path) -> str:
+    """The venv with nvidia-resiliency-ext 0.4.1 that shares this interpreter's torch; made on first use.
+
+    ``pip install --no-deps`` keeps pip from resolving a (CUDA) torch; a ``.pth`` file appends this venv's
+    site-packages, so the baseline runs on exactly the torch 2.13.0 CPU build that torchras runs on.
+    """
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", f"import nvidia_resiliency_ext, importlib.metadata as m, torch; "
+             f"assert m.version('nvidia-resiliency-ext') == '{NVRX_VERSION}'; print(torch.__version__)"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return str(python)
+    import torch
+
+    print(f"making {venv} (nvidia-resiliency-ext {NVRX_VERSION}, this venv's torch)", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", f"nvidia-resiliency-ext=={NVRX_VERSION}",
+                    "pyyaml", "defusedxml"], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "torchras-bench-torch.pth").write_text(str(Path(torch.__file__).resolve().parents[1]) + "\n")
+    subprocess.run(probe, check=True, capture_output=True)
+    return str(python)
+
+
+class Etcd:
+    """A one-member etcd on loopback for the Wrapper's ``inprocess.etcd_store.EtcdStore`` (issue 10).
+
+    Data in /dev/shm, as the tests do (tests/inprocess/etcd_cluster.py), so the member's fsyncs cost nothing on
+    a busy machine: the figure is the store's protocol cost per restart, not a disk's.
+    """
+
+    def __init__(self, binary: str) -> None:
+        self.client_port, peer_port = free_port(), free_port()
+        self.data = tempfile.mkdtemp(prefix="time-lost-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        client, peer = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{peer_port}"
+        self.log = open(os.path.join(self.data, "etcd.log"), "wb")
+        self.process = subprocess.Popen(
+            [binary, "--name", "bench", "--data-dir", os.path.join(self.data, "member"), "--listen-client-urls", client,
+             "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"bench={peer}", "--heartbeat-interval", "100", "--election-timeout", "1000"],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{client}/health", timeout=2) as reply:
+                    if b'"true"' in reply.read():
+                        break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        else:
+            self.close()
+            raise TimeoutError("etcd did not become healthy within 60 s")
+        self.settings = {"factory": "inprocess.etcd_store.EtcdStore",
+                         "kwargs": {"endpoints": f"127.0.0.1:{self.client_port}"}}
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.log.close()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+def etcd_setup(wanted: bool) -> tuple[Optional[Etcd], str]:
+    """The etcd store of issue 10 where this repository has one and etcd is installed; else (None, why not)."""
+    if not wanted:
+        return None, "not selected"
+    try:
+        import inprocess.etcd_store  # noqa: F401
+        import etcd3gw  # noqa: F401
+    except ImportError as error:
+        return None, f"no etcd store here ({error})"
+    binary = shutil.which("etcd")
+    if binary is None:
+        return None, "etcd is not installed (./bootstrap installs Debian's etcd-server)"
+    return Etcd(binary), ""
+
+
+# ---- report --------------------------------------------------------------------------------------------------------
+
+
+def format_value(outcome: Optional[Outcome]) -> str:
+    if outcome is None:
+        return "-"
+    if outcome.value is None:
+        return "null*"
+    text = f"{outcome.value:.2f} s" if outcome.value < 100 else f"{outcome.value:.0f} s"
+    return text + ("" if len(outcome.samples) > 1 else " (1)")
+
+
+def report(keys: list[str], results: dict[str, Outcome], elapsed: float) -> dict:
+    special = [key for key in keys if "rank0" in key or "etcd" in key]
+    rows: list[str] = []
+    for key in keys:
+        prefix = key.rsplit("_", 2)[0]
+        if key not in special and prefix not in rows:
+            rows.append(prefix)
+    print()
+    print(f"{'seconds lost (median)':<26}" + "".join(f"{fault:>13}" for fault in FAULTS))
+    for prefix in rows:
+        cells = [format_value(results.get(f"{prefix}_{fault}_s")) for fault in FAULTS]
+        print(f"{prefix.replace('_', ' '):<26}" + "".join(f"{cell:>13}" for cell in cells))
+    if special:
+        print()
+        for key in special:
+            print(f"{key.replace('_', ' ')[:-2]:<39} {format_value(results[key]):>12}")
+    print()
+    print("(1): one sample; null*: no recovery, the reason below. Targets (issue 9), torchras at its defaults: crash "
+          "<= 1.5 s, hang (stop) <= 12 s, stuck (stall, skip) <= 25 s; tuned: crash <= 0.3 s.")
+    for key in keys:
+        outcome = results[key]
+        line = f"  {key}: samples {[round(sample, 3) for sample in outcome.samples]}"
+        worlds = sorted(set(outcome.worlds))
+        line += f", ranks after {worlds}" if worlds else ""
+        if outcome.failures:
+            line += f"; null: {'; '.join(sorted(set(outcome.failures)))}"
+        print(line)
+    print(f"elapsed {elapsed / 60:.1f} min")
+    return {key: results[key].value for key in keys}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one sample of each, tuned only, 30 s caps")
+    parser.add_argument("--only", help="the jobs whose key starts with this (comma-separated: any of them): "
+                        "torchras, nvrx (both aborts), nvrx_sockabort, torchrun, torchras_default, ...")
+    parser.add_argument("--fault", choices=FAULTS, help="one fault kind (debugging)")
+    parser.add_argument("--nvrx-venv", type=Path, default=DEFAULT_NVRX_VENV)
+    parser.add_argument("--jobs", type=int, default=PARALLEL_JOBS, help="jobs at once in the timeout-bound lane")
+    args = parser.parse_args()
+    started = time.monotonic()
+    etcd_server, etcd_missing = etcd_setup(not args.only or any(
+        "torchras_tuned_etcd".startswith(part) or part.startswith("torchras_tuned_etcd") for part in args.only.split(",")))
+    etcd = etcd_server.settings if etcd_server is not None else None
+    try:
+        run(args, etcd, etcd_missing, started)
+    finally:
+        if etcd_server is not None:
+            etcd_server.close()
+
+
+def run(args: argparse.Namespace, etcd: Optional[dict], etcd_missing: str, started: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    specs = plan(args.quick, args.only, etcd, args.fault)
+    keys = keys_of(specs)
+    python_of = {"torchras": sys.executable, "torchrun": sys.executable}
+    if any(spec.system == "nvrx" for spec in specs):
+        python_of["nvrx"] = nvrx_python(args.nvrx_venv)
+    print(f"time lost to a fault: {WORLD_SIZE} gloo ranks on the CPU, torch {torch.__version__}, "
+          f"{os.cpu_count()} cores, nvidia-resiliency-ext {NVRX_VERSION}; {len(specs)} jobs, {len(keys)} figures")
+    if etcd is None and etcd_missing != "not selected":
+        print(f"the etcd-backed store's rows are left out: {etcd_missing}")
+    # The training function's own store (for init_process_group) is served here, outside every rank, for every
+    # system but torchrun (whose workers use the agent's store): losing rank 0 then tests the restart system.
+    app_port = free_port()
+    app_store = dist.TCPStore("127.0.0.1", app_port, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=60))
+    root = OUTPUT / time.strftime("%Y%m%d-%H%M%S")
+    results = {key: Outcome() for key in keys}
+    lock = threading.Lock()
+    numbers = iter(range(len(specs)))
+
+    def make(spec: Spec) -> Job:
+        name = f"{next(numbers):02d}-{spec.prefix}-{'-'.join(spec.schedule)}"
+        return Job(spec, root / name, python_of[spec.system], app_port, etcd)
+
+    loads: list[float] = []
+
+    def record(job: Job, begun: float, found: list[tuple[str, Optional[float], int, str]]) -> None:
+        with lock:
+            loads.append(os.getloadavg()[0])
+            for fault, seconds, world, reason in found:
+                outcome = results[f"{job.spec.prefix}_{fault}_s"]
+                if seconds is None:
+                    outcome.failures.append(reason)
+                else:
+                    outcome.samples.append(seconds)
+                    outcome.worlds.append(world)
+            text = ", ".join(f"{fault} {seconds:.3f}" if seconds is not None else f"{fault} null ({reason})"
+                             for fault, seconds, _, reason in found)
+            print(f"  {job.directory.name}: {text} [{time.monotonic() - begun:.0f} s]", file=sys.stderr, flush=True)
+
+    # Exclusive lane: one job measured at a time; the next one imports meanwhile and is paused (SIGSTOP) while
+    # a fault of this one is being timed.
+    sequential = [spec for spec in specs if not spec.parallel]
+    upcoming: Optional[Job] = None
+    for index, spec in enumerate(sequential):
+        begun = time.monotonic()
+        job = upcoming or make(spec)
+        upcoming = make(sequential[index + 1]) if index + 1 < len(sequential) else None
+        pending = upcoming
+        found = watch(job, steady=lambda: pending and pending.signal(signal.SIGSTOP),
+                      measured=lambda: pending and pending.signal(signal.SIGCONT))
+        record(job, begun, found)
+
+    # Timeout-bound lane: these jobs mostly wait (for 20-90 s timers), so several run at once, longest first;
+    # at most STARTING of them start at a time (until their ranks step), so their imports do not starve each other.
+    starting = threading.Semaphore(STARTING)
+
+    def measure(spec: Spec) -> None:
+        begun = time.monotonic()
+        starting.acquire()
+        released = threading.Event()
+
+        def steady() -> None:
+            if not released.is_set():
+                released.set()
+                starting.release()
+
+        try:
+            job = make(spec)
+            found = watch(job, steady=steady, measured=lambda: None)
+        finally:
+            steady()
+        record(job, begun, found)
+
+    parallel = sorted((spec for spec in specs if spec.parallel), key=lambda spec: -len(spec.schedule) * spec.cap_s)
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        list(pool.map(measure, parallel))
+    del app_store
+    figures = report(keys, results, time.monotonic() - started)
+    print(f"machine load (1-min load average at the end of each job): median {statistics.median(loads):.1f}, "
+          f"range {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores")
+    print(f"logs: {root}")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

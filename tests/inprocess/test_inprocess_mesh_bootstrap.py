@@ -1,0 +1,74 @@
+"""The rasd mesh needs its bootstrap store only to start: once formed, it answers STATUS without it.
+
+Three processes form a mesh through a torch TCPStore hosted *inside* member 0 (the classic "rank 0 hosts the
+store" pattern, rasd/net/bootstrap.py reads it once per process). Member 0 is then killed (kill -9), store server
+and all: the survivors keep their mesh, answer STATUS on the job's client port and report member 0 dead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from inprocess_jobs import REPOSITORY, free_ports
+
+sys.path.insert(0, str(REPOSITORY / "tests" / "integration"))
+
+from ras_client import ask  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+MEMBER = Path(__file__).with_name("mesh_member.py")
+DEADLINE = 120.0  # three processes import torch on 2 busy cores
+
+
+def status(port: int, deadline: float, predicate) -> str:
+    """The job's text report, asked again until ``predicate(report)`` holds (or the deadline passes)."""
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = ask(port, b"STATUS\n", timeout=20)
+            if predicate(last):
+                return last
+        except (OSError, AssertionError) as error:
+            last = error
+        time.sleep(0.5)
+    raise AssertionError(f"no matching report before the deadline; last: {last}")
+
+
+THREE_PROCESSES = "      1          3            0          3        0"  # the job summary: 1 node, 3 processes
+
+
+def test_the_mesh_answers_status_after_the_store_host_is_gone(tmp_path):
+    store_port, client_port = free_ports(2)
+    env = dict(os.environ, TORCHRAS_ADDR=f"localhost:{client_port}", TORCHRAS_RUN_DIR=str(tmp_path / "run"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+               TORCH_CPP_LOG_LEVEL="ERROR")
+    logs = [open(tmp_path / f"member{index}.log", "w") for index in range(3)]
+    members = [subprocess.Popen([sys.executable, str(MEMBER), str(index), str(store_port), "3"], env=env,
+                                stdout=logs[index], stderr=subprocess.STDOUT) for index in range(3)]
+    try:
+        deadline = time.monotonic() + DEADLINE
+        status(client_port, deadline, lambda report: THREE_PROCESSES in report)
+        members[0].kill()
+        members[0].wait(10)
+        with pytest.raises(OSError):  # the bootstrap store went with it
+            import socket
+
+            socket.create_connection(("127.0.0.1", store_port), 2).close()
+        gone = f"Process {members[0].pid} on node 127.0.0.1 managing CPU"
+        report = status(client_port, time.monotonic() + 60, lambda report: gone in report)
+        assert "1 job process is considered dead" in report and THREE_PROCESSES in report, report
+        assert all(member.poll() is None for member in members[1:])
+    finally:
+        for member in members:
+            if member.poll() is None:
+                member.kill()
+            member.wait(10)
+        for log in logs:
+            log.close()

@@ -101,6 +101,7 @@ def big():
     return sc, Index(sc), root
 
 
+@pytest.mark.slow
 def test_the_run_is_big_enough_and_the_faults_happened(big):
     sc, index, _ = big
     assert len(sc.sim.nodes) >= 1000
@@ -110,6 +111,7 @@ def test_the_run_is_big_enough_and_the_faults_happened(big):
     assert index.by_kind[Kind.PEER_KEEPALIVE_TIMEOUT]
 
 
+@pytest.mark.slow
 def test_no_node_is_declared_dead_while_reachable(big):
     sc, _, _ = big
     wrong = [(observer, subject, at) for observer, subject, at in sc.dead_verdicts()
@@ -117,6 +119,7 @@ def test_no_node_is_declared_dead_while_reachable(big):
     assert wrong == []
 
 
+@pytest.mark.slow
 def test_short_pauses_and_a_short_partition_cost_nobody_anything(big):
     sc, index, _ = big
     for i in [*sc.short, *sc.cut]:
@@ -133,6 +136,7 @@ def test_short_pauses_and_a_short_partition_cost_nobody_anything(big):
             assert index.about(Kind.PEER_RECOVERED, subject), subject
 
 
+@pytest.mark.slow
 def test_every_killed_node_is_known_dead_by_every_survivor_within_a_bound(big):
     sc, index, _ = big
     # Fast death: a killed process is known job-wide in well under the UNRESPONSIVE limit, not the dead limit,
@@ -149,6 +153,7 @@ def test_every_killed_node_is_known_dead_by_every_survivor_within_a_bound(big):
             assert sc.sim.key(j) in sc.sim.nodes[s].node.dead
 
 
+@pytest.mark.slow
 def test_a_node_paused_past_the_dead_limit_is_dead_everywhere_and_expels_itself_for_good(big):
     sc, index, _ = big
     survivors = sc.survivors()
@@ -177,6 +182,7 @@ def test_a_node_paused_past_the_dead_limit_is_dead_everywhere_and_expels_itself_
             assert not any(c.peer == addr for c in sc.sim.nodes[s].node.conns.values())
 
 
+@pytest.mark.slow
 def test_survivors_agree_on_the_table_and_on_who_is_dead(big):
     sc, _, _ = big
     nodes = [sc.sim.nodes[i].node for i in sc.survivors()]
@@ -186,6 +192,7 @@ def test_survivors_agree_on_the_table_and_on_who_is_dead(big):
     assert not any(n.expelled for n in nodes)
 
 
+@pytest.mark.slow
 def test_a_gather_at_the_end_returns_every_live_node(big):
     sc, _, root = big
     at, done = sc.sim.gathers_done[(root, 1)]
@@ -235,6 +242,7 @@ def _digest(sc: Scenario) -> str:
     return hashlib.sha256(repr(sc.trace()).encode()).hexdigest()
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_trace():
     one, two, other = run_scenario(128, seed=3), run_scenario(128, seed=3), run_scenario(128, seed=4)
     assert one.trace() == two.trace()
@@ -251,6 +259,7 @@ print(hashlib.sha256(repr(sc.trace()).encode()).hexdigest(), sc.sim.messages_sen
 """
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_trace_in_another_process_whatever_the_hash_seed():
     """Reproducible from the seed alone: not from set order, which PYTHONHASHSEED changes between processes.
     (Found by this test: ``Node._relink`` opened connections in set order.)"""

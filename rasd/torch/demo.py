@@ -27,6 +27,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import inprocess
 
 KINDS = ("exception", "kill", "stop", "skip", "stall")
 

@@ -132,3 +132,19 @@ class Job:
                 os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
             except (ValueError, ProcessLookupError, PermissionError):
                 pass
+
+
+def events(job: Job, rank: int, name: str) -> list[dict]:
+    """The events called ``name`` that initial rank ``rank`` reported, in order."""
+    return [event for event in job.events(rank) if event["event"] == name]
+
+
+def iterations(job: Job, rank: int, name: str) -> list[int]:
+    return [event["iteration"] for event in events(job, rank, name)]
+
+
+def started(job: Job, rank: int, iteration: int) -> dict:
+    """The "start" event of initial rank ``rank`` in ``iteration`` (asserted to exist)."""
+    matches = [event for event in events(job, rank, "start") if event["iteration"] == iteration]
+    assert matches, f"initial rank {rank} did not start iteration {iteration}\n{job.diagnostics()}"
+    return matches[0]

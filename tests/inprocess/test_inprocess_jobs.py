@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+from inprocess_jobs import events, iterations, started
 
 JOB_DEADLINE = 120  # seconds for a whole job, start-up (torch imports on 2 busy cores) included
 
@@ -20,19 +21,6 @@ def finish(job, ranks=None, deadline: float = JOB_DEADLINE) -> list:
     assert None not in codes, f"job did not finish: {codes}\n{job.diagnostics()}"
     return codes
 
-
-def events(job, rank: int, name: str) -> list[dict]:
-    return [event for event in job.events(rank) if event["event"] == name]
-
-
-def iterations(job, rank: int, name: str) -> list[int]:
-    return [event["iteration"] for event in events(job, rank, name)]
-
-
-def started(job, rank: int, iteration: int) -> dict:
-    matches = [event for event in events(job, rank, "start") if event["iteration"] == iteration]
-    assert matches, f"initial rank {rank} did not start iteration {iteration}\n{job.diagnostics()}"
-    return matches[0]
 
 
 def test_an_exception_restarts_every_rank_and_atomic_holds_the_restart_back(launch):

@@ -18,6 +18,7 @@ import re
 import signal
 
 import pytest
+from inprocess_jobs import events, iterations, started
 
 pytestmark = pytest.mark.slow
 
@@ -33,19 +34,6 @@ def finish(job, ranks=None, deadline: float = JOB_DEADLINE) -> list:
     assert None not in codes, f"job did not finish: {codes}\n{job.diagnostics()}"
     return codes
 
-
-def events(job, rank: int, name: str) -> list[dict]:
-    return [event for event in job.events(rank) if event["event"] == name]
-
-
-def iterations(job, rank: int, name: str) -> list[int]:
-    return [event["iteration"] for event in events(job, rank, name)]
-
-
-def started(job, rank: int, iteration: int) -> dict:
-    matches = [event for event in events(job, rank, "start") if event["iteration"] == iteration]
-    assert matches, f"initial rank {rank} did not start iteration {iteration}\n{job.diagnostics()}"
-    return matches[0]
 
 
 def restart_of(job, rank: int, iteration: int) -> dict:

@@ -46,3 +46,17 @@ def server_pid(sock: socket.socket) -> int:
         if c.raddr and (c.raddr.ip, c.raddr.port) == mine and c.pid:
             return c.pid
     raise AssertionError("no process holds the other end")
+
+
+def free_port_from(start: int) -> int:
+    """The first port from ``start`` on that is free on 127.0.0.1 (a fixed range below 32768: machine-facts.md)."""
+    import socket
+
+    for port in range(start, start + 200):
+        try:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no free port in {start}..{start + 199}")

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import time
 
 import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ras_client import ask
+from ras_client import ask, free_port_from
 
 import fuzz
 from rasd.core import client_session
@@ -94,15 +93,6 @@ def test_thousands_of_random_and_mutated_inputs(target):
 # A live job
 
 
-def _free_port(start: int) -> int:
-    for port in range(start, start + 200):
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port")
 
 
 def _rss(pids: list[int]) -> int:
@@ -111,7 +101,7 @@ def _rss(pids: list[int]) -> int:
 
 @pytest.mark.slow
 def test_a_port_scan_of_a_live_job_changes_no_verdict_and_no_answer(tmp_path):
-    port = _free_port(29800)
+    port = free_port_from(29800)
     env = {"TORCHRAS_DEFAULT_ADDR": f"localhost:{port}", "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
            "TORCHRAS_SWARM_STEP_S": "0", "TORCHRAS_TIMEOUT_FACTOR": "0.2"}
     with Swarm(4, env=env) as sw:

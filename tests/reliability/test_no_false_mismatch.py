@@ -8,26 +8,16 @@ job, so that most gathers straddle a step, and is queried back to back. bench/fa
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
-from ras_client import ask
+from ras_client import ask, free_port_from
 
 from rasd.swarm import Swarm
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port(start: int) -> int:
-    for port in range(start, start + 200):
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port")
 
 
 def healthy_queries(port: int, count: int, pause: float) -> tuple[int, list[str]]:
@@ -46,7 +36,7 @@ def healthy_queries(port: int, count: int, pause: float) -> tuple[int, list[str]
 
 
 def test_a_healthy_swarm_stepping_during_gathers_never_reports_mismatch(tmp_path):
-    port = _free_port(29700)
+    port = free_port_from(29700)
     env = {"TORCHRAS_DEFAULT_ADDR": f"localhost:{port}", "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
            "TORCHRAS_SWARM_STEP_S": "0.02", "TORCHRAS_TIMEOUT_FACTOR": "0.2"}
     with Swarm(8, env=env):

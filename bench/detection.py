@@ -23,15 +23,23 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable
 
 import psutil
 
-from rasd.core.config import Timers
 from rasd.core.events import Kind
 from rasd.sim import Simulation
 from rasd.swarm import Swarm
 
 N = 16
+
+
+def seen_by(
+    swarm: Swarm, members: list[int], kind: str, victim: int, quantifier: Callable[[Iterable[object]], bool] = all
+) -> Callable[[], bool]:
+    """A condition for ``Swarm.wait_for``: ``quantifier`` (all or any) of ``members`` recorded ``kind`` about
+    ``victim``. A function of its arguments, so that a loop can build one per iteration."""
+    return lambda: quantifier(swarm.saw(member, kind, victim) for member in members)
 
 
 def crash_all_peers(env: dict[str, str], kills: int, limit: float) -> list[float]:
@@ -41,8 +49,8 @@ def crash_all_peers(env: dict[str, str], kills: int, limit: float) -> list[float
             t0 = time.time()
             sw.kill(victim)
             alive = [i for i in range(N) if i > victim]
-            sw.wait_for(lambda: all(sw.saw(i, "PEER_DEAD", victim) for i in alive), limit, "PEER_DEAD", step=0.01)
-            out.append(max(sw.saw(i, "PEER_DEAD", victim)["wall"] for i in alive) - t0)
+            sw.wait_for(seen_by(sw, alive, "PEER_DEAD", victim), limit, "PEER_DEAD", step=0.01)
+            out.append(max(e["wall"] for i in alive if (e := sw.saw(i, "PEER_DEAD", victim))) - t0)
     return out
 
 
@@ -53,13 +61,12 @@ def hang_flag(repeats: int) -> list[float]:
             t0 = time.time()
             sw.pause(victim)
             others = [i for i in range(N) if i != victim]
-            sw.wait_for(lambda: any(sw.saw(i, "PEER_UNRESPONSIVE", victim) for i in others), 30, "UNRESPONSIVE",
-                        step=0.01)
+            sw.wait_for(seen_by(sw, others, "PEER_UNRESPONSIVE", victim, any), 30, "UNRESPONSIVE", step=0.01)
             out.append(min(e["wall"] for i in others if (e := sw.saw(i, "PEER_UNRESPONSIVE", victim))) - t0)
             sw.resume(victim)
             # Only the neighbours that flagged it have something to take back (it resumed before the hang limit).
             flagged = [i for i in others if sw.saw(i, "PEER_UNRESPONSIVE", victim)]
-            sw.wait_for(lambda: all(sw.saw(i, "PEER_RECOVERED", victim) for i in flagged), 30, "RECOVERED")
+            sw.wait_for(seen_by(sw, flagged, "PEER_RECOVERED", victim), 30, "RECOVERED")
     return out
 
 
@@ -70,7 +77,7 @@ def idle_cpu(seconds: float) -> float:
         before = [sum(p.cpu_times()[:2]) for p in procs]
         time.sleep(seconds)
         after = [sum(p.cpu_times()[:2]) for p in procs]
-    return 100.0 * statistics.mean(a - b for a, b in zip(after, before)) / seconds
+    return 100.0 * statistics.mean(a - b for a, b in zip(after, before, strict=True)) / seconds
 
 
 def _burn(stop_at: float) -> None:
@@ -131,13 +138,22 @@ def main() -> int:
     crash_s = statistics.median(crash)
     rows = [
         ("kill -9 -> PEER_DEAD at all 15 survivors (median of 3)", f"{crash_s:.3f} s", "target < 2 s"),
-        ("  same, NCCL RAS's ladder (fast death off), same run", f"{nccl[0]:.1f} s" if nccl else "skipped",
-         f"ratio {nccl[0] / crash_s:.0f}x" if nccl else ""),
-        ("SIGSTOP -> PEER_UNRESPONSIVE at a neighbour (median of 3)", f"{statistics.median(hang):.2f} s",
-         "target < 6 s"),
+        (
+            "  same, NCCL RAS's ladder (fast death off), same run",
+            f"{nccl[0]:.1f} s" if nccl else "skipped",
+            f"ratio {nccl[0] / crash_s:.0f}x" if nccl else "",
+        ),
+        (
+            "SIGSTOP -> PEER_UNRESPONSIVE at a neighbour (median of 3)",
+            f"{statistics.median(hang):.2f} s",
+            "target < 6 s",
+        ),
         ("idle RAS node, CPU share of one core", f"{cpu:.3f} %", "target < 0.5 %"),
-        (f"false verdicts in {saturate:.0f} s with all cores saturated", f"{verdicts}",
-         f"target 0 (UNRESPONSIVE events: {unresponsive})"),
+        (
+            f"false verdicts in {saturate:.0f} s with all cores saturated",
+            f"{verdicts}",
+            f"target 0 (UNRESPONSIVE events: {unresponsive})",
+        ),
         ("sim: messages per node per second at rest, 1,024 nodes", f"{m1024:.2f}", ""),
         ("sim: messages per node per second at rest, 4,096 nodes", f"{m4096:.2f}", "flat as N grows"),
         ("sim: one death known by all 4,095 survivors", f"{spread:.3f} s", ""),

@@ -22,8 +22,19 @@ Figures (median over the samples):
   training (all 4 ranks busy);
 * sync_broadcast_s: the first ``sync()`` of the job, which broadcasts rank 0's 100 MB to the 3 others (what a
   newcomer pays to get the state without touching disk);
-* join_admitted_s: a process started later, admitted and synced: not measured, joining a running job (issue 13
-  layer C) is not built yet (null).
+* join_admitted_s (memory mode): after the kill, the job trains on at 3 ranks and a fifth process is started with
+  ``INPROCESS_JOIN=1``. From its join (it is in the wait list: its interpreter, torch, monitor process and mesh
+  node are up) until every rank of the grown world (4) has synced the 100 MB state to it and completed its first
+  collective. It covers the wait for the next commit (every 2 steps; the host-update check runs at each), the
+  restart of the 3 ranks, the rendezvous round (complete at once: max_nodes 4) and the 100 MB broadcast.
+  join_from_start_s: the same end point, from the newcomer's process start (adds its interpreter and torch import,
+  its monitor process and its mesh node). The baseline a torchrun user has: an elastic agent that sees a new node
+  re-launches every worker (torchrun's whole-job restart: bench/README.md, "Restart latency") and every
+  worker reloads the checkpoint (load_after_restart below, per rank); here the 3 running ranks keep their
+  processes and their state.
+
+Both modes run the Wrapper with ``joining=Joining(max_nodes=4, last_call=0.1)``: a restart below 4 ranks waits
+the 0.1 s last call for latecomers, in both modes alike.
 
     .venv/bin/python bench/elastic.py [--samples 2]
 """
@@ -61,7 +72,7 @@ def free_port() -> int:
 
 class Reporter:
     def __init__(self, path: str) -> None:
-        self.file = open(path, "a", buffering=1)
+        self.file = open(path, "a", buffering=1)  # noqa: SIM115 - one line per event until the rank exits
 
     def __call__(self, **fields: object) -> None:
         fields.setdefault("time", time.time())
@@ -76,35 +87,62 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import inprocess
-    from inprocess.elastic import TorchState
+    from inprocess.elastic import Joining, TorchState
 
-    initial_rank = int(os.environ["RANK"])
+    initial_rank = int(os.environ.get("RANK", "-1"))  # -1: a newcomer (INPROCESS_JOIN=1), ranked by a round
     report = Reporter(args.out)
     seconds = datetime.timedelta(seconds=1)
-    app_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), WORLD_SIZE,
-                              initial_rank == 0, timeout=120 * seconds, wait_for_workers=False)
+    app_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        WORLD_SIZE,
+        initial_rank == 0,
+        timeout=120 * seconds,
+        wait_for_workers=False,
+    )
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-5)
     state = TorchState(model, optimizer, step=0) if args.mode == "memory" else None
     checkpoint = Path(args.checkpoint)
 
-    @inprocess.Wrapper(store_kwargs={"port": args.wrapper_port, "timeout": 120 * seconds},
-                       monitor_thread_interval=0.1 * seconds, monitor_process_interval=0.1 * seconds,
-                       progress_watchdog_interval=0.1 * seconds, last_call_wait=0.1 * seconds,
-                       soft_timeout=120 * seconds, hard_timeout=150 * seconds, barrier_timeout=300 * seconds,
-                       heartbeat_timeout=60 * seconds, completion_timeout=300 * seconds)
+    @inprocess.Wrapper(
+        store_kwargs={"port": args.wrapper_port, "timeout": 120 * seconds},
+        monitor_thread_interval=0.1 * seconds,
+        monitor_process_interval=0.1 * seconds,
+        progress_watchdog_interval=0.1 * seconds,
+        last_call_wait=0.1 * seconds,
+        soft_timeout=120 * seconds,
+        hard_timeout=150 * seconds,
+        barrier_timeout=300 * seconds,
+        heartbeat_timeout=60 * seconds,
+        completion_timeout=300 * seconds,
+        joining=Joining(max_nodes=WORLD_SIZE, last_call=0.1, check_every=1),
+    )
     def train(call_wrapper: inprocess.CallWrapper) -> None:
         iteration = call_wrapper.iteration
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"pg{iteration}", app_store), rank=rank,
-                                world_size=world_size, timeout=300 * seconds)
+        joined_at = call_wrapper.joining.joined_at if call_wrapper.joining is not None else None
+        if joined_at is not None:
+            report(event="joined", iteration=iteration, rank=initial_rank, time=joined_at)
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"pg{iteration}", app_store),
+            rank=rank,
+            world_size=world_size,
+            timeout=300 * seconds,
+        )
         started = time.perf_counter()
         if state is not None:
             outcome = state.sync()
             step = state.step
-            report(event="sync", iteration=iteration, rank=initial_rank, seconds=time.perf_counter() - started,
-                   broadcast=outcome.broadcast)
+            report(
+                event="sync",
+                iteration=iteration,
+                rank=initial_rank,
+                seconds=time.perf_counter() - started,
+                broadcast=outcome.broadcast,
+            )
         else:
             step = 0
             if iteration > 0:
@@ -114,9 +152,10 @@ def worker(args: argparse.Namespace) -> None:
                 step = int(saved["step"])
             report(event="load", iteration=iteration, rank=initial_rank, seconds=time.perf_counter() - started)
         dist.all_reduce(torch.ones(1))
-        report(event="ready", iteration=iteration, rank=initial_rank, step=step)
+        report(event="ready", iteration=iteration, rank=initial_rank, step=step, world_size=world_size)
         loss = torch.zeros(1)
-        while step < STEPS:
+        # Memory mode trains on until a newcomer brought the world back to 4 (the same decision on every rank).
+        while step < STEPS or (args.until_world and world_size < WORLD_SIZE and step < 100 * STEPS):
             if (iteration, initial_rank, step) == (0, VICTIM, KILL_STEP):
                 report(event="kill", iteration=iteration, rank=initial_rank)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -136,8 +175,9 @@ def worker(args: argparse.Namespace) -> None:
                     report(event="commit", rank=initial_rank, seconds=time.perf_counter() - before, step=step)
                 elif rank == 0:
                     partial = checkpoint.with_suffix(".partial")
-                    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                               partial)
+                    torch.save(
+                        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, partial
+                    )
                     os.replace(partial, checkpoint)
                     report(event="save", rank=initial_rank, seconds=time.perf_counter() - before, step=step)
         dist.destroy_process_group()
@@ -153,22 +193,48 @@ def read(path: Path) -> list[dict]:
 
 
 def base_env() -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
-                TORCH_CPP_LOG_LEVEL="ERROR", MASTER_ADDR="127.0.0.1")
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        MASTER_ADDR="127.0.0.1",
+    )
 
 
 def run_job(mode: str, directory: Path, timeout: float) -> list[dict]:
     out = directory / "events.jsonl"
     master_port, wrapper_port = free_port(), free_port()
     processes = []
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--mode",
+        mode,
+        "--out",
+        str(out),
+        "--wrapper-port",
+        str(wrapper_port),
+        "--checkpoint",
+        str(directory / "checkpoint.pt"),
+    ]
+    if mode == "memory":
+        command.append("--until-world")
     for rank in range(WORLD_SIZE):
         env = dict(base_env(), RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), MASTER_PORT=str(master_port))
-        command = [sys.executable, __file__, "--worker", "--mode", mode, "--out", str(out), "--wrapper-port",
-                   str(wrapper_port), "--checkpoint", str(directory / "checkpoint.pt")]
-        log = open(directory / f"rank{rank}.log", "w")
-        processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+        with open(directory / f"rank{rank}.log", "w") as log:  # the rank writes to its own copy
+            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout
     try:
+        if mode == "memory":  # once the job trains at 3 ranks, a newcomer joins it
+            while time.monotonic() < deadline and not [
+                item for item in read(out) if item["event"] == "ready" and item["iteration"] == 1
+            ]:
+                time.sleep(0.2)
+            env = dict(base_env(), WORLD_SIZE=str(WORLD_SIZE), MASTER_PORT=str(master_port), INPROCESS_JOIN="1")
+            with open(directory / "newcomer.log", "w") as log, open(out, "a") as events:
+                events.write(json.dumps({"event": "newcomer_start", "time": time.time()}) + "\n")
+                processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
         for process in processes:
             process.wait(max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
@@ -189,6 +255,24 @@ def restore_latency(events: list[dict]) -> float | None:
     return max(ready) - kills[0]
 
 
+def join_latencies(events: list[dict]) -> tuple[float | None, float | None]:
+    """(from the newcomer's join, from its process start) until every rank of the world of 4 is ready."""
+    joined = [item for item in events if item["event"] == "joined"]
+    started = [item["time"] for item in events if item["event"] == "newcomer_start"]
+    if not joined or not started:
+        return None, None
+    ready = [
+        item["time"]
+        for item in events
+        if item["event"] == "ready"
+        and item["iteration"] == joined[0]["iteration"]
+        and item.get("world_size") == WORLD_SIZE
+    ]
+    if len(ready) != WORLD_SIZE:
+        return None, None
+    return max(ready) - joined[0]["time"], max(ready) - started[0]
+
+
 def median(samples: list[float]) -> float | None:
     return statistics.median(samples) if samples else None
 
@@ -200,6 +284,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--wrapper-port", type=int)
     parser.add_argument("--checkpoint")
+    parser.add_argument("--until-world", action="store_true")
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=420)
     args = parser.parse_args()
@@ -209,11 +294,24 @@ def main() -> None:
     import torch
 
     megabytes = LAYERS * (WIDTH * WIDTH + WIDTH) * 4 / 1e6
-    print(f"elastic state, {WORLD_SIZE} gloo ranks on the CPU, torch {torch.__version__}, {os.cpu_count()} cores, "
-          f"model {megabytes:.0f} MB, kill -9 of rank {VICTIM} at step {KILL_STEP}, {args.samples} samples per mode")
-    figures: dict[str, list[float]] = {name: [] for name in
-                                       ("restore_memory", "restore_disk", "commit", "save", "sync_broadcast",
-                                        "sync_after_restart", "load_after_restart")}
+    print(
+        f"elastic state, {WORLD_SIZE} gloo ranks on the CPU, torch {torch.__version__}, {os.cpu_count()} cores, "
+        f"model {megabytes:.0f} MB, kill -9 of rank {VICTIM} at step {KILL_STEP}, {args.samples} samples per mode"
+    )
+    figures: dict[str, list[float]] = {
+        name: []
+        for name in (
+            "restore_memory",
+            "restore_disk",
+            "commit",
+            "save",
+            "sync_broadcast",
+            "sync_after_restart",
+            "load_after_restart",
+            "join_admitted",
+            "join_from_start",
+        )
+    }
     with tempfile.TemporaryDirectory(prefix="elastic-bench-", dir="/tmp") as temporary:
         for sample in range(args.samples):
             for mode in ("memory", "disk"):
@@ -225,6 +323,16 @@ def main() -> None:
                     print(f"warning: {mode} sample {sample} incomplete, see {directory}", file=sys.stderr)
                 else:
                     figures[f"restore_{mode}"].append(latency)
+                if mode == "memory":
+                    admitted, from_start = join_latencies(events)
+                    if admitted is None or from_start is None:
+                        print(
+                            f"warning: memory sample {sample}: the newcomer was not admitted, see {directory}",
+                            file=sys.stderr,
+                        )
+                    else:
+                        figures["join_admitted"].append(admitted)
+                        figures["join_from_start"].append(from_start)
                 for item in events:
                     if item["event"] == "commit" and item["rank"] == 0:
                         figures["commit"].append(item["seconds"])
@@ -248,26 +356,49 @@ def main() -> None:
 
     print()
     print(f"{'figure':<62} {'value':>12}  note")
-    print(f"{'kill -9 -> ready to train at 3 ranks, state from memory':<62} {show(memory):>12}  "
-          f"samples {[round(x, 3) for x in figures['restore_memory']]}")
-    print(f"{'  same, state reloaded from a torch.save checkpoint on disk':<62} {show(disk):>12}  "
-          f"samples {[round(x, 3) for x in figures['restore_disk']]}"
-          + (f", ratio {disk / memory:.2f}x" if memory and disk else ""))
+    print(
+        f"{'kill -9 -> ready to train at 3 ranks, state from memory':<62} {show(memory):>12}  "
+        f"samples {[round(x, 3) for x in figures['restore_memory']]}"
+    )
+    print(
+        f"{'  same, state reloaded from a torch.save checkpoint on disk':<62} {show(disk):>12}  "
+        f"samples {[round(x, 3) for x in figures['restore_disk']]}"
+        + (f", ratio {disk / memory:.2f}x" if memory and disk else "")
+    )
     print(f"{'  of which sync() after the restart (memory), per rank':<62} {show(result['sync_after_restart']):>12}")
     print(f"{'  of which torch.load + load_state_dict (disk), per rank':<62} {show(result['load_after_restart']):>12}")
-    print(f"{'state.commit(), rank 0 during training':<62} {show(commit, 1000, 'ms'):>12}  "
-          f"{len(figures['commit'])} commits")
-    print(f"{'torch.save of the same state to local disk, rank 0':<62} {show(save, 1000, 'ms'):>12}  "
-          + (f"ratio {save / commit:.1f}x" if commit and save else ""))
-    print(f"{'first sync(): 100 MB from rank 0 to 3 ranks':<62} {show(result['sync_broadcast']):>12}  "
-          "what a newcomer pays")
-    print(f"{'a new process admitted and synced (world back to 4)':<62} {'missing':>12}  "
-          "joining a running job is not built yet")
-    rounded = {key: (None if value is None else round(value, digits)) for key, value, digits in (
-        ("restore_memory_s", memory, 4), ("restore_disk_s", disk, 4), ("join_admitted_s", None, 4),
-        ("commit_ms", None if commit is None else commit * 1000, 2),
-        ("torch_save_ms", None if save is None else save * 1000, 2),
-        ("sync_broadcast_s", result["sync_broadcast"], 4))}
+    print(
+        f"{'state.commit(), rank 0 during training':<62} {show(commit, 1000, 'ms'):>12}  "
+        f"{len(figures['commit'])} commits"
+    )
+    print(
+        f"{'torch.save of the same state to local disk, rank 0':<62} {show(save, 1000, 'ms'):>12}  "
+        + (f"ratio {save / commit:.1f}x" if commit and save else "")
+    )
+    print(
+        f"{'first sync(): 100 MB from rank 0 to 3 ranks':<62} {show(result['sync_broadcast']):>12}  "
+        "what a newcomer pays"
+    )
+    print(
+        f"{'a new process: from its join to 4 ranks ready, state synced':<62} "
+        f"{show(result['join_admitted']):>12}  samples {[round(x, 3) for x in figures['join_admitted']]}"
+    )
+    print(
+        f"{'  same, from the newcomer process start (import torch ...)':<62} "
+        f"{show(result['join_from_start']):>12}  samples {[round(x, 3) for x in figures['join_from_start']]}"
+    )
+    rounded = {
+        key: (None if value is None else round(value, digits))
+        for key, value, digits in (
+            ("restore_memory_s", memory, 4),
+            ("restore_disk_s", disk, 4),
+            ("join_admitted_s", result["join_admitted"], 4),
+            ("join_from_start_s", result["join_from_start"], 4),
+            ("commit_ms", None if commit is None else commit * 1000, 2),
+            ("torch_save_ms", None if save is None else save * 1000, 2),
+            ("sync_broadcast_s", result["sync_broadcast"], 4),
+        )
+    }
     print(json.dumps(rounded))
 
 

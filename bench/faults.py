@@ -14,7 +14,8 @@ Phases, in one run:
   members never killed, from the end of the warm-up to the end.
 * **fuzz** (``--fuzz-inputs`` per port, default 1,000,000): the mesh port (``FrameReader`` at both limits, and a
   real meshed Node before and after authentication) and the client port (``ClientSession`` driving real gathers),
-  tests/reliability/fuzz.py. Crashes, hangs and verdict changes counted.
+  tests/reliability/fuzz.py. Crashes, hangs and verdict changes counted, each printed whole with the command
+  that replays it (``python tests/reliability/fuzz.py --target postauth --seed S --count N``).
 * **sweeps** (``--sim-seeds``, default 10,000): tests/reliability/sweep.py, properties checked at every step.
 * **partitions** (netns, factor 0.2, 6 members on 3 hosts): 10 % loss and a 30±20 ms delay proxy throughout,
   one host partitioned for 4 s (past the hang limit, before the dead limit), another host's link down for 3 s;
@@ -24,10 +25,11 @@ Phases, in one run:
   in the same run on the same job: NCCL's rule (any difference in launch counts is a MISMATCH) applied to the
   per-rank counts of JSON reports taken in between (one for every three of ours).
 
-The fuzz and sweep work runs in 2 worker processes during the soak (they are the "other program" that
-saturates the cores); whatever is not done when the soak ends is finished after it. Prints a table and, last,
-one JSON line. Usage: .venv/bin/python bench/faults.py [--soak-minutes 30] [--fuzz-inputs 1000000]
-[--sim-seeds 10000] [--mismatch-queries 10000]
+The fuzz and sweep work runs in ``--workers`` (default 2) worker processes during the soak (they are the "other
+program" that saturates the cores); whatever is not done when the soak ends is finished after it. Prints a table
+and, last, one JSON line. Usage: .venv/bin/python bench/faults.py [--soak-minutes 30] [--fuzz-inputs 1000000]
+[--sim-seeds 10000] [--mismatch-queries 10000]; the fuzz part alone, on one process:
+``bench/faults.py --skip soak,partition,timing --sim-seeds 0 --workers 1 --fuzz-inputs 200000``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 for extra in (REPO / "tests", REPO / "tests" / "reliability", REPO / "tests" / "integration", REPO):
@@ -67,24 +70,38 @@ def _fuzz_task(task: tuple[str, int, int]) -> dict:
     if port == "client":
         out = fuzz.client(rng, fuzz.client_inputs(rng), count)
     else:
+        # The node targets draw their own stream from the seed, so that a finding's reproduction command
+        # (``fuzz.py --target ... --seed ... --count ...``, printed with it) replays it exactly.
         out = fuzz.Findings()
-        stream = fuzz.inputs(rng, pool)
-        out.add(fuzz.frames(rng, stream, count * 8 // 10))
-        out.add(fuzz.mesh(rng, stream, count // 10, authenticated=False))
-        out.add(fuzz.mesh(rng, stream, count - count * 8 // 10 - count // 10, authenticated=True))
-    return {"kind": "fuzz", "port": port, "inputs": out.inputs, "crashes": out.crashes[:5],
-            "crash_count": len(out.crashes), "hangs": len(out.hangs), "hang_examples": out.hangs[:2],
-            "verdict_examples": out.verdict_changes[:2], "verdict_changes": len(out.verdict_changes),
-            "slowest_s": out.slowest_s}
+        out.add(fuzz.frames(rng, fuzz.inputs(rng, pool), count * 8 // 10))
+        out.add(fuzz.mesh(seed, count // 10, authenticated=False, pool=pool))
+        out.add(fuzz.mesh(seed, count - count * 8 // 10 - count // 10, authenticated=True, pool=pool))
+    return {
+        "kind": "fuzz",
+        "port": port,
+        "inputs": out.inputs,
+        "crashes": out.crashes[:5],
+        "crash_count": len(out.crashes),
+        "hangs": len(out.hangs),
+        "hang_examples": out.hangs[:2],
+        "verdict_examples": out.verdict_changes[:5],
+        "verdict_changes": len(out.verdict_changes),
+        "slowest_s": out.slowest_s,
+    }
 
 
 def _sweep_task(seeds: list[int]) -> dict:
     import sweep
 
     results = [sweep.check_seed(s) for s in seeds]
-    return {"kind": "sweep", "seeds": len(results), "nodes": [r.nodes for r in results],
-            "violations": [(r.seed, r.violations[:3], r.repro()) for r in results if r.violations],
-            "steps": sum(r.steps for r in results), "gathers": sum(r.gathers for r in results)}
+    return {
+        "kind": "sweep",
+        "seeds": len(results),
+        "nodes": [r.nodes for r in results],
+        "violations": [(r.seed, r.violations[:3], r.repro()) for r in results if r.violations],
+        "steps": sum(r.steps for r in results),
+        "gathers": sum(r.gathers for r in results),
+    }
 
 
 def _run_task(task: tuple) -> dict:
@@ -105,7 +122,7 @@ class CpuWork:
                 left -= FUZZ_CHUNK
                 seed += 1
         seeds = list(range(sim_seeds))
-        sweeps = [("sweep", seeds[i:i + SWEEP_CHUNK]) for i in range(0, sim_seeds, SWEEP_CHUNK)]
+        sweeps = [("sweep", seeds[i : i + SWEEP_CHUNK]) for i in range(0, sim_seeds, SWEEP_CHUNK)]
         # The fuzz volume first (its figure is per port), then seeds until the budget runs out.
         self.tasks = tasks + sweeps
         self.results: list[dict] = []
@@ -152,8 +169,16 @@ def clients_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     stop = time.monotonic() + args.seconds
     lock = threading.Lock()
-    stats = {"asked": 0, "answered": 0, "unanswered": 0, "retries": 0, "mismatch": 0, "monitor_events": 0,
-             "monitor_sessions": 0, "errors": []}
+    stats: dict[str, Any] = {
+        "asked": 0,
+        "answered": 0,
+        "unanswered": 0,
+        "retries": 0,
+        "mismatch": 0,
+        "monitor_events": 0,
+        "monitor_sessions": 0,
+        "errors": [],
+    }
 
     def one_query() -> str:
         with connect(args.port, attempts=10) as s:
@@ -243,7 +268,6 @@ def _member_usage(pids: list[int]) -> dict[int, tuple[int, int]]:
 def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path) -> dict:
     from multihost import HostSwarm
     from netns import Network
-
     from rasd.core.config import Timers
 
     timers = Timers().scaled(0.5)
@@ -258,11 +282,28 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path) -> dic
         stopped: dict[str, float] = {}  # addr -> longest stop
         client_procs = []
         shares = [34, 33, 33]
-        for host, count in zip(net.hosts, shares):
+        for host, count in zip(net.hosts, shares, strict=True):
             out = workdir / f"clients-{host.name}.json"
-            client_procs.append((out, host.popen(
-                [sys.executable, str(Path(__file__).resolve()), "_clients", "--clients", str(count),
-                 "--seconds", str(seconds), "--out", str(out)], cwd=str(REPO), stdin=subprocess.DEVNULL)))
+            client_procs.append(
+                (
+                    out,
+                    host.popen(
+                        [
+                            sys.executable,
+                            str(Path(__file__).resolve()),
+                            "_clients",
+                            "--clients",
+                            str(count),
+                            "--seconds",
+                            str(seconds),
+                            "--out",
+                            str(out),
+                        ],
+                        cwd=str(REPO),
+                        stdin=subprocess.DEVNULL,
+                    ),
+                )
+            )
         started = time.monotonic()
         warmup = min(60.0, seconds / 10)
         usage_start = None
@@ -297,8 +338,15 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path) -> dic
                     faults["kills"] += 1
             time.sleep(0.2)
         usage_end = _member_usage([original[i] for i in original])
-        clients = {"asked": 0, "answered": 0, "unanswered": 0, "retries": 0, "monitor_events": 0,
-                   "monitor_sessions": 0, "errors": []}
+        clients: dict[str, Any] = {
+            "asked": 0,
+            "answered": 0,
+            "unanswered": 0,
+            "retries": 0,
+            "monitor_events": 0,
+            "monitor_sessions": 0,
+            "errors": [],
+        }
         for out, proc in client_procs:
             try:
                 proc.wait(180)
@@ -308,10 +356,6 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path) -> dic
             except (subprocess.TimeoutExpired, OSError, ValueError) as exc:
                 clients["errors"].append(f"client process: {exc}")
         time.sleep(timers.unresponsive)
-        addr_of = {}
-        for i in range(sw.n):
-            for e in sw.events(i):
-                addr_of.setdefault(e["addr"], e.get("pid"))
         false_dead, false_hung = [], []
         for i in range(sw.n):
             if not sw.alive(i):
@@ -322,21 +366,35 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path) -> dic
             for e in sw.events(i, "PEER_HUNG"):
                 if e["addr"] not in killed_addrs and e["addr"] not in stopped:
                     false_hung.append(e)
-        missed = [(i, a) for i in range(sw.n) if sw.alive(i) for a in killed_addrs
-                  if a not in {e["addr"] for e in sw.events(i, "PEER_DEAD")} and a != sw.members[i].addr
-                  and _known_before(sw, i, a)]
+        missed = [
+            (i, a)
+            for i in range(sw.n)
+            if sw.alive(i)
+            for a in killed_addrs
+            if a not in {e["addr"] for e in sw.events(i, "PEER_DEAD")}
+            and a != sw.members[i].addr
+            and _known_before(sw, i, a)
+        ]
         for p in busy:
             p.kill()
             p.wait()
         # The same processes at both ends: the members alive at the end of the warm-up and never killed since.
-        same = sorted(set(usage_start or {}) & set(usage_end))
-        rss0, fds0 = (sum(usage_start[p][k] for p in same) for k in (0, 1)) if same else (1, 0)
+        before = usage_start or {}
+        same = sorted(set(before) & set(usage_end))
+        rss0, fds0 = (sum(before[p][k] for p in same) for k in (0, 1)) if same else (1, 0)
         rss1, fds1 = (sum(usage_end[p][k] for p in same) for k in (0, 1)) if same else (1, 0)
         result = {
-            "minutes": round((time.monotonic() - started) / 60, 2), "faults": faults, "clients": clients,
-            "false_dead": len(false_dead), "false_hung": len(false_hung), "false_examples": (false_dead + false_hung)[:3],
-            "missed_deaths": len(missed), "rss_growth_pct": round(100 * (rss1 / rss0 - 1), 2),
-            "fd_growth": fds1 - fds0, "members_measured": len(same), "cpu_work_done_during_soak": cpu.done,
+            "minutes": round((time.monotonic() - started) / 60, 2),
+            "faults": faults,
+            "clients": clients,
+            "false_dead": len(false_dead),
+            "false_hung": len(false_hung),
+            "false_examples": (false_dead + false_hung)[:3],
+            "missed_deaths": len(missed),
+            "rss_growth_pct": round(100 * (rss1 / rss0 - 1), 2),
+            "fd_growth": fds1 - fds0,
+            "members_measured": len(same),
+            "cpu_work_done_during_soak": cpu.done,
         }
     return result
 
@@ -406,7 +464,14 @@ def _hammer(port: int, queries: int, clients: int = 4) -> dict:
     from ras_client import ask
 
     lock = threading.Lock()
-    stats = {"ours": 0, "ours_mismatch": 0, "baseline": 0, "baseline_mismatch": 0, "failed": 0, "example": ""}
+    stats: dict[str, Any] = {
+        "ours": 0,
+        "ours_mismatch": 0,
+        "baseline": 0,
+        "baseline_mismatch": 0,
+        "failed": 0,
+        "example": "",
+    }
     per_client = queries // clients * 4 // 3  # every fourth query is a JSON one, for the baseline
 
     def run(k: int) -> None:
@@ -443,8 +508,11 @@ def timing(queries: int, workdir: Path) -> dict:
 
     out = {}
     port = _free_port(29600)
-    env = {"TORCHRAS_DEFAULT_ADDR": f"localhost:{port}", "TORCHRAS_RUN_DIR": str(workdir / "endpoints-swarm"),
-           "TORCHRAS_SWARM_STEP_S": "0.02"}  # default timers: the in-flight grace a user has (2 s)
+    env = {
+        "TORCHRAS_DEFAULT_ADDR": f"localhost:{port}",
+        "TORCHRAS_RUN_DIR": str(workdir / "endpoints-swarm"),
+        "TORCHRAS_SWARM_STEP_S": "0.02",
+    }  # default timers: the in-flight grace a user has (2 s)
     started = time.monotonic()
     with Swarm(8, env=env):
         out["swarm"] = _hammer(port, queries)
@@ -453,12 +521,25 @@ def timing(queries: int, workdir: Path) -> dict:
     port = _free_port(port + 10)
     gloo_dir = workdir / "gloo"
     gloo_dir.mkdir(exist_ok=True)
-    base = {**os.environ, "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port(29450)),
-            "TORCHRAS_ADDR": f"localhost:{port}", "TORCHRAS_RUN_DIR": str(workdir / "endpoints-gloo")}
+    base = {
+        **os.environ,
+        "WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port(29450)),
+        "TORCHRAS_ADDR": f"localhost:{port}",
+        "TORCHRAS_RUN_DIR": str(workdir / "endpoints-gloo"),
+    }
     worker = REPO / "tests" / "reliability" / "gloo_worker.py"
-    procs = [subprocess.Popen([sys.executable, str(worker), str(gloo_dir)], env={**base, "RANK": str(r)},
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=str(REPO))
-             for r in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(gloo_dir)],
+            env={**base, "RANK": str(r)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            cwd=str(REPO),
+        )
+        for r in range(4)
+    ]
     try:
         deadline = time.monotonic() + 180
         while not all((gloo_dir / f"rank{r}.json").exists() for r in range(4)):
@@ -487,9 +568,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fuzz-inputs", type=int, default=1_000_000, help="per port")
     parser.add_argument("--sim-seeds", type=int, default=10_000)
     parser.add_argument("--mismatch-queries", type=int, default=10_000, help="per job (swarm, gloo)")
-    parser.add_argument("--cpu-minutes", type=float, default=0.0,
-                        help="stop the fuzz and sweep work this long after the start (0: no limit)")
+    parser.add_argument(
+        "--cpu-minutes",
+        type=float,
+        default=0.0,
+        help="stop the fuzz and sweep work this long after the start (0: no limit)",
+    )
     parser.add_argument("--skip", default="", help="comma-separated phases to skip: soak,partition,timing")
+    parser.add_argument("--workers", type=int, default=2, help="processes for the fuzz and sweep work")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     import tempfile
@@ -502,7 +588,7 @@ def main(argv: list[str]) -> int:
         skip |= {"soak", "partition"}
     work = Path(tempfile.mkdtemp(prefix="torchras-faults-"))
     began = time.monotonic()
-    cpu = CpuWork(args.fuzz_inputs, args.sim_seeds)
+    cpu = CpuWork(args.fuzz_inputs, args.sim_seeds, args.workers)
     soak_out = soak(args.soak_minutes, cpu, args.fault_every, work) if "soak" not in skip else {}
     cpu.wait(began + args.cpu_minutes * 60 if args.cpu_minutes else float("inf"))
     part = partitions(work) if "partition" not in skip else {}
@@ -511,7 +597,9 @@ def main(argv: list[str]) -> int:
     fuzz_results = [r for r in cpu.results if r["kind"] == "fuzz"]
     sweep_results = [r for r in cpu.results if r["kind"] == "sweep"]
     fuzz_by_port = {p: sum(r["inputs"] for r in fuzz_results if r["port"] == p) for p in ("mesh", "client")}
-    fuzz_crashes = sum(r["crash_count"] + r["hangs"] + r["verdict_changes"] for r in fuzz_results)
+    fuzz_crashes = sum(r["crash_count"] for r in fuzz_results)
+    fuzz_hangs = sum(r["hangs"] for r in fuzz_results)
+    fuzz_verdict_changes = sum(r["verdict_changes"] for r in fuzz_results)
     sizes: dict[int, int] = {}
     for r in sweep_results:
         for n in r["nodes"]:
@@ -522,34 +610,67 @@ def main(argv: list[str]) -> int:
     rows = [
         ("fuzz inputs, mesh port (frames; node pre-/post-auth)", f"{fuzz_by_port['mesh']:,}", ""),
         ("fuzz inputs, client port", f"{fuzz_by_port['client']:,}", ""),
-        ("fuzz crashes + hangs + verdict changes", fuzz_crashes, "target 0"),
-        ("fuzz slowest single input", f"{max((r['slowest_s'] for r in fuzz_results), default=0):.3f} s",
-         "hang limit 1 s"),
+        (
+            "fuzz crashes / hangs / verdict changes",
+            f"{fuzz_crashes} / {fuzz_hangs} / {fuzz_verdict_changes}",
+            "target 0 / 0 / 0",
+        ),
+        (
+            "fuzz slowest single input",
+            f"{max((r['slowest_s'] for r in fuzz_results), default=0):.3f} s",
+            "hang limit 1 s",
+        ),
         ("sim seeds (nodes: count)", sim_seeds, ", ".join(f"{n}: {c}" for n, c in sorted(sizes.items()))),
         ("sim property violations", len(violations), "target 0"),
     ]
     if soak_out:
         c = soak_out["clients"]
         rows += [
-            ("soak minutes (16 members, 3 hosts)", soak_out["minutes"],
-             f"{soak_out['faults']['stops']} stops, {soak_out['faults']['kills']} kills+restarts"),
-            ("soak false verdicts (DEAD + HUNG)", soak_out["false_dead"] + soak_out["false_hung"],
-             f"DEAD {soak_out['false_dead']}, HUNG {soak_out['false_hung']}; kills missed {soak_out['missed_deaths']}"),
-            ("soak queries asked / answered / unanswered", f"{c['asked']} / {c['answered']} / {c['unanswered']}",
-             f"{c['retries']} retries; {c['monitor_sessions']} MONITOR sessions, {c['monitor_events']} events"),
-            ("soak RSS growth of members never killed", f"{soak_out['rss_growth_pct']} %",
-             f"fds {soak_out['fd_growth']:+d} over {soak_out['members_measured']} members"),
+            (
+                "soak minutes (16 members, 3 hosts)",
+                soak_out["minutes"],
+                f"{soak_out['faults']['stops']} stops, {soak_out['faults']['kills']} kills+restarts",
+            ),
+            (
+                "soak false verdicts (DEAD + HUNG)",
+                soak_out["false_dead"] + soak_out["false_hung"],
+                f"DEAD {soak_out['false_dead']}, HUNG {soak_out['false_hung']}; "
+                f"kills missed {soak_out['missed_deaths']}",
+            ),
+            (
+                "soak queries asked / answered / unanswered",
+                f"{c['asked']} / {c['answered']} / {c['unanswered']}",
+                f"{c['retries']} retries; {c['monitor_sessions']} MONITOR sessions, {c['monitor_events']} events",
+            ),
+            (
+                "soak RSS growth of members never killed",
+                f"{soak_out['rss_growth_pct']} %",
+                f"fds {soak_out['fd_growth']:+d} over {soak_out['members_measured']} members",
+            ),
         ]
     if part:
-        rows += [("partition/loss/delay/link-down: false PEER_DEAD", part["false_dead"],
-                  f"HUNG verdicts {part['hung_verdicts']}; reports agree after heal: {part['reports_agree']}")]
+        rows += [
+            (
+                "partition/loss/delay/link-down: false PEER_DEAD",
+                part["false_dead"],
+                f"HUNG verdicts {part['hung_verdicts']}; reports agree after heal: {part['reports_agree']}",
+            )
+        ]
     for job in ("swarm", "gloo"):
         if job in tim:
             s = tim[job]
-            rows += [(f"false MISMATCH, healthy {job}: ours", f"{s['ours_mismatch']} / {s['ours']}",
-                      f"{s['seconds']} s, {s['failed']} failed queries"),
-                     (f"  same job, NCCL's rule on JSON reports", f"{s['baseline_mismatch']} / {s['baseline']}",
-                      "baseline, same run")]
+            rows += [
+                (
+                    f"false MISMATCH, healthy {job}: ours",
+                    f"{s['ours_mismatch']} / {s['ours']}",
+                    f"{s['seconds']} s, {s['failed']} failed queries",
+                ),
+                (
+                    "  same job, NCCL's rule on JSON reports",
+                    f"{s['baseline_mismatch']} / {s['baseline']}",
+                    "baseline, same run",
+                ),
+            ]
     width = max(len(r[0]) for r in rows)
     print(f"{'figure':<{width}}  {'value':>22}  note")
     for name, value, note in rows:
@@ -566,12 +687,17 @@ def main(argv: list[str]) -> int:
         print(f"soak false verdict examples: {soak_out['false_examples']}")
     if soak_out and soak_out["clients"]["errors"]:
         print(f"soak client errors: {soak_out['clients']['errors'][:5]}")
-    print(f"total {time.monotonic() - began:.0f} s; cpu work {cpu.seconds:.0f} s"
-          + (" (stopped at --cpu-minutes: the figures are what fit)" if cpu.cut_short else ""))
+    print(
+        f"total {time.monotonic() - began:.0f} s; cpu work {cpu.seconds:.0f} s"
+        + (" (stopped at --cpu-minutes: the figures are what fit)" if cpu.cut_short else "")
+    )
     figures = {
         "fuzz_inputs": fuzz_by_port["mesh"] + fuzz_by_port["client"],
-        "fuzz_inputs_mesh": fuzz_by_port["mesh"], "fuzz_inputs_client": fuzz_by_port["client"],
+        "fuzz_inputs_mesh": fuzz_by_port["mesh"],
+        "fuzz_inputs_client": fuzz_by_port["client"],
         "fuzz_crashes": fuzz_crashes,
+        "fuzz_hangs": fuzz_hangs,
+        "fuzz_verdict_changes": fuzz_verdict_changes,
         "soak_minutes": soak_out.get("minutes", 0),
         "soak_false_verdicts": soak_out["false_dead"] + soak_out["false_hung"] if soak_out else None,
         "soak_unanswered_queries": soak_out["clients"]["unanswered"] if soak_out else None,
@@ -579,7 +705,9 @@ def main(argv: list[str]) -> int:
         "soak_rss_growth_pct": soak_out.get("rss_growth_pct"),
         "soak_fd_growth": soak_out.get("fd_growth"),
         "partition_false_dead": part.get("false_dead"),
-        "sim_seeds": sim_seeds, "sim_violations": len(violations), "sim_nodes": sizes,
+        "sim_seeds": sim_seeds,
+        "sim_violations": len(violations),
+        "sim_nodes": sizes,
         "mismatch_false_swarm": tim.get("swarm", {}).get("ours_mismatch"),
         "mismatch_queries_swarm": tim.get("swarm", {}).get("ours"),
         "mismatch_baseline_swarm": tim.get("swarm", {}).get("baseline_mismatch"),

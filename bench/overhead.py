@@ -70,8 +70,13 @@ def _switch(on: bool, block: int, rank: int, hooks_only: bool = False) -> None:
             rasd.torch.uninstall()
     elif on:
         hooks = rasd.torch.install()
-        rasd.start(c10d._get_default_store(), rank=rank, prefix=f"torchras-bench/{block}",
-                   local_data=hooks.registry.snapshot, services=[client_port.serve])
+        rasd.start(
+            c10d._get_default_store(),
+            rank=rank,
+            prefix=f"torchras-bench/{block}",
+            local_data=hooks.snapshot,
+            services=[client_port.serve],
+        )
     else:
         rasd.torch.uninstall()
         rasd.stop()
@@ -86,7 +91,7 @@ def _settle(seconds: float, on: bool) -> None:
     while time.monotonic() < deadline:
         time.sleep(0.05)
     if on:
-        assert rasd.runtime() is not None
+        assert rasd.node() is not None
 
 
 def _hook_cost_ns(calls: int = 200_000) -> float:
@@ -98,7 +103,7 @@ def _hook_cost_ns(calls: int = 200_000) -> float:
     from rasd.core.registry import CommRegistry, LocalComm
     from rasd.torch.hooks import TorchHooks
 
-    def all_reduce(tensor, op=None, group=None, async_op=False):  # noqa: ANN001, ANN202 - same signature
+    def all_reduce(tensor, op=None, group=None, async_op=False):  # same signature
         return None
 
     hooks = TorchHooks(CommRegistry(), start_mesh=False)
@@ -166,8 +171,9 @@ def worker(args: argparse.Namespace) -> int:
             for _ in range(steps):
                 dist.all_reduce(t)
             elapsed = time.perf_counter() - started
-            out["blocks"].append({"size": size_name, "rasd": on, "steps": steps, "seconds": elapsed,
-                                  "rasd_cpu": rasd_cpu() - cpu})
+            out["blocks"].append(
+                {"size": size_name, "rasd": on, "steps": steps, "seconds": elapsed, "rasd_cpu": rasd_cpu() - cpu}
+            )
             i += 1
             if i % 2 == 0:  # after each pair, rank 0 says whether this size's time is up
                 go.fill_(1.0 if time.monotonic() - size_started < args.seconds_per_size else 0.0)
@@ -182,7 +188,7 @@ def worker(args: argparse.Namespace) -> int:
     seen: list[tuple[float, str]] = []
     arrived = threading.Event()
 
-    def on_stuck(event) -> None:  # noqa: ANN001 - rasd.Event, on the dispatcher thread
+    def on_stuck(event) -> None:  # rasd.Event, on the dispatcher thread
         seen.append((time.time(), event.details))
         arrived.set()
 
@@ -194,14 +200,14 @@ def worker(args: argparse.Namespace) -> int:
         before = len(seen)
         arrived.clear()
         started = time.time()
-        if rank == 2:
-            if not arrived.wait(timeout=args.stuck_limit * args.factor * 3 + 60):
-                raise SystemExit("overhead: no COMM_STUCK verdict")
+        if rank == 2 and not arrived.wait(timeout=args.stuck_limit * args.factor * 3 + 60):
+            raise SystemExit("overhead: no COMM_STUCK verdict")
         dist.all_reduce(t)  # ranks 0, 1, 3 block here until rank 2 comes
         dist.barrier()
-        mine = seen[before:before + 1]
-        out["stalls"].append({"started": started, "verdict": mine[0][0] if mine else None,
-                              "details": mine[0][1] if mine else None})
+        mine = seen[before : before + 1]
+        out["stalls"].append(
+            {"started": started, "verdict": mine[0][0] if mine else None, "details": mine[0][1] if mine else None}
+        )
     if rank == 0:
         out["hook_ns"] = _hook_cost_ns()
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
@@ -224,19 +230,27 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(tempfile.mkdtemp(prefix="torchras-overhead-"))
     master = _free_port()
     cmd = [sys.executable, __file__, "--worker", "--out", str(out)] + [
-        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("worker", "out")]
-    env = dict(os.environ, WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
-               TORCH_CPP_LOG_LEVEL="ERROR", TORCHRAS_ADDR=f"localhost:{args.port}",
-               TORCHRAS_RUN_DIR=str(out / "endpoints"), TORCHRAS_TIMEOUT_FACTOR=str(args.factor),
-               TORCHRAS_STUCK_LIMIT=str(args.stuck_limit))
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("worker", "out")
+    ]
+    env = dict(
+        os.environ,
+        WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        TORCHRAS_ADDR=f"localhost:{args.port}",
+        TORCHRAS_RUN_DIR=str(out / "endpoints"),
+        TORCHRAS_TIMEOUT_FACTOR=str(args.factor),
+        TORCHRAS_STUCK_LIMIT=str(args.stuck_limit),
+    )
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(WORLD)]
     try:
         deadline = time.monotonic() + args.timeout
         for p in procs:
             p.wait(max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        raise SystemExit(f"overhead: the job did not finish within {args.timeout}s")
+        raise SystemExit(f"overhead: the job did not finish within {args.timeout}s") from None
     finally:
         for p in procs:
             if p.poll() is None:
@@ -258,16 +272,24 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
 
 def summarize(results: dict, args: argparse.Namespace) -> tuple[list[str], dict]:
     cpus = os.cpu_count() or 1
-    lines = [f"rasd overhead ({args.arm}): {WORLD} gloo processes on {cpus} CPUs; with and without rasd in "
-             f"alternating blocks (ABBA) in the same processes, {args.seconds_per_size:g} s of blocks per size", ""]
-    lines.append(f"{'tensor':>6}  {'pairs':>5}  {'steps/block':>11}  {'with (steps/s)':>14}  {'without':>8}  "
-                 f"{'slowdown':>8}  {'pairs IQR':>17}  {'rasd threads CPU':>16}")
+    lines = [
+        f"rasd overhead ({args.arm}): {WORLD} gloo processes on {cpus} CPUs; with and without rasd in "
+        f"alternating blocks (ABBA) in the same processes, {args.seconds_per_size:g} s of blocks per size",
+        "",
+    ]
+    lines.append(
+        f"{'tensor':>6}  {'pairs':>5}  {'steps/block':>11}  {'with (steps/s)':>14}  {'without':>8}  "
+        f"{'slowdown':>8}  {'pairs IQR':>17}  {'rasd threads CPU':>16}"
+    )
     summary: dict = {}
     blocks = results[0]["blocks"]
     step_ms: dict = {}
     for size in [x for x in SIZES if x in args.sizes.split(",")]:
         mine = [b for b in blocks if b["size"] == size]
-        rate = lambda b: b["steps"] / b["seconds"]  # noqa: E731
+
+        def rate(block: dict) -> float:
+            return block["steps"] / block["seconds"]
+
         with_rates = [rate(b) for b in mine if b["rasd"]]
         without_rates = [rate(b) for b in mine if not b["rasd"]]
         ratios = []
@@ -284,18 +306,25 @@ def summarize(results: dict, args: argparse.Namespace) -> tuple[list[str], dict]
         wall = sum(b["seconds"] for b in mine if b["rasd"])
         share = cpu / wall / cpus * 100
         summary[f"cpu_{size}"] = share
-        lines.append(f"{size:>6}  {len(ratios):>5}  {mine[0]['steps']:>11}  {statistics.median(with_rates):>14.1f}  "
-                     f"{statistics.median(without_rates):>8.1f}  {slowdown:>+7.2f}%  {lo:>+7.2f}%..{hi:>+6.2f}%  "
-                     f"{share:>14.3f}%")
+        lines.append(
+            f"{size:>6}  {len(ratios):>5}  {mine[0]['steps']:>11}  {statistics.median(with_rates):>14.1f}  "
+            f"{statistics.median(without_rates):>8.1f}  {slowdown:>+7.2f}%  {lo:>+7.2f}%..{hi:>+6.2f}%  "
+            f"{share:>14.3f}%"
+        )
     hook_ns = results[0].get("hook_ns", 0.0)
     lines.append("")
-    lines.append(f"slowdown: median over pairs of rate_without/rate_with - 1 (IQR: the middle half of the pairs; "
-                 f"this machine's block-to-block noise).")
-    lines.append(f"rasd threads CPU: CPU time of rasd's threads in the with-blocks, all {WORLD} ranks, as a share of "
-                 f"the {cpus} CPUs.")
-    lines.append(f"hook cost: {hook_ns:.0f} ns per counted call = "
-                 + ", ".join(f"{hook_ns / 1e6 / step_ms[s] * 100:.3f}% of a {s} step ({step_ms[s]:.2f} ms)"
-                             for s in step_ms))
+    lines.append(
+        "slowdown: median over pairs of rate_without/rate_with - 1 (IQR: the middle half of the pairs; "
+        "this machine's block-to-block noise)."
+    )
+    lines.append(
+        f"rasd threads CPU: CPU time of rasd's threads in the with-blocks, all {WORLD} ranks, as a share of "
+        f"the {cpus} CPUs."
+    )
+    lines.append(
+        f"hook cost: {hook_ns:.0f} ns per counted call = "
+        + ", ".join(f"{hook_ns / 1e6 / step_ms[s] * 100:.3f}% of a {s} step ({step_ms[s]:.2f} ms)" for s in step_ms)
+    )
     delays = []
     for data in results.values():
         for k, s in enumerate(data["stalls"]):
@@ -303,19 +332,27 @@ def summarize(results: dict, args: argparse.Namespace) -> tuple[list[str], dict]
                 delays.append(s["verdict"] - results[2]["stalls"][k]["started"])
     lines.append("")
     verdict = statistics.median(delays) if delays else None
-    lines.append(f"stuck verdict: factor {args.factor:g}, stuck limit {args.stuck_limit * args.factor:g} s, sweep "
-                 f"{5.0 * args.factor:g} s; {args.stalls} stall(s) of rank 2; stall -> COMM_STUCK at each rank: "
-                 + ", ".join(f"{d:.1f}" for d in sorted(delays)) + " s"
-                 + (f" (median {verdict:.1f} s)" if verdict is not None else " (no verdict)"))
+    lines.append(
+        f"stuck verdict: factor {args.factor:g}, stuck limit {args.stuck_limit * args.factor:g} s, sweep "
+        f"{5.0 * args.factor:g} s; {args.stalls} stall(s) of rank 2; stall -> COMM_STUCK at each rank: "
+        + ", ".join(f"{d:.1f}" for d in sorted(delays))
+        + " s"
+        + (f" (median {verdict:.1f} s)" if verdict is not None else " (no verdict)")
+    )
     details = {s.get("details") for d in results.values() for s in d["stalls"] if s.get("details")}
     for d in sorted(details):
         lines.append(f"  verdict: {d}")
-    doc = {"slowdown_pct_small": _round(summary.get("small")), "slowdown_pct_1mb": _round(summary.get("1mb")),
-           "stuck_verdict_s": round(verdict, 2) if verdict is not None else None, "timeout_factor": args.factor,
-           "stuck_limit_s": args.stuck_limit * args.factor, "sweep_s": 5.0 * args.factor,
-           "hook_ns_per_call": round(hook_ns, 1),
-           "rasd_cpu_pct": _round(statistics.mean([v for k, v in summary.items() if k.startswith("cpu_")]), 3),
-           "arm": args.arm}
+    doc = {
+        "slowdown_pct_small": _round(summary.get("small")),
+        "slowdown_pct_1mb": _round(summary.get("1mb")),
+        "stuck_verdict_s": round(verdict, 2) if verdict is not None else None,
+        "timeout_factor": args.factor,
+        "stuck_limit_s": args.stuck_limit * args.factor,
+        "sweep_s": 5.0 * args.factor,
+        "hook_ns_per_call": round(hook_ns, 1),
+        "rasd_cpu_pct": _round(statistics.mean([v for k, v in summary.items() if k.startswith("cpu_")]), 3),
+        "arm": args.arm,
+    }
     return lines, doc
 
 
@@ -328,8 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=0.3, help="seconds before each block (mesh connect)")
     ap.add_argument("--stalls", type=int, default=2)
     ap.add_argument("--sizes", default="small,1mb", help="tensor sizes to measure (small, 1mb)")
-    ap.add_argument("--arm", choices=("full", "hooks"), default="full",
-                    help="what 'with' adds: full (hooks and node, the default) or hooks (the node runs in both arms)")
+    ap.add_argument(
+        "--arm",
+        choices=("full", "hooks"),
+        default="full",
+        help="what 'with' adds: full (hooks and node, the default) or hooks (the node runs in both arms)",
+    )
     ap.add_argument("--factor", type=float, default=1.0, help="TORCHRAS_TIMEOUT_FACTOR (scales stuck and sweep)")
     ap.add_argument("--stuck-limit", type=float, default=20.0, help="TORCHRAS_STUCK_LIMIT before scaling")
     ap.add_argument("--port", type=int, default=28940, help="client port (TORCHRAS_ADDR), below 32768")

@@ -12,6 +12,7 @@ Prints a table and, last, one JSON object of the figures. Usage: python bench/qu
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import socket
@@ -19,8 +20,7 @@ import statistics
 import sys
 import time
 
-from rasd.core import node as core
-from rasd.core import wire
+from rasd.core import node as core, wire
 from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
 from rasd.core.events import Kind
 from rasd.core.peers import Addr, PeerInfo
@@ -71,8 +71,12 @@ def real_16() -> dict[str, float]:
         after = [status(PORT)[0] for _ in range(20)]
         sw.resume(5)
     lat.sort()
-    return {"p50": statistics.median(lat), "p99": lat[int(0.99 * (len(lat) - 1))],
-            "first_after_hang": first, "after_hang_p50": statistics.median(after)}
+    return {
+        "p50": statistics.median(lat),
+        "p99": lat[int(0.99 * (len(lat) - 1))],
+        "first_after_hang": first,
+        "after_hang_p50": statistics.median(after),
+    }
 
 
 def measured_hop_cost() -> float:
@@ -95,17 +99,26 @@ def measured_hop_cost() -> float:
 
 def _process_data(n_ranks: int, rank: int) -> ProcessData:
     counts = tuple(range(N_OPS))
-    return ProcessData(comms=(CommRecord(0x1234, n_ranks, (RankRecord(rank, launched=counts, completed=counts),),
-                                         ((0, n_ranks, 1),)),))
+    return ProcessData(
+        comms=(CommRecord(0x1234, n_ranks, (RankRecord(rank, launched=counts, completed=counts),), ((0, n_ranks, 1),)),)
+    )
 
 
 def report_build_time(n: int) -> float:
-    peers = tuple(PeerInfo(Addr(f"10.{i // 8 // 256}.{i // 8 % 256}.1", 20000 + i % 8), pid=i, hostname=f"h{i}",
-                           incarnation=i, rank=i) for i in range(n))
+    peers = tuple(
+        PeerInfo(
+            Addr(f"10.{i // 8 // 256}.{i // 8 % 256}.1", 20000 + i % 8), pid=i, hostname=f"h{i}", incarnation=i, rank=i
+        )
+        for i in range(n)
+    )
     snap = JobSnapshot(peers=peers, responses={p.addr: _process_data(n, p.rank) for p in peers})
     t0 = time.perf_counter()
     render_tail(build_report(snap))
     return time.perf_counter() - t0
+
+
+def _gathering(sim: Simulation, key: tuple[int, int]) -> bool:
+    return key not in sim.gathers_done
 
 
 def simulated(n: int, hop_cost: float, express: bool, queries: int = 10) -> float:
@@ -118,7 +131,7 @@ def simulated(n: int, hop_cost: float, express: bool, queries: int = 10) -> floa
         root = rng.randrange(n)
         t0 = sim.now
         sim.gather(root, q)
-        sim.run_while(lambda: (root, q) not in sim.gathers_done, 30.0, step=0.005)
+        sim.run_while(functools.partial(_gathering, sim, (root, q)), 30.0, step=0.005)
         times.append(sim.gathers_done[(root, q)][0] - t0)
         sim.run_until(sim.now + 0.2)
     return statistics.median(times)
@@ -127,15 +140,27 @@ def simulated(n: int, hop_cost: float, express: bool, queries: int = 10) -> floa
 def main() -> int:
     real = real_16()
     hop = measured_hop_cost()
-    rows = [("16 real processes: STATUS p50", real["p50"], "target < 0.05 s"),
-            ("16 real processes: STATUS p99", real["p99"], ""),
-            ("first STATUS after a SIGSTOP (waits for the silent leg)", real["first_after_hang"],
-             "NCCL bound: <= leg timeout 5 s + 5 s"),
-            ("later STATUS after the SIGSTOP, p50", real["after_hang_p50"], "as fast as healthy")]
-    figures = {"status_p50_s_16": real["p50"], "status_p99_s_16": real["p99"],
-               "first_after_hang_s": real["first_after_hang"], "after_hang_p50_s": real["after_hang_p50"]}
-    print(f"16 real processes: p50 {real['p50']:.4f} s, p99 {real['p99']:.4f} s; after a hang: first "
-          f"{real['first_after_hang']:.3f} s, then p50 {real['after_hang_p50']:.4f} s", flush=True)
+    rows = [
+        ("16 real processes: STATUS p50", real["p50"], "target < 0.05 s"),
+        ("16 real processes: STATUS p99", real["p99"], ""),
+        (
+            "first STATUS after a SIGSTOP (waits for the silent leg)",
+            real["first_after_hang"],
+            "NCCL bound: <= leg timeout 5 s + 5 s",
+        ),
+        ("later STATUS after the SIGSTOP, p50", real["after_hang_p50"], "as fast as healthy"),
+    ]
+    figures = {
+        "status_p50_s_16": real["p50"],
+        "status_p99_s_16": real["p99"],
+        "first_after_hang_s": real["first_after_hang"],
+        "after_hang_p50_s": real["after_hang_p50"],
+    }
+    print(
+        f"16 real processes: p50 {real['p50']:.4f} s, p99 {real['p99']:.4f} s; after a hang: first "
+        f"{real['first_after_hang']:.3f} s, then p50 {real['after_hang_p50']:.4f} s",
+        flush=True,
+    )
     for n in (1024, 4096):
         build = report_build_time(n)
         ours = simulated(n, hop, express=True) + build

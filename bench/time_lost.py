@@ -41,6 +41,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime
+import importlib
 import json
 import os
 import random
@@ -55,8 +56,9 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any
 
 import psutil
 
@@ -101,22 +103,23 @@ class Outcome:
     failures: list[str] = dataclasses.field(default_factory=list)
 
     @property
-    def value(self) -> Optional[float]:
+    def value(self) -> float | None:
         return round(statistics.median(self.samples), 3) if self.samples else None
 
 
 # ---- the plan ----------------------------------------------------------------------------------------------------
 
 
-def plan(quick: bool, only: Optional[str], etcd: Optional[dict], fault_filter: Optional[str]) -> list[Spec]:
+def plan(quick: bool, only: str | None, etcd: dict | None, fault_filter: str | None) -> list[Spec]:
     """Every job of one run. Our rows and the crash rows get 3 samples; rows bound by a 60-90 s timeout get one."""
     settings = ("tuned",) if quick else ("default", "tuned")
     repeat = 1 if quick else 3
     crash_cap, slow_cap = (30.0, 45.0) if quick else (60.0, 130.0)
     specs: list[Spec] = []
 
-    def add(count: int, prefix: str, system: str, setting: str, schedule: tuple[str, ...], cap: float,
-            **extra: object) -> None:
+    def add(
+        count: int, prefix: str, system: str, setting: str, schedule: tuple[str, ...], cap: float, **extra: Any
+    ) -> None:
         if fault_filter:
             schedule = tuple(fault for fault in schedule if fault == fault_filter)
         if not schedule or (only and not any(prefix.startswith(part) for part in only.split(","))):
@@ -170,7 +173,7 @@ def keys_of(specs: list[Spec]) -> list[str]:
 
 
 def free_port() -> int:
-    """A free port below the ephemeral range (machine-facts.md: ephemeral ports collided in scale tests)."""
+    """A free port below the ephemeral range (32768 on Linux: an ephemeral port can be taken meanwhile)."""
     while True:
         port = random.randrange(20000, 32000)
         with socket.socket() as sock:
@@ -193,7 +196,7 @@ def read_events(path: Path) -> list[dict]:
     return events
 
 
-def recoveries(events: list[dict]) -> list[tuple[dict, Optional[tuple[float, int]]]]:
+def recoveries(events: list[dict]) -> list[tuple[dict, tuple[float, int] | None]]:
     """For every fault: (fault, (seconds lost, ranks after)) or (fault, None) while not recovered.
 
     Recovered = the first iteration after the fault's in which every rank (its world size, as the system set
@@ -231,36 +234,77 @@ class Job:
     Started with a closed gate: the processes import torch and the restart system, then wait for ``open``.
     """
 
-    def __init__(self, spec: Spec, directory: Path, python: str, app_port: int, etcd: Optional[dict]) -> None:
+    def __init__(self, spec: Spec, directory: Path, python: str, app_port: int, etcd: dict | None) -> None:
         self.spec = spec
         self.directory = directory
         self.events_path = directory / "events.jsonl"
         self.gate = directory / "gate"
         self.tag = uuid.uuid4().hex
         directory.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
-                   TORCH_CPP_LOG_LEVEL="ERROR", MASTER_ADDR="127.0.0.1", TIME_LOST_TAG=self.tag,
-                   PYTHONUNBUFFERED="1")
+        path = os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))
+        env = dict(
+            os.environ,
+            PYTHONPATH=path,
+            TORCH_CPP_LOG_LEVEL="ERROR",
+            MASTER_ADDR="127.0.0.1",
+            TIME_LOST_TAG=self.tag,
+            PYTHONUNBUFFERED="1",
+        )
         if spec.system != "torchras":
             env["TORCHRAS_ENABLE"] = "0"  # the baselines run without the mesh
         if etcd is not None and spec.store == "etcd":
-            env.update(TIME_LOST_ETCD_STORE=etcd["factory"], TIME_LOST_ETCD_KWARGS=json.dumps(etcd["kwargs"]),
-                       INPROCESS_ETCD_PREFIX=f"/time_lost/{self.tag}")
-        arguments = ["--system", spec.system, "--setting", spec.setting, "--abort", spec.abort, "--store", spec.store,
-                     "--schedule", ",".join(spec.schedule), "--fault-rank", str(spec.fault_rank),
-                     "--events", str(self.events_path), "--app-port", str(app_port), "--app-prefix", self.tag,
-                     "--gate", str(self.gate)]
-        self.log = open(directory / "output.log", "wb")
+            env.update(
+                TIME_LOST_ETCD_STORE=etcd["factory"],
+                TIME_LOST_ETCD_KWARGS=json.dumps(etcd["kwargs"]),
+                INPROCESS_ETCD_PREFIX=f"/time_lost/{self.tag}",
+            )
+        arguments = [
+            "--system",
+            spec.system,
+            "--setting",
+            spec.setting,
+            "--abort",
+            spec.abort,
+            "--store",
+            spec.store,
+            "--schedule",
+            ",".join(spec.schedule),
+            "--fault-rank",
+            str(spec.fault_rank),
+            "--events",
+            str(self.events_path),
+            "--app-port",
+            str(app_port),
+            "--app-prefix",
+            self.tag,
+            "--gate",
+            str(self.gate),
+        ]
+        self.log = open(directory / "output.log", "wb")  # noqa: SIM115 - closed by end()
         if spec.system == "torchrun":
-            command = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD_SIZE}",
-                       f"--max-restarts={len(spec.schedule)}", str(WORKER), *arguments]
+            command = [
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={WORLD_SIZE}",
+                f"--max-restarts={len(spec.schedule)}",
+                str(WORKER),
+                *arguments,
+            ]
             self.processes = [subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)]
             return
         env.update(WORLD_SIZE=str(WORLD_SIZE), MASTER_PORT=str(free_port()))
         self.processes = []
         for rank in range(WORLD_SIZE):
-            self.processes.append(subprocess.Popen([python, str(WORKER), *arguments], env=dict(env, RANK=str(rank)),
-                                                   stdout=self.log, stderr=subprocess.STDOUT))
+            self.processes.append(
+                subprocess.Popen(
+                    [python, str(WORKER), *arguments],
+                    env=dict(env, RANK=str(rank)),
+                    stdout=self.log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
 
     def open(self) -> None:
         self.gate.touch()
@@ -305,7 +349,14 @@ class Job:
         self.log.close()
 
 
-def watch(job: Job, steady: Callable[[], None], measured: Callable[[], None]) -> list[tuple[str, Optional[float], int, str]]:
+def _signaller(job: Job | None, number: int) -> Callable[[], None]:
+    """Sends ``number`` to every process of ``job`` (if any) when called: the next job pauses while one is timed."""
+    return lambda: None if job is None else job.signal(number)
+
+
+def watch(
+    job: Job, steady: Callable[[], None], measured: Callable[[], None]
+) -> list[tuple[str, float | None, int, str]]:
     """Open the gate, follow the job until every fault recovered (each within the cap) or cannot; end it.
 
     ``steady`` runs once the job's ranks have all stepped (the window in which faults are timed begins),
@@ -316,7 +367,7 @@ def watch(job: Job, steady: Callable[[], None], measured: Callable[[], None]) ->
     job.open()
     started = time.monotonic()
     reason = ""
-    recovered_at: Optional[float] = None
+    recovered_at: float | None = None
     announced = False
     try:
         while True:
@@ -353,15 +404,16 @@ def watch(job: Job, steady: Callable[[], None], measured: Callable[[], None]) ->
         found = recoveries(read_events(job.events_path))
     finally:
         job.end()
-    results = []
-    for index, fault in enumerate(spec.schedule):
-        if index < len(found) and found[index][1] is not None:
-            seconds, world = found[index][1]
-            results.append((fault, seconds, world, ""))
+    results: list[tuple[str, float | None, int, str]] = []
+    for index, kind in enumerate(spec.schedule):
+        outcome = found[index][1] if index < len(found) else None
+        if outcome is not None:
+            seconds, world = outcome
+            results.append((kind, seconds, world, ""))
         elif index < len(found):
-            results.append((fault, None, 0, reason))
+            results.append((kind, None, 0, reason))
         else:
-            results.append((fault, None, 0, f"not reached ({reason or 'an earlier fault of the job failed'})"))
+            results.append((kind, None, 0, f"not reached ({reason or 'an earlier fault of the job failed'})"))
     return results
 
 
@@ -375,16 +427,30 @@ def nvrx_python(venv: Path) -> str:
     site-packages, so the baseline runs on exactly the torch 2.13.0 CPU build that torchras runs on.
     """
     python = venv / "bin" / "python"
-    probe = [str(python), "-c", f"import nvidia_resiliency_ext, importlib.metadata as m, torch; "
-             f"assert m.version('nvidia-resiliency-ext') == '{NVRX_VERSION}'; print(torch.__version__)"]
+    probe = [
+        str(python),
+        "-c",
+        f"import nvidia_resiliency_ext, importlib.metadata as m, torch; "
+        f"assert m.version('nvidia-resiliency-ext') == '{NVRX_VERSION}'; print(torch.__version__)",
+    ]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return str(python)
     import torch
 
     print(f"making {venv} (nvidia-resiliency-ext {NVRX_VERSION}, this venv's torch)", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", f"nvidia-resiliency-ext=={NVRX_VERSION}",
-                    "pyyaml", "defusedxml"], check=True)
+    subprocess.run(
+        [
+            str(venv / "bin" / "pip"),
+            "install",
+            "-q",
+            "--no-deps",
+            f"nvidia-resiliency-ext=={NVRX_VERSION}",
+            "pyyaml",
+            "defusedxml",
+        ],
+        check=True,
+    )
     site = next((venv / "lib").glob("python*/site-packages"))
     (site / "torchras-bench-torch.pth").write_text(str(Path(torch.__file__).resolve().parents[1]) + "\n")
     subprocess.run(probe, check=True, capture_output=True)
@@ -402,12 +468,33 @@ class Etcd:
         self.client_port, peer_port = free_port(), free_port()
         self.data = tempfile.mkdtemp(prefix="time-lost-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         client, peer = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{peer_port}"
-        self.log = open(os.path.join(self.data, "etcd.log"), "wb")
+        self.log = open(os.path.join(self.data, "etcd.log"), "wb")  # noqa: SIM115 - closed by close()
         self.process = subprocess.Popen(
-            [binary, "--name", "bench", "--data-dir", os.path.join(self.data, "member"), "--listen-client-urls", client,
-             "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"bench={peer}", "--heartbeat-interval", "100", "--election-timeout", "1000"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                binary,
+                "--name",
+                "bench",
+                "--data-dir",
+                os.path.join(self.data, "member"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"bench={peer}",
+                "--heartbeat-interval",
+                "100",
+                "--election-timeout",
+                "1000",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -420,8 +507,10 @@ class Etcd:
         else:
             self.close()
             raise TimeoutError("etcd did not become healthy within 60 s")
-        self.settings = {"factory": "inprocess.etcd_store.EtcdStore",
-                         "kwargs": {"endpoints": f"127.0.0.1:{self.client_port}"}}
+        self.settings = {
+            "factory": "inprocess.etcd_store.EtcdStore",
+            "kwargs": {"endpoints": f"127.0.0.1:{self.client_port}"},
+        }
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -431,13 +520,13 @@ class Etcd:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def etcd_setup(wanted: bool) -> tuple[Optional[Etcd], str]:
+def etcd_setup(wanted: bool) -> tuple[Etcd | None, str]:
     """The etcd store of issue 10 where this repository has one and etcd is installed; else (None, why not)."""
     if not wanted:
         return None, "not selected"
     try:
-        import inprocess.etcd_store  # noqa: F401
-        import etcd3gw  # noqa: F401
+        for module in ("etcd3gw", "inprocess.etcd_store"):
+            importlib.import_module(module)
     except ImportError as error:
         return None, f"no etcd store here ({error})"
     binary = shutil.which("etcd")
@@ -449,7 +538,7 @@ def etcd_setup(wanted: bool) -> tuple[Optional[Etcd], str]:
 # ---- report --------------------------------------------------------------------------------------------------------
 
 
-def format_value(outcome: Optional[Outcome]) -> str:
+def format_value(outcome: Outcome | None) -> str:
     if outcome is None:
         return "-"
     if outcome.value is None:
@@ -475,8 +564,10 @@ def report(keys: list[str], results: dict[str, Outcome], elapsed: float) -> dict
         for key in special:
             print(f"{key.replace('_', ' ')[:-2]:<39} {format_value(results[key]):>12}")
     print()
-    print("(1): one sample; null*: no recovery, the reason below. Targets (issue 9), torchras at its defaults: crash "
-          "<= 1.5 s, hang (stop) <= 12 s, stuck (stall, skip) <= 25 s; tuned: crash <= 0.3 s.")
+    print(
+        "(1): one sample; null*: no recovery, the reason below. Targets (issue 9), torchras at its defaults: crash "
+        "<= 1.5 s, hang (stop) <= 12 s, stuck (stall, skip) <= 25 s; tuned: crash <= 0.3 s."
+    )
     for key in keys:
         outcome = results[key]
         line = f"  {key}: samples {[round(sample, 3) for sample in outcome.samples]}"
@@ -492,15 +583,20 @@ def report(keys: list[str], results: dict[str, Outcome], elapsed: float) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one sample of each, tuned only, 30 s caps")
-    parser.add_argument("--only", help="the jobs whose key starts with this (comma-separated: any of them): "
-                        "torchras, nvrx (both aborts), nvrx_sockabort, torchrun, torchras_default, ...")
+    parser.add_argument(
+        "--only",
+        help="the jobs whose key starts with this (comma-separated: any of them): "
+        "torchras, nvrx (both aborts), nvrx_sockabort, torchrun, torchras_default, ...",
+    )
     parser.add_argument("--fault", choices=FAULTS, help="one fault kind (debugging)")
     parser.add_argument("--nvrx-venv", type=Path, default=DEFAULT_NVRX_VENV)
     parser.add_argument("--jobs", type=int, default=PARALLEL_JOBS, help="jobs at once in the timeout-bound lane")
     args = parser.parse_args()
     started = time.monotonic()
-    etcd_server, etcd_missing = etcd_setup(not args.only or any(
-        "torchras_tuned_etcd".startswith(part) or part.startswith("torchras_tuned_etcd") for part in args.only.split(",")))
+    wanted = "torchras_tuned_etcd"
+    etcd_server, etcd_missing = etcd_setup(
+        not args.only or any(wanted.startswith(part) or part.startswith(wanted) for part in args.only.split(","))
+    )
     etcd = etcd_server.settings if etcd_server is not None else None
     try:
         run(args, etcd, etcd_missing, started)
@@ -509,7 +605,7 @@ def main() -> None:
             etcd_server.close()
 
 
-def run(args: argparse.Namespace, etcd: Optional[dict], etcd_missing: str, started: float) -> None:
+def run(args: argparse.Namespace, etcd: dict | None, etcd_missing: str, started: float) -> None:
     import torch
     import torch.distributed as dist
 
@@ -518,15 +614,18 @@ def run(args: argparse.Namespace, etcd: Optional[dict], etcd_missing: str, start
     python_of = {"torchras": sys.executable, "torchrun": sys.executable}
     if any(spec.system == "nvrx" for spec in specs):
         python_of["nvrx"] = nvrx_python(args.nvrx_venv)
-    print(f"time lost to a fault: {WORLD_SIZE} gloo ranks on the CPU, torch {torch.__version__}, "
-          f"{os.cpu_count()} cores, nvidia-resiliency-ext {NVRX_VERSION}; {len(specs)} jobs, {len(keys)} figures")
+    print(
+        f"time lost to a fault: {WORLD_SIZE} gloo ranks on the CPU, torch {torch.__version__}, "
+        f"{os.cpu_count()} cores, nvidia-resiliency-ext {NVRX_VERSION}; {len(specs)} jobs, {len(keys)} figures"
+    )
     if etcd is None and etcd_missing != "not selected":
         print(f"the etcd-backed store's rows are left out: {etcd_missing}")
     # The training function's own store (for init_process_group) is served here, outside every rank, for every
     # system but torchrun (whose workers use the agent's store): losing rank 0 then tests the restart system.
     app_port = free_port()
-    app_store = dist.TCPStore("127.0.0.1", app_port, is_master=True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=60))
+    app_store = dist.TCPStore(
+        "127.0.0.1", app_port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+    )
     root = OUTPUT / time.strftime("%Y%m%d-%H%M%S")
     results = {key: Outcome() for key in keys}
     lock = threading.Lock()
@@ -538,7 +637,7 @@ def run(args: argparse.Namespace, etcd: Optional[dict], etcd_missing: str, start
 
     loads: list[float] = []
 
-    def record(job: Job, begun: float, found: list[tuple[str, Optional[float], int, str]]) -> None:
+    def record(job: Job, begun: float, found: list[tuple[str, float | None, int, str]]) -> None:
         with lock:
             loads.append(os.getloadavg()[0])
             for fault, seconds, world, reason in found:
@@ -548,21 +647,21 @@ def run(args: argparse.Namespace, etcd: Optional[dict], etcd_missing: str, start
                 else:
                     outcome.samples.append(seconds)
                     outcome.worlds.append(world)
-            text = ", ".join(f"{fault} {seconds:.3f}" if seconds is not None else f"{fault} null ({reason})"
-                             for fault, seconds, _, reason in found)
+            text = ", ".join(
+                f"{fault} {seconds:.3f}" if seconds is not None else f"{fault} null ({reason})"
+                for fault, seconds, _, reason in found
+            )
             print(f"  {job.directory.name}: {text} [{time.monotonic() - begun:.0f} s]", file=sys.stderr, flush=True)
 
     # Exclusive lane: one job measured at a time; the next one imports meanwhile and is paused (SIGSTOP) while
     # a fault of this one is being timed.
     sequential = [spec for spec in specs if not spec.parallel]
-    upcoming: Optional[Job] = None
+    upcoming: Job | None = None
     for index, spec in enumerate(sequential):
         begun = time.monotonic()
         job = upcoming or make(spec)
         upcoming = make(sequential[index + 1]) if index + 1 < len(sequential) else None
-        pending = upcoming
-        found = watch(job, steady=lambda: pending and pending.signal(signal.SIGSTOP),
-                      measured=lambda: pending and pending.signal(signal.SIGCONT))
+        found = watch(job, steady=_signaller(upcoming, signal.SIGSTOP), measured=_signaller(upcoming, signal.SIGCONT))
         record(job, begun, found)
 
     # Timeout-bound lane: these jobs mostly wait (for 20-90 s timers), so several run at once, longest first;
@@ -591,8 +690,10 @@ def run(args: argparse.Namespace, etcd: Optional[dict], etcd_missing: str, start
         list(pool.map(measure, parallel))
     del app_store
     figures = report(keys, results, time.monotonic() - started)
-    print(f"machine load (1-min load average at the end of each job): median {statistics.median(loads):.1f}, "
-          f"range {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores")
+    print(
+        f"machine load (1-min load average at the end of each job): median {statistics.median(loads):.1f}, "
+        f"range {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores"
+    )
     print(f"logs: {root}")
     print(json.dumps(figures))
 

@@ -14,9 +14,10 @@ before ``--gate`` opens, so the benchmark can start the next job while it measur
 a fault is being timed). Events, one JSON line each, appended to
 ``--events`` (O_APPEND line writes, so the processes never interleave within a line):
 
-    {"event": "step", "time", "pid", "system_iteration", "rank", "world_size", "initial_rank"}  first step of an iteration
+    {"event": "step", "time", "pid", "system_iteration", "rank", "world_size", "initial_rank"}
+                                                         the first step of an iteration
     {"event": "fault", "time", "pid", "kind", "system_iteration", "initial_rank"}  just before the fault
-    {"event": "done", ...}                                                         the training function returned
+    {"event": "done", ...}                               the training function returned
 
 Faults: ``exception`` (raise), ``kill`` (SIGKILL itself), ``stop`` (SIGSTOP itself, forever),
 ``stall`` (sleep before the next collective in 50 ms chunks: a slow rank whose interpreter keeps running, not
@@ -28,11 +29,13 @@ wrong one of its peers).
 # annotation.
 import argparse
 import datetime
+import importlib
 import json
 import os
 import signal
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 WARMUP_S = 2.0  # steady state before a fault (the mesh connects and exchanges its first keepalives)
 POST_STEPS = 5  # steps of the last iteration after the last fault, then the function returns
@@ -95,8 +98,13 @@ def train_loop(args: argparse.Namespace, events: Events, store: Any, iteration: 
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     initial_rank = events.identity["initial_rank"]
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"iteration{iteration}", store), rank=rank,
-                            world_size=world_size, timeout=GLOO_TIMEOUT)
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"iteration{iteration}", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=GLOO_TIMEOUT,
+    )
     pair_ranks = list(range(max(0, world_size - 2), world_size))
     pair = dist.new_group(pair_ranks)
     gradient, metric = torch.ones(1024), torch.ones(1)
@@ -172,7 +180,8 @@ def run_nvrx(args: argparse.Namespace, events: Events) -> None:
         settings["abort"] = socket_abort(nvrx)
 
     @nvrx.Wrapper(**settings)
-    def train(call_wrapper: Optional[nvrx.CallWrapper] = None) -> None:  # the reference binds the call first
+    def train(call_wrapper: nvrx.CallWrapper | None = None) -> None:  # nvidia-resiliency-ext passes it
+        assert call_wrapper is not None
         train_loop(args, events, store, call_wrapper.iteration)
 
     train()
@@ -201,7 +210,7 @@ def socket_abort(nvrx: Any) -> Any:
 
 
 def run_torchrun(args: argparse.Namespace, events: Events) -> None:
-    """A torchrun worker: the per-attempt store workaround (machine-facts.md): a fresh prefix per restart."""
+    """A torchrun worker: the per-attempt store workaround (bench/README.md, torchrun): a fresh prefix per restart."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     store = app_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), f"attempt{attempt}")
     train_loop(args, events, store, attempt)
@@ -210,13 +219,9 @@ def run_torchrun(args: argparse.Namespace, events: Events) -> None:
 
 def prepare(system: str) -> None:
     """The imports, done before the gate opens: they are the costly part of a start, and no clock runs yet."""
-    import torch.distributed  # noqa: F401
-
-    if system == "torchras":
-        import inprocess  # noqa: F401
-    elif system == "nvrx":
-        import inprocess.abort  # noqa: F401
-        from nvidia_resiliency_ext import inprocess as nvrx  # noqa: F401
+    systems = {"torchras": ["inprocess"], "nvrx": ["inprocess.abort", "nvidia_resiliency_ext.inprocess"]}
+    for module in ["torch.distributed", *systems.get(system, [])]:
+        importlib.import_module(module)
 
 
 RUNNERS: dict[str, Callable[[argparse.Namespace, Events], None]] = {
@@ -232,8 +237,11 @@ def main() -> None:
     parser.add_argument("--setting", choices=["default", "tuned"], default="default")
     parser.add_argument("--abort", choices=["stock", "socket"], default="stock")
     parser.add_argument("--store", choices=["tcp", "etcd"], default="tcp")
-    parser.add_argument("--schedule", required=True,
-                        help="comma-separated faults, the i-th in iteration i: exception, kill, stop, stall, skip")
+    parser.add_argument(
+        "--schedule",
+        required=True,
+        help="comma-separated faults, the i-th in iteration i: exception, kill, stop, stall, skip",
+    )
     parser.add_argument("--fault-rank", type=int, default=2)
     parser.add_argument("--gate", help="wait (imports done) until this file exists: the benchmark's go")
     parser.add_argument("--events", required=True)

@@ -27,12 +27,11 @@ import os
 import pathlib
 import random
 import time
-from typing import Optional
 
 os.environ["TORCH_CPP_LOG_LEVEL"] = "error"
-import torch  # noqa: E402
+import torch
 
-import inprocess  # noqa: E402 - the one line that differs: was ``import nvidia_resiliency_ext.inprocess as inprocess``
+import inprocess  # the one line that differs: was ``import nvidia_resiliency_ext.inprocess as inprocess``
 
 # When the last fault was raised on this rank (perf_counter), to log how long the restart took.
 fault_raised_at: list[float] = []
@@ -51,8 +50,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--path", default="/tmp/", type=str, help="folder of the checkpoint file")
     parser.add_argument("--fault-prob", default=0.001, type=float, help="probability of a fault per step")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device")
-    parser.add_argument("--log-level", type=lambda name: logging._nameToLevel[name.upper()], default=logging.INFO,
-                        help="logging level")
+    parser.add_argument(
+        "--log-level", type=lambda name: logging._nameToLevel[name.upper()], default=logging.INFO, help="logging level"
+    )
     parser.add_argument("--nested-restarter", action="store_true", help="log for an outer (nested) restarter")
     return parser.parse_args()
 
@@ -65,10 +65,11 @@ def train(
     device: torch.device,
     timeout: datetime.timedelta,
     args: argparse.Namespace,
-    call_wrapper: Optional[inprocess.CallWrapper] = None,
+    call_wrapper: inprocess.CallWrapper | None = None,
 ) -> None:
     if fault_raised_at:
         logging.info(f"restart latency: {time.perf_counter() - fault_raised_at.pop():.3f}s")
+    assert call_wrapper is not None  # the Wrapper passes it (the parameter is annotated with CallWrapper)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
     # One namespace of the long-lived store per restart iteration: a new process group never meets the keys
@@ -78,22 +79,23 @@ def train(
     model_ddp = torch.nn.parallel.DistributedDataParallel(model)
 
     # Every restart iteration resumes from the last checkpoint.
-    step = 0
+    first_step = 0
     checkpoint_path = pathlib.Path(args.path) / "checkpoint.pt"
     if checkpoint_path.exists():
         checkpoint = torch.load(checkpoint_path)
         model.load_state_dict(checkpoint["model"])
         opt.load_state_dict(checkpoint["opt"])
         torch.set_rng_state(checkpoint["rng"])
-        step = checkpoint["iteration"]
-    random.seed(time.perf_counter_ns() if args.seed is None else args.seed + step * world_size + rank)
+        first_step = checkpoint["iteration"]
+    random.seed(time.perf_counter_ns() if args.seed is None else args.seed + first_step * world_size + rank)
 
-    for step in range(step, args.total_iterations):
+    for step in range(first_step, args.total_iterations):
         if step % args.chkpt_interval == args.chkpt_interval - 1:
             torch.distributed.barrier()
             if rank == 0:
-                checkpoint = dict(model=model.state_dict(), opt=opt.state_dict(), rng=torch.get_rng_state(),
-                                  iteration=step)
+                checkpoint = dict(
+                    model=model.state_dict(), opt=opt.state_dict(), rng=torch.get_rng_state(), iteration=step
+                )
                 with call_wrapper.atomic():  # a restart never cuts a checkpoint in half
                     torch.save(checkpoint, checkpoint_path)
 
@@ -127,9 +129,13 @@ def main() -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(args.size, args.size) for _ in range(args.layers)]).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-5)
     store = torch.distributed.TCPStore(
-        host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]) + 2,
-        world_size=int(os.environ["WORLD_SIZE"]), is_master=int(os.environ["RANK"]) == 0,
-        multi_tenant=True, wait_for_workers=True, use_libuv=True,
+        host_name=os.environ["MASTER_ADDR"],
+        port=int(os.environ["MASTER_PORT"]) + 2,
+        world_size=int(os.environ["WORLD_SIZE"]),
+        is_master=int(os.environ["RANK"]) == 0,
+        multi_tenant=True,
+        wait_for_workers=True,
+        use_libuv=True,
     )
 
     wrapper_kwargs: dict = dict(

@@ -17,7 +17,8 @@ import logging
 import os
 import socket
 import sys
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from .state import FrozenState
 
@@ -28,7 +29,7 @@ class Abort(abc.ABC):
     """Called from the monitor thread while the atomic lock is held; its exceptions are logged and swallowed."""
 
     @abc.abstractmethod
-    def __call__(self, state: Optional[FrozenState]) -> Optional[FrozenState]:
+    def __call__(self, state: FrozenState | None) -> FrozenState | None:
         raise NotImplementedError
 
 
@@ -54,7 +55,7 @@ def process_group_store_ports() -> set[int]:
 
         for _, (_, store) in list(distributed_c10d._world.pg_map.items()):
             ports |= _store_ports(store)
-    except Exception:  # noqa: BLE001 - private torch structures; best effort
+    except Exception:  # private torch structures; best effort
         log.debug("cannot read the process groups' stores", exc_info=True)
     return ports
 
@@ -66,8 +67,14 @@ def connection_key(connection: Any) -> tuple:
 def _ras_node_fds() -> set[int]:
     """The sockets of this process's RAS node, if rasd runs here: its mesh must outlive a restart."""
     rasd = sys.modules.get("rasd")
-    runtime = rasd.runtime() if rasd is not None else None
-    return runtime.owned_fds() if runtime is not None else set()
+    node = rasd.node() if rasd is not None else None
+    return node.owned_fds() if node is not None else set()
+
+
+#: The connections an abort tears down: open ones, and ones whose peer has already closed its side (CLOSE_WAIT: a
+#: rank whose peer aborted first). Leaving the latter alone once left a rank blocked in a gloo all-reduce after its
+#: peers had aborted (docs/inprocess.md §2, item 8).
+TORN_DOWN_STATES = ("ESTABLISHED", "CLOSE_WAIT")
 
 
 def established_connections() -> list[Any]:
@@ -75,11 +82,11 @@ def established_connections() -> list[Any]:
 
     process = psutil.Process()
     getter = getattr(process, "net_connections", None) or process.connections
-    return [connection for connection in getter("tcp") if connection.status == "ESTABLISHED"]
+    return [connection for connection in getter("tcp") if connection.status in TORN_DOWN_STATES]
 
 
 def shutdown_peer_sockets(excluded_ports: Iterable[int], protected: Iterable[tuple] = ()) -> int:
-    """``SHUT_RDWR`` every established TCP connection of this process except store and protected ones.
+    """``SHUT_RDWR`` every open TCP connection of this process (``TORN_DOWN_STATES``) except store and protected ones.
 
     Returns how many sockets were shut down. The file descriptors stay open (their owner closes them); only
     the connection is torn down, which makes any thread blocked on it return with an error.
@@ -123,7 +130,7 @@ def _flight_recorder_enabled() -> bool:
     return False
 
 
-def dump_flight_recorder(directory: str, iteration: Any, rank: int) -> Optional[str]:
+def dump_flight_recorder(directory: str, iteration: Any, rank: int) -> str | None:
     """Write what torch's flight recorder holds to ``directory/iter_<iteration>/_dump_<rank>.json``.
 
     The file layout is the reference's (one directory per restart iteration, one file per rank). torch records
@@ -132,8 +139,10 @@ def dump_flight_recorder(directory: str, iteration: Any, rank: int) -> Optional[
     None after a log line saying why nothing was written. Never raises.
     """
     if not _flight_recorder_enabled():
-        log.info("flight recorder: not dumped, torch records nothing (set TORCH_FR_BUFFER_SIZE > 0 before the "
-                 "process group is created)")
+        log.info(
+            "flight recorder: not dumped, torch records nothing (set TORCH_FR_BUFFER_SIZE > 0 before the "
+            "process group is created)"
+        )
         return None
     try:
         import json
@@ -155,7 +164,7 @@ def dump_flight_recorder(directory: str, iteration: Any, rank: int) -> Optional[
             os.fsync(output.fileno())
         log.info("flight recorder: %d entries of rank %s written to %s", len(trace.get("entries", ())), rank, path)
         return path
-    except Exception:  # noqa: BLE001 - a trace must never stop the abort
+    except Exception:  # a trace must never stop the abort
         log.warning("flight recorder: dump failed", exc_info=True)
         return None
 
@@ -167,11 +176,11 @@ class AbortTorchDistributed(Abort):
     rank and restart iteration (``dump_flight_recorder``).
     """
 
-    def __init__(self, torch_fr_trace_path: Optional[str] = None, shutdown_gloo_sockets: bool = True) -> None:
+    def __init__(self, torch_fr_trace_path: str | None = None, shutdown_gloo_sockets: bool = True) -> None:
         self.torch_fr_trace_path = torch_fr_trace_path or os.environ.get("NVRX_FR_TRACE_PATH")
         self.shutdown_gloo_sockets = shutdown_gloo_sockets
 
-    def collect_fr_trace(self, state: Optional[FrozenState]) -> Optional[str]:
+    def collect_fr_trace(self, state: FrozenState | None) -> str | None:
         """Dump the flight recorder for this abort (None when no path is set or nothing was written)."""
         import torch.distributed as dist
 
@@ -180,7 +189,7 @@ class AbortTorchDistributed(Abort):
         iteration = state.iteration if state is not None else "unknown"
         return dump_flight_recorder(self.torch_fr_trace_path, iteration, dist.get_rank())
 
-    def __call__(self, state: Optional[FrozenState] = None) -> Optional[FrozenState]:
+    def __call__(self, state: FrozenState | None = None) -> FrozenState | None:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -212,16 +221,16 @@ class AbortTorchDistributed(Abort):
     def _abort_group(group: Any) -> None:
         try:
             group.abort()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("aborting a process group failed", exc_info=True)
 
 
 class AbortTransformerEngine(Abort):
     """Release Transformer Engine's userbuffers and FP8 state, if Transformer Engine is installed."""
 
-    def __call__(self, state: Optional[FrozenState] = None) -> Optional[FrozenState]:
+    def __call__(self, state: FrozenState | None = None) -> FrozenState | None:
         try:
-            import transformer_engine.pytorch as te  # type: ignore[import-not-found]
+            import transformer_engine.pytorch as te
         except ImportError:
             return state
         te.module.base.destroy_ub()
@@ -242,9 +251,9 @@ class AbortPersistentCheckpointProcesses(Abort):
         self.workers = list(workers)
         self.grace = grace
 
-    def __call__(self, state: Optional[FrozenState] = None) -> Optional[FrozenState]:
+    def __call__(self, state: FrozenState | None = None) -> FrozenState | None:
         try:
-            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (  # type: ignore[import-not-found]
+            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
                 abort_nvrx_checkpoint,
             )
         except Exception:  # noqa: BLE001 - not installed: no queues of it to close
@@ -254,7 +263,7 @@ class AbortPersistentCheckpointProcesses(Abort):
         for worker in self.workers:
             try:
                 self._stop(worker)
-            except Exception:  # noqa: BLE001 - one worker must not keep the others alive
+            except Exception:  # one worker must not keep the others alive
                 log.warning("cannot stop checkpoint worker %r", worker, exc_info=True)
         return state
 
@@ -268,7 +277,7 @@ class AbortPersistentCheckpointProcesses(Abort):
         if getattr(worker, "poll", None) is not None and worker.poll() is not None:
             return
         worker.terminate()
-        waiter = getattr(worker, "join", None) or getattr(worker, "wait")
+        waiter = getattr(worker, "join", None) or worker.wait
         try:
             waiter(self.grace)
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired, psutil.TimeoutExpired
@@ -278,5 +287,5 @@ class AbortPersistentCheckpointProcesses(Abort):
             worker.kill()
             try:
                 waiter(self.grace)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a worker that outlives its kill is left behind; the abort goes on
                 pass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class Interruption(enum.Enum):
@@ -34,7 +34,7 @@ class InterruptionRecord:
     _PATTERN = re.compile(r"InterruptionRecord\(rank=(-?\d+), interruption=Interruption\.(\w+)\)")
 
     @classmethod
-    def from_str(cls, text: str) -> "InterruptionRecord":
+    def from_str(cls, text: str) -> InterruptionRecord:
         match = cls._PATTERN.fullmatch(text.strip())
         if match is None:
             raise ValueError(f"not an InterruptionRecord: {text!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from . import exception
 

@@ -34,7 +34,7 @@ class Compose:
     and nothing otherwise. The composite returns what the first-listed member returns.
     """
 
-    def __new__(cls, *instances: Any) -> "Compose":
+    def __new__(cls, *instances: Any) -> Compose:
         if not instances:
             raise ValueError("Compose needs at least one instance")
         ancestor = _lowest_common_ancestor(instances)
@@ -62,7 +62,11 @@ class Compose:
                     call_args = ()
             ret = instance(*call_args)
             if ret is None and any(arg is not None for arg in call_args):
-                warnings.warn(f"{type(instance).__name__} returned None although it was given arguments", UserWarning)
+                warnings.warn(
+                    f"{type(instance).__name__} returned None although it was given arguments",
+                    UserWarning,
+                    stacklevel=2,
+                )
         return ret
 
     def __repr__(self) -> str:

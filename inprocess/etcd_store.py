@@ -49,7 +49,8 @@ import os
 import socket
 import time
 import uuid
-from typing import Any, Iterable, Optional, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch.distributed
 
@@ -63,14 +64,14 @@ WATCH_CHUNK = 2.0  # seconds a watch waits before the key is read again (and a s
 TOKEN_TTL = 600  # seconds an add's token outlives it: the window in which a retry can recognise its own success
 _RETRY_PAUSE = 0.05
 
-Timeout = Union[datetime.timedelta, float, None]
+Timeout = datetime.timedelta | float | None
 
 
 class EtcdUnavailable(torch.distributed.DistNetworkError):
     """No member of the cluster answered within the store's timeout."""
 
 
-def _b64(data: Union[str, bytes]) -> str:
+def _b64(data: str | bytes) -> str:
     return base64.b64encode(data.encode() if isinstance(data, str) else bytes(data)).decode()
 
 
@@ -103,7 +104,7 @@ def _is_local(host: str) -> bool:
     return False
 
 
-def parse_endpoints(endpoints: Union[str, Sequence[str], None]) -> list[tuple[str, int]]:
+def parse_endpoints(endpoints: str | Sequence[str] | None) -> list[tuple[str, int]]:
     """``"h1:2379,h2:2379"`` or a list of ``host:port`` (``http://`` allowed) -> [(host, port)], local first."""
     if endpoints is None:
         endpoints = os.environ.get(ENDPOINTS_ENVIRONMENT, "")
@@ -141,8 +142,8 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
 
     def __init__(
         self,
-        endpoints: Union[str, Sequence[str], None] = None,
-        prefix: Optional[str] = None,
+        endpoints: str | Sequence[str] | None = None,
+        prefix: str | None = None,
         timeout: Timeout = datetime.timedelta(seconds=300),
         request_timeout: float = 2.0,
         **_ignored: Any,
@@ -160,7 +161,7 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
             for host, port in self.endpoints
         ]
         self._current = 0
-        self._lease: Optional[tuple[str, float]] = None  # (id, monotonic expiry) of the lease add tokens live on
+        self._lease: tuple[str, float] | None = None  # (id, monotonic expiry) of the lease add tokens live on
         self._request("/maintenance/status", {})  # fail now, not at the first operation, if no member answers
 
     # ---- identity ---------------------------------------------------------------------------------------------
@@ -170,17 +171,23 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
         """The members' client ports (the gloo abort leaves connections to them alone)."""
         return tuple(sorted({port for _, port in self.endpoints}))
 
-    def new_connection(self) -> "EtcdStore":
+    def new_connection(self) -> EtcdStore:
         return EtcdStore(self._endpoint_list(), self.prefix, self.timeout, self.request_timeout)
 
     def connection_parameters(self) -> dict:
-        return dict(kind="etcd", endpoints=self._endpoint_list(), prefix=self.prefix,
-                    timeout=self.timeout.total_seconds(), request_timeout=self.request_timeout)
+        return dict(
+            kind="etcd",
+            endpoints=self._endpoint_list(),
+            prefix=self.prefix,
+            timeout=self.timeout.total_seconds(),
+            request_timeout=self.request_timeout,
+        )
 
     @classmethod
-    def from_connection_parameters(cls, parameters: dict) -> "EtcdStore":
-        return cls(parameters["endpoints"], parameters["prefix"], parameters["timeout"],
-                   parameters.get("request_timeout", 2.0))
+    def from_connection_parameters(cls, parameters: dict) -> EtcdStore:
+        return cls(
+            parameters["endpoints"], parameters["prefix"], parameters["timeout"], parameters.get("request_timeout", 2.0)
+        )
 
     def _endpoint_list(self) -> list[str]:
         return [f"{host}:{port}" for host, port in self.endpoints]
@@ -190,38 +197,40 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
 
     # ---- transport with fail-over -----------------------------------------------------------------------------
 
-    def _request(self, path: str, body: dict, deadline: Optional[float] = None) -> dict:
+    def _request(self, path: str, body: dict, deadline: float | None = None) -> dict:
         """POST a v3 request to the current member; on failure to the next ones, until ``deadline``."""
         from etcd3gw import exceptions
 
         deadline = deadline if deadline is not None else time.monotonic() + self.timeout.total_seconds()
-        last_error: Optional[BaseException] = None
+        last_error: BaseException | None = None
         while True:
             client = self._clients[self._current]
             try:
                 return client.post(client.get_url(path), json=body)
-            except (exceptions.ConnectionFailedError, exceptions.ConnectionTimeoutError,
-                    exceptions.InternalServerError) as error:
+            except (
+                exceptions.ConnectionFailedError,
+                exceptions.ConnectionTimeoutError,
+                exceptions.InternalServerError,
+            ) as error:
                 last_error = error
             except exceptions.Etcd3Exception as error:  # e.g. "etcdserver: no leader" as another status
                 if "leader" not in str(error) and "timed out" not in str(error):
                     raise torch.distributed.DistStoreError(f"etcd refused {path}: {error}") from error
                 last_error = error
-            log.debug("etcd member %s:%s failed (%s); trying the next one", *self.endpoints[self._current],
-                      last_error)
+            log.debug("etcd member %s:%s failed (%s); trying the next one", *self.endpoints[self._current], last_error)
             self._current = (self._current + 1) % len(self._clients)
             if time.monotonic() >= deadline:
                 raise EtcdUnavailable(f"no etcd member of {self._endpoint_list()} answered: {last_error}")
             if self._current == 0:
                 time.sleep(_RETRY_PAUSE)  # a whole round failed: do not spin
 
-    def _range(self, key: str) -> tuple[Optional[dict], int]:
+    def _range(self, key: str) -> tuple[dict | None, int]:
         """(the key's kv or None, the store revision it was read at)."""
         reply = self._request("/kv/range", {"key": _b64(self._key(key))})
         kvs = reply.get("kvs") or []
         return (kvs[0] if kvs else None), int(reply["header"]["revision"])
 
-    def _ranges(self, keys: Sequence[str]) -> list[Optional[dict]]:
+    def _ranges(self, keys: Sequence[str]) -> list[dict | None]:
         """The kvs of ``keys`` (None where missing), read together in one transaction."""
         reply = self._txn([], [{"request_range": {"key": _b64(self._key(key))}} for key in keys])
         return [((item.get("response_range") or {}).get("kvs") or [None])[0] for item in reply.get("responses", [])]
@@ -229,7 +238,7 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
     def _txn(self, compare: list, success: list, failure: Iterable = ()) -> dict:
         return self._request("/kv/txn", {"compare": compare, "success": success, "failure": list(failure)})
 
-    def _put(self, key: str, value: bytes, lease: Optional[str] = None) -> dict:
+    def _put(self, key: str, value: bytes, lease: str | None = None) -> dict:
         request = {"key": _b64(self._key(key)), "value": _b64(value)}
         if lease is not None:
             request["lease"] = lease
@@ -248,7 +257,7 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
         self._request("/kv/put", {"key": _b64(self._key(key)), "value": _b64(_as_bytes(value))})
 
     def multi_set(self, keys: Sequence[str], values: Sequence[Any]) -> None:
-        self._txn([], [self._put(key, _as_bytes(value)) for key, value in zip(keys, values)])
+        self._txn([], [self._put(key, _as_bytes(value)) for key, value in zip(keys, values, strict=True)])
 
     def get(self, key: str) -> bytes:
         kv, _ = self._range(key)
@@ -275,10 +284,17 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
             if kv is None:
                 compare = [{"key": _b64(self._key(key)), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}]
             else:
-                compare = [{"key": _b64(self._key(key)), "result": "EQUAL", "target": "MOD",
-                            "mod_revision": kv["mod_revision"]}]
-            reply = self._txn(compare, [self._put(key, str(result).encode()),
-                                        self._put(token, str(result).encode(), lease)])
+                compare = [
+                    {
+                        "key": _b64(self._key(key)),
+                        "result": "EQUAL",
+                        "target": "MOD",
+                        "mod_revision": kv["mod_revision"],
+                    }
+                ]
+            reply = self._txn(
+                compare, [self._put(key, str(result).encode()), self._put(token, str(result).encode(), lease)]
+            )
             if reply.get("succeeded"):
                 return result
 
@@ -290,8 +306,14 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
                 compare = [{"key": _b64(self._key(key)), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}]
                 new = addition
             else:
-                compare = [{"key": _b64(self._key(key)), "result": "EQUAL", "target": "MOD",
-                            "mod_revision": kv["mod_revision"]}]
+                compare = [
+                    {
+                        "key": _b64(self._key(key)),
+                        "result": "EQUAL",
+                        "target": "MOD",
+                        "mod_revision": kv["mod_revision"],
+                    }
+                ]
                 new = _unb64(kv.get("value", "")) + addition
             if self._txn(compare, [self._put(key, new)]).get("succeeded"):
                 return
@@ -308,8 +330,14 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
                 current = _unb64(kv.get("value", ""))
                 if current != expected_bytes:
                     return current
-                compare = [{"key": _b64(self._key(key)), "result": "EQUAL", "target": "MOD",
-                            "mod_revision": kv["mod_revision"]}]
+                compare = [
+                    {
+                        "key": _b64(self._key(key)),
+                        "result": "EQUAL",
+                        "target": "MOD",
+                        "mod_revision": kv["mod_revision"],
+                    }
+                ]
             if self._txn(compare, [self._put(key, desired_bytes)]).get("succeeded"):
                 return desired_bytes
 
@@ -332,7 +360,7 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
         keys = list(keys)
         while True:
             present, revision = self._count(keys)
-            missing = [key for key, there in zip(keys, present) if not there]
+            missing = [key for key, there in zip(keys, present, strict=True) if not there]
             if not missing:
                 return
             left = deadline - time.monotonic()
@@ -347,8 +375,9 @@ class EtcdStore(StoreMixin, torch.distributed.Store):
         client = self._clients[self._current]
         create = {"create_request": {"key": _b64(self._key(key)), "start_revision": str(start_revision)}}
         try:
-            response = client.session.post(client.get_url("/watch"), json=create, stream=True,
-                                           timeout=(self.request_timeout, max(seconds, 0.05)))
+            response = client.session.post(
+                client.get_url("/watch"), json=create, stream=True, timeout=(self.request_timeout, max(seconds, 0.05))
+            )
         except requests.RequestException:
             time.sleep(min(seconds, _RETRY_PAUSE))  # the next read moves to another member if this one is gone
             return

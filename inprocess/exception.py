@@ -22,5 +22,5 @@ class InternalError(RestartError):
     """An invariant of the wrapper was broken."""
 
 
-class TimeoutError(RestartError):  # noqa: A001 - the reference shadows the builtin name, and so do we
+class TimeoutError(RestartError):  # the reference shadows the builtin name, and so do we
     """A bounded operation of the wrapper (health check, finalize, thread shutdown, hand-shake) ran out of time."""

@@ -27,7 +27,7 @@ import dataclasses
 import enum
 import logging
 import threading
-from typing import Optional, Protocol, Union
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class ExternalVerdict:
     iteration: int
     ranks: frozenset[int]
     reason: str = ""
-    kind: Union[VerdictKind, str] = VerdictKind.PEER_DEAD
+    kind: VerdictKind | str = VerdictKind.PEER_DEAD
     #: Ranks in the iteration's own numbering (a communicator verdict names those), translated by the wrapper.
     iteration_ranks: frozenset[int] = frozenset()
 
@@ -64,18 +64,26 @@ class ExternalVerdict:
 
 
 class FaultSink(Protocol):
-    """What ``report_fault`` talks to: the running ``CallWrapper``."""
+    """What ``report_fault`` and the abort (``inprocess.abort``) talk to: the running ``CallWrapper``."""
 
     @property
     def iteration(self) -> int: ...
 
     def report_fault(self, verdict: ExternalVerdict) -> bool: ...
 
+    def store_ports(self) -> set[int]:
+        """Ports of the wrapper's stores: the abort leaves connections to them open."""
+        ...
+
+    def protected_connections(self) -> set[tuple]:
+        """Connections the abort leaves open (the rasd mesh's, the stores')."""
+        ...
+
 
 class _ActiveCall:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._call: Optional[FaultSink] = None
+        self._call: FaultSink | None = None
 
     def set(self, call: FaultSink) -> None:
         with self._lock:
@@ -88,7 +96,7 @@ class _ActiveCall:
             if self._call is call:
                 self._call = None
 
-    def get(self) -> Optional[FaultSink]:
+    def get(self) -> FaultSink | None:
         with self._lock:
             return self._call
 
@@ -104,12 +112,12 @@ def unregister_active_call(call: FaultSink) -> None:
     _ACTIVE.clear(call)
 
 
-def active_call() -> Optional[FaultSink]:
+def active_call() -> FaultSink | None:
     """The wrapper call running in this process, or None."""
     return _ACTIVE.get()
 
 
-def current_iteration() -> Optional[int]:
+def current_iteration() -> int | None:
     call = _ACTIVE.get()
     return None if call is None else call.iteration
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import abc
 import datetime
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from .bounded import run_bounded
 from .state import FrozenState
@@ -29,7 +30,7 @@ class ThreadedFinalize(Finalize):
         timeout: datetime.timedelta,
         fn: Callable[..., Any],
         args: tuple = (),
-        kwargs: Optional[dict] = None,
+        kwargs: dict | None = None,
     ) -> None:
         self.timeout = timeout
         self.fn = fn

@@ -15,10 +15,11 @@ import glob
 import logging
 import os
 import threading
-from typing import Any, Optional
+from typing import Any
 
 from . import exception
 from .bounded import run_bounded
+from .compose import Compose
 from .state import FrozenState
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,12 @@ class CudaHealthCheck(HealthCheck):
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return state
         device = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
-        run_bounded(lambda: torch.cuda.synchronize(device), self.timeout, "CudaHealthCheck",
-                    f"CudaHealthCheck: device {device} did not synchronise")
+        run_bounded(
+            lambda: torch.cuda.synchronize(device),
+            self.timeout,
+            "CudaHealthCheck",
+            f"CudaHealthCheck: device {device} did not synchronise",
+        )
         torch.cuda.synchronize(device)
         return state
 
@@ -57,7 +62,7 @@ class FaultCounterExceeded(exception.RestartError):
 class FaultCounter(HealthCheck):
     """Count the iterations in which the function raised on this rank; leave once there were more than allowed."""
 
-    def __init__(self, max_rank_faults: Optional[int] = None) -> None:
+    def __init__(self, max_rank_faults: int | None = None) -> None:
         self.max_rank_faults = max_rank_faults
         self.faults_count = 0
         self._lock = threading.Lock()
@@ -76,10 +81,10 @@ class FaultCounter(HealthCheck):
 # ---- NVML and NIC checks, chained into the restart health check when LOCAL_RANK is set ------------------------
 
 
-def _nvml() -> Optional[Any]:
+def _nvml() -> Any | None:
     """``pynvml``, initialised; None where NVML cannot be used (not installed, no driver): nothing to check."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         return pynvml
@@ -88,13 +93,13 @@ def _nvml() -> Optional[Any]:
         return None
 
 
-def _device_handle(nvml: Any, device_index: Optional[int]) -> Optional[Any]:
+def _device_handle(nvml: Any, device_index: int | None) -> Any | None:
     try:
         index = device_index if device_index is not None else 0
         if index >= nvml.nvmlDeviceGetCount():
             return None
         return nvml.nvmlDeviceGetHandleByIndex(index)
-    except Exception:  # noqa: BLE001 - NVMLError of any kind: no device to check
+    except Exception:  # NVMLError of any kind: no device to check
         log.debug("no NVML device %s", device_index, exc_info=True)
         return None
 
@@ -105,7 +110,7 @@ class ChainedGPUHealthCheck(HealthCheck):
     A GPU that needs a reset, a reboot or a drain raises ``HealthCheckError``; no NVML or no such GPU passes.
     """
 
-    def __init__(self, device_index: Optional[int] = None) -> None:
+    def __init__(self, device_index: int | None = None) -> None:
         self.device_index = device_index
 
     def __call__(self, state: FrozenState) -> FrozenState:
@@ -131,7 +136,7 @@ class ChainedGPUHealthCheck(HealthCheck):
 class ChainedNVLHealthCheck(HealthCheck):
     """Logs NVLink links of the GPU at ``device_index`` that are down; like the reference, never fails a rank."""
 
-    def __init__(self, device_index: Optional[int] = None) -> None:
+    def __init__(self, device_index: int | None = None) -> None:
         self.device_index = device_index
 
     def __call__(self, state: FrozenState) -> FrozenState:
@@ -158,7 +163,7 @@ class ChainedNVLHealthCheck(HealthCheck):
 _INFINIBAND = "/sys/class/infiniband"
 
 
-def _link_downed_counters(device_index: Optional[int]) -> dict[str, int]:
+def _link_downed_counters(device_index: int | None) -> dict[str, int]:
     """``link_downed`` counter of every port of the InfiniBand device for ``device_index`` (all if None)."""
     devices = sorted(glob.glob(os.path.join(_INFINIBAND, "*")))
     if device_index is not None and device_index < len(devices):
@@ -180,7 +185,7 @@ class ChainedNicHealthCheck(HealthCheck):
     A counter that grew raises ``HealthCheckError``; a machine without InfiniBand has nothing to check.
     """
 
-    def __init__(self, device_index: Optional[int] = None) -> None:
+    def __init__(self, device_index: int | None = None) -> None:
         self.device_index = device_index
         self.baseline = _link_downed_counters(device_index)
 
@@ -193,20 +198,18 @@ class ChainedNicHealthCheck(HealthCheck):
         return state
 
 
-def restart_health_check(health_check: Optional[HealthCheck]) -> Optional[HealthCheck]:
+def restart_health_check(health_check: HealthCheck | None) -> Compose | None:
     """The check run during a restart, composed as the reference does.
 
     The user's check (the members of a ``Compose``, flattened) and, when ``LOCAL_RANK`` is an integer, the GPU,
     NVLink and NIC checks of that device, in one ``Compose`` (so they run NIC, NVLink, GPU, then the user's
     checks last to first); None when there is nothing to run.
     """
-    from .compose import Compose
-
     checks: list[Any] = []
     if health_check is not None:
         checks.extend(getattr(health_check, "instances", [health_check]))
     try:
-        local_rank: Optional[int] = int(os.environ["LOCAL_RANK"])
+        local_rank: int | None = int(os.environ["LOCAL_RANK"])
     except (KeyError, ValueError):
         local_rank = None
     if local_rank is not None:

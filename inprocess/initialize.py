@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-from typing import Optional
 
 from . import exception
 from .state import FrozenState
@@ -24,7 +23,7 @@ class RetryController(Initialize):
     """
 
     def __init__(
-        self, max_iterations: Optional[int] = None, min_world_size: int = 1, min_active_world_size: int = 1
+        self, max_iterations: int | None = None, min_world_size: int = 1, min_active_world_size: int = 1
     ) -> None:
         self.max_iterations = max_iterations
         self.min_world_size = min_world_size

@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import queue
 import threading
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from . import fault_source
 
@@ -48,7 +47,7 @@ MESH_PREFIX = "torchras_mesh"
 class VerdictRule:
     """What one kind of mesh verdict does to the job."""
 
-    kind: Optional[fault_source.VerdictKind]  # the external verdict it becomes; None: never a restart
+    kind: fault_source.VerdictKind | None  # the external verdict it becomes; None: never a restart
     terminated: str
     restarts: str
 
@@ -56,10 +55,14 @@ class VerdictRule:
 #: The verdict table (docs/inprocess.md section 3). Keys are ``rasd.Kind`` values.
 VERDICT_RULES: dict[str, VerdictRule] = {
     "PEER_DEAD": VerdictRule(fault_source.VerdictKind.PEER_DEAD, "the dead process's ranks", "every survivor, now"),
-    "PEER_HUNG": VerdictRule(fault_source.VerdictKind.PEER_HUNG, "the hung process's ranks",
-                             "every other rank, now; the hung process leaves if it resumes"),
-    "COMM_STUCK": VerdictRule(fault_source.VerdictKind.COMM_STUCK, "none",
-                              "every rank; the log names the ranks behind and the op"),
+    "PEER_HUNG": VerdictRule(
+        fault_source.VerdictKind.PEER_HUNG,
+        "the hung process's ranks",
+        "every other rank, now; the hung process leaves if it resumes",
+    ),
+    "COMM_STUCK": VerdictRule(
+        fault_source.VerdictKind.COMM_STUCK, "none", "every rank; the log names the ranks behind and the op"
+    ),
     "PEER_LEFT": VerdictRule(None, "none", "nobody"),
 }
 
@@ -74,7 +77,9 @@ class VerdictSink(Protocol):
 
 
 def mesh_enabled() -> bool:
-    return os.environ.get("TORCHRAS_ENABLE", "1").strip() != "0"
+    import rasd
+
+    return rasd.enabled()  # rasd's own reading of TORCHRAS_ENABLE (0/false/no/off), so the two never disagree
 
 
 class MeshFaultSource:
@@ -91,7 +96,7 @@ class MeshFaultSource:
         self.initial_rank = initial_rank
         self.runtime: Any = None
         self._subscription: Any = None
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._closed = threading.Event()
         self._handled_comms: set[int] = set()
 
@@ -108,21 +113,23 @@ class MeshFaultSource:
             from rasd.torch.hooks import start_node
 
             hooks = install(start_mesh=True)
-            runtime = rasd.runtime()
+            runtime = rasd.node()
             if runtime is None or not runtime.running:
                 runtime = start_node(hooks, bootstrap_store, rank=self.initial_rank, prefix=MESH_PREFIX)
             if runtime is None or not runtime.running:
                 log.warning("rasd did not start: restarts come from the Wrapper's own fault sources only")
                 return False
             me = runtime.peer
-            self.store.set(PEER_KEY.format(host=me.addr.host, port=me.addr.port, incarnation=me.incarnation),
-                           str(self.initial_rank))
+            self.store.set(
+                PEER_KEY.format(host=me.addr.host, port=me.addr.port, incarnation=me.incarnation),
+                str(self.initial_rank),
+            )
             self.runtime = runtime
-            self._subscription = runtime.subscribers.subscribe(
-                {rasd.Kind.PEER_DEAD, rasd.Kind.PEER_HUNG, rasd.Kind.COMM_STUCK})
-        except Exception:  # noqa: BLE001 - never raise into training
-            log.warning("cannot join the rasd mesh: restarts come from the Wrapper's own fault sources only",
-                        exc_info=True)
+            self._subscription = runtime.subscribe({rasd.Kind.PEER_DEAD, rasd.Kind.PEER_HUNG, rasd.Kind.COMM_STUCK})
+        except Exception:  # never raise into training
+            log.warning(
+                "cannot join the rasd mesh: restarts come from the Wrapper's own fault sources only", exc_info=True
+            )
             return False
         self._thread = threading.Thread(target=self._listen, name="inprocess-mesh-verdicts", daemon=True)
         self._thread.start()
@@ -136,7 +143,7 @@ class MeshFaultSource:
             hooks = installed()
             if hooks is not None:
                 hooks.begin_epoch(iteration)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.debug("cannot tag communicators with the iteration", exc_info=True)
 
     def close(self) -> None:
@@ -162,7 +169,7 @@ class MeshFaultSource:
                 continue
             try:
                 self.handle(event)
-            except Exception:  # noqa: BLE001 - a broken store must not end the listener silently
+            except Exception:  # a broken store must not end the listener silently
                 log.warning("could not act on the mesh verdict %s", event.kind, exc_info=True)
 
     def handle(self, event: Any) -> bool:
@@ -180,17 +187,27 @@ class MeshFaultSource:
             return False
         key = PEER_KEY.format(host=peer.addr.host, port=peer.addr.port, incarnation=peer.incarnation)
         if not self.store.check([key]):
-            log.debug("%s of %s: not a rank of this job (or an earlier incarnation); ignored", kind.value,
-                      peer.describe())
+            log.debug(
+                "%s of %s: not a rank of this job (or an earlier incarnation); ignored", kind.value, peer.describe()
+            )
             return False
         initial_rank = int(self.store.get(key))
         if initial_rank == self.initial_rank:
             return False  # about this very process (a pause it survived): the others act on it
+        if kind is fault_source.VerdictKind.PEER_DEAD:
+            # torch's keep-alive expiry: a dead process leaves the rendezvous, so a process that died while it
+            # waited to join is not admitted to the next round (docs/elastic.md section 5)
+            leave = getattr(self.sink, "leave_rendezvous", None)
+            if leave is not None:
+                leave(initial_rank, self.store)
         reason = f"{kind.value} of rank {initial_rank} ({peer.describe()})"
         if event.details:
             reason += f": {event.details}"
-        return self.sink.report_fault(fault_source.ExternalVerdict(
-            iteration=fault_source.LATEST_ITERATION, ranks=frozenset({initial_rank}), reason=reason, kind=kind))
+        return self.sink.report_fault(
+            fault_source.ExternalVerdict(
+                iteration=fault_source.LATEST_ITERATION, ranks=frozenset({initial_rank}), reason=reason, kind=kind
+            )
+        )
 
     def _comm_stuck(self, event: Any) -> bool:
         comm_hash = event.comm_hash
@@ -199,9 +216,15 @@ class MeshFaultSource:
         self._handled_comms.add(comm_hash)
         iteration = self.sink.iteration
         reason = f"COMM_STUCK on communicator {comm_hash:016x}: {event.details}"
-        return self.sink.report_fault(fault_source.ExternalVerdict(
-            iteration=iteration, ranks=frozenset(), reason=reason, kind=fault_source.VerdictKind.COMM_STUCK,
-            iteration_ranks=frozenset(event.ranks)))
+        return self.sink.report_fault(
+            fault_source.ExternalVerdict(
+                iteration=iteration,
+                ranks=frozenset(),
+                reason=reason,
+                kind=fault_source.VerdictKind.COMM_STUCK,
+                iteration_ranks=frozenset(event.ranks),
+            )
+        )
 
 
 def _holds_communicator(comm_hash: int) -> bool:

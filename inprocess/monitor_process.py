@@ -46,7 +46,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 log = logging.getLogger("inprocess.monitor_process")
 
@@ -64,7 +64,7 @@ def _encode(message: dict) -> bytes:
 # ==== trainer side ==============================================================================================
 
 
-def _factory_by_reference(factory: Any, kwargs: dict) -> Optional[str]:
+def _factory_by_reference(factory: Any, kwargs: dict) -> str | None:
     """``(factory, kwargs)`` pickled, if a fresh interpreter can import the factory by name; None otherwise."""
     qualname = getattr(factory, "__qualname__", "")
     if getattr(factory, "__module__", "__main__") == "__main__" or "<locals>" in qualname:
@@ -75,13 +75,13 @@ def _factory_by_reference(factory: Any, kwargs: dict) -> Optional[str]:
         return None
 
 
-
 #: The one-line reasons every rank prints at the restart (``fault_reasons`` in the store), by what was found.
 _REASONS = {
     "TERMINATED": "PEER_DEAD of rank {rank} (pid {pid} exited, seen by its monitor process)",
     "HARD_TIMEOUT": "HARD_TIMEOUT of rank {rank} (pid {pid} made no progress, its monitor process ends it)",
     "SOFT_TIMEOUT": "SOFT_TIMEOUT of rank {rank} (pid {pid} made no progress)",
 }
+
 
 class MonitorProcess:
     """Handle held by the trainer: start the monitor, feed it stamps and iteration changes, stop it."""
@@ -98,8 +98,8 @@ class MonitorProcess:
         interval: float,
         heartbeat_interval: float,
         heartbeat_timeout: float,
-        log_filename: Optional[str],
-        pid_filename: Optional[str],
+        log_filename: str | None,
+        pid_filename: str | None,
         store_factory: Any,
         store_kwargs: dict,
     ) -> None:
@@ -158,7 +158,7 @@ class MonitorProcess:
             self._broken = True
             log.error("rank %s: the monitor process is gone; hang protection is off", self.rank)
 
-    def _receive(self, deadline: float) -> Optional[dict]:
+    def _receive(self, deadline: float) -> dict | None:
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -204,10 +204,18 @@ class MonitorProcess:
             if message.get("t") == "error":
                 raise exception.InternalError(f"the monitor process failed: {message.get('error')}")
 
-    def start_iteration(self, rank: int, world_size: int, iteration: int, initial_rank: int, initial_world_size: int) -> None:
+    def start_iteration(
+        self, rank: int, world_size: int, iteration: int, initial_rank: int, initial_world_size: int
+    ) -> None:
         self._send(
-            dict(t="iteration", rank=rank, world_size=world_size, iteration=iteration,
-                 initial_rank=initial_rank, initial_world_size=initial_world_size)
+            dict(
+                t="iteration",
+                rank=rank,
+                world_size=world_size,
+                iteration=iteration,
+                initial_rank=initial_rank,
+                initial_world_size=initial_world_size,
+            )
         )
 
     def send_timestamp(self, timestamp: Any) -> None:
@@ -245,19 +253,19 @@ class _Monitor:
         self.initial_rank: int = config["rank"]
         self.initial_world_size: int = config["world_size"]
         self.world_size: int = config["world_size"]
-        self.iteration: Optional[int] = None
+        self.iteration: int | None = None
         self.base_store: Any = None
         self.timeouts_enabled = True
         self.baseline = time.monotonic()
-        self.auto: Optional[float] = None
-        self.manual: Optional[float] = None
+        self.auto: float | None = None
+        self.manual: float | None = None
         self.soft_fired = False
         self.stop_requested = False
         self.buffer = b""
         self.heartbeat_count = 0
         self.next_heartbeat = 0.0
-        self.watched: Optional[int] = None
-        self.watched_value: Optional[bytes] = None
+        self.watched: int | None = None
+        self.watched_value: bytes | None = None
         self.watched_since = 0.0
         self.next_watch = 0.0
 
@@ -299,7 +307,7 @@ class _Monitor:
             self.base_store = NamespaceStore(message["namespace"], raw)
             self.sock.sendall(_encode(dict(t="ready")))
             log.info("connected to the store")
-        except Exception as error:  # noqa: BLE001 - reported to the trainer
+        except Exception as error:  # reported to the trainer
             log.exception("cannot connect to the store")
             self.sock.sendall(_encode(dict(t="error", error=repr(error))))
 
@@ -328,8 +336,9 @@ class _Monitor:
             return
         stale = self.staleness(now)
         if stale > self.config["hard_timeout"]:
-            log.warning("hard timeout in iteration %s: no progress for %.1f s, terminating the trainer",
-                        self.iteration, stale)
+            log.warning(
+                "hard timeout in iteration %s: no progress for %.1f s, terminating the trainer", self.iteration, stale
+            )
             self.record("HARD_TIMEOUT", terminated=True)
             self.kill_trainer()
             self.timeouts_enabled = False
@@ -357,7 +366,7 @@ class _Monitor:
                     self.watched_value, self.watched_since = value, now
                 elif now - self.watched_since > self.config["heartbeat_timeout"]:
                     self.declare_unresponsive(store, self.watched, now - self.watched_since)
-        except Exception:  # noqa: BLE001 - the store may be gone; the trainer is still guarded
+        except Exception:  # the store may be gone; the trainer is still guarded
             log.warning("heartbeat failed", exc_info=True)
             self.next_heartbeat = now + self.config["heartbeat_interval"]
 
@@ -368,12 +377,15 @@ class _Monitor:
             return  # the iteration is over; a verdict now could split the survivors' views
         log.warning("rank %s is unresponsive (no heartbeat for %.1f s): terminating it", rank, silence)
         store.record_terminated_ranks([rank])
-        store.record_interrupted([InterruptionRecord(rank, Interruption.UNRESPONSIVE)],
-                                 reason=f"UNRESPONSIVE rank {rank}: no heartbeat for {silence:.1f} s")
+        store.record_interrupted(
+            [InterruptionRecord(rank, Interruption.UNRESPONSIVE)],
+            reason=f"UNRESPONSIVE rank {rank}: no heartbeat for {silence:.1f} s",
+        )
         store.iteration_barrier([rank], self.world_size, 0)
         if store.check([f"initial_rank_{rank}"]):
             initial = store.get_initial_ranks([rank])[0]
-            self.base_store.termination_barrier([initial], self.initial_world_size, 0)
+            if initial < self.initial_world_size:  # a process that joined later is no initial rank
+                self.base_store.termination_barrier([initial], self.initial_world_size, 0)
         following = (rank + 1) % self.world_size
         self.watched = None if following == self.rank else following
         self.watched_value, self.watched_since = None, time.monotonic()
@@ -416,10 +428,12 @@ class _Monitor:
             store = self.base_store.iteration_store(self.iteration)
             if terminated:
                 store.record_terminated_ranks([self.rank])
-            store.record_interrupted([InterruptionRecord(self.rank, Interruption[interruption])],
-                                     reason=_REASONS.get(interruption, interruption + " of rank {rank} (pid {pid})").format(
-                                         rank=self.initial_rank, pid=self.trainer_pid))
-        except Exception:  # noqa: BLE001 - the store may be gone (its host exited); keep guarding the trainer
+            reason = _REASONS.get(interruption, interruption + " of rank {rank} (pid {pid})")
+            store.record_interrupted(
+                [InterruptionRecord(self.rank, Interruption[interruption])],
+                reason=reason.format(rank=self.initial_rank, pid=self.trainer_pid),
+            )
+        except Exception:  # the store may be gone (its host exited); keep guarding the trainer
             log.warning("cannot record %s in the store", interruption, exc_info=True)
 
     def trainer_gone(self) -> None:
@@ -428,7 +442,7 @@ class _Monitor:
             return
         try:
             self._account_for_dead_trainer()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("cannot account for the dead trainer in the store", exc_info=True)
 
     def _account_for_dead_trainer(self) -> None:
@@ -449,7 +463,8 @@ class _Monitor:
                     following.record_terminated_ranks([next_rank])
                     following.record_interrupted([InterruptionRecord(next_rank, Interruption.TERMINATED)])
                     following.iteration_barrier([next_rank], int(next_world[-1]), 0)
-        self.base_store.termination_barrier([self.initial_rank], self.initial_world_size, 0)
+        if self.initial_rank < self.initial_world_size:  # a process that joined later is no initial rank
+            self.base_store.termination_barrier([self.initial_rank], self.initial_world_size, 0)
 
     # ---- loop -----------------------------------------------------------------------------------------------
 
@@ -491,20 +506,24 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     message, rest = _read_first_message(sock, 60.0)
     config = message["config"]
-    handler: logging.Handler
-    if config["log_filename"]:
-        handler = logging.FileHandler(config["log_filename"])
-    else:
-        handler = logging.NullHandler()
+    filename = config["log_filename"]
+    handler: logging.Handler = logging.FileHandler(filename) if filename else logging.NullHandler()
     # Every line names the trainer it guards (target_pid), as the reference's monitor log does.
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s monitor[rank {config['rank']} target_pid={config['trainer_pid']}] %(levelname)s %(message)s"
-    ))
+    handler.setFormatter(
+        logging.Formatter(
+            f"%(asctime)s monitor[rank {config['rank']} target_pid={config['trainer_pid']}] %(levelname)s %(message)s"
+        )
+    )
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    log.info("target_pid=%s daemon_pid=%s rank=%s world_size=%s", config["trainer_pid"], os.getpid(),
-             config["rank"], config["world_size"])
+    log.info(
+        "target_pid=%s daemon_pid=%s rank=%s world_size=%s",
+        config["trainer_pid"],
+        os.getpid(),
+        config["rank"],
+        config["world_size"],
+    )
     if config["pid_filename"]:
         # Written once and left in place after the call, as the reference does (SLURM's wait_daemon.py reads it).
         try:
@@ -513,7 +532,6 @@ def main(argv: list[str]) -> int:
         except OSError as error:
             log.error("cannot write the pid file %s: %s", config["pid_filename"], error)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is the trainer's business
-    import inprocess.store  # noqa: F401 - torch and the store classes, before the loop starts
 
     sock.sendall(_encode(dict(t="booted")))  # start-up done; the store hand-shake has its own deadline
 
@@ -524,11 +542,11 @@ def main(argv: list[str]) -> int:
             line, monitor.buffer = monitor.buffer.split(b"\n", 1)
             monitor.handle(json.loads(line))
         monitor.run()
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("monitor process failed")
         try:
             monitor.record("MONITOR_PROCESS_EXCEPTION", terminated=False)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the store is what failed, most likely; the exit code still tells
             pass
         return 1
     return 0

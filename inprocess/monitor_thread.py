@@ -20,7 +20,8 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from .attribution import format_interruption_records
 
@@ -36,14 +37,14 @@ class RankShouldRestart(BaseException):
         return self.args[0] if self.args else self.message
 
 
-def _set_async_exc(thread_id: int, exc_type: Optional[type]) -> int:
+def _set_async_exc(thread_id: int, exc_type: type | None) -> int:
     """Schedule ``exc_type`` in the thread; ``None`` cancels a scheduled exception. Returns threads affected."""
     return ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else ctypes.c_void_p(0)
     )
 
 
-def async_raise(thread_id: int, exc_type: type, event: Optional[threading.Event] = None) -> None:
+def async_raise(thread_id: int, exc_type: type, event: threading.Event | None = None) -> None:
     """Raise ``exc_type`` asynchronously in the thread ``thread_id`` (delivered at its next bytecode boundary).
 
     As in the reference: nothing happens while the interpreter shuts down or once ``event`` is set; a thread id
@@ -64,9 +65,11 @@ def restart_exception_type(message: str) -> type:
     return type("RankShouldRestart", (RankShouldRestart,), {"message": message, "__module__": __name__})
 
 
-def async_abort_main_thread(msg: Optional[str] = None) -> None:
+def async_abort_main_thread(msg: str | None = None) -> None:
     """Raise ``RankShouldRestart`` (carrying ``msg``) in the main thread, as the monitor thread does."""
-    async_raise(threading.main_thread().ident, restart_exception_type(msg or RankShouldRestart.message))
+    main = threading.main_thread().ident
+    assert main is not None, "the main thread has always started"
+    async_raise(main, restart_exception_type(msg or RankShouldRestart.message))
 
 
 def _raise_after(event: threading.Event, thread_id: int, exc_type: type) -> None:
@@ -75,7 +78,7 @@ def _raise_after(event: threading.Event, thread_id: int, exc_type: type) -> None
     async_raise(thread_id, exc_type)
 
 
-class reraise_if_unraisable(contextlib.ContextDecorator):  # noqa: N801 - the reference's name
+class reraise_if_unraisable(contextlib.ContextDecorator):  # the reference's name
     """Context manager and decorator: an ``exc_type`` that ends up "unraisable" is raised again in the main thread.
 
     An asynchronous exception can be delivered inside a ``__del__``, a weakref callback or a ctypes callback, where
@@ -88,7 +91,7 @@ class reraise_if_unraisable(contextlib.ContextDecorator):  # noqa: N801 - the re
         self.exc_type = exc_type
         self._previous: list[Any] = []
 
-    def __enter__(self) -> "reraise_if_unraisable":
+    def __enter__(self) -> reraise_if_unraisable:
         previous = sys.unraisablehook
         self._previous.append(previous)
 
@@ -96,8 +99,10 @@ class reraise_if_unraisable(contextlib.ContextDecorator):  # noqa: N801 - the re
             if isinstance(unraisable.exc_value, self.exc_type):
                 hook_done = threading.Event()
                 raiser = threading.Thread(
-                    target=_raise_after, args=(hook_done, threading.main_thread().ident, type(unraisable.exc_value)),
-                    name="ReraiseUnraisable", daemon=True,
+                    target=_raise_after,
+                    args=(hook_done, threading.main_thread().ident, type(unraisable.exc_value)),
+                    name="ReraiseUnraisable",
+                    daemon=True,
                 )
                 raiser.start()
                 hook_done.set()  # raised only once this hook has returned: never inside it (it would be lost)
@@ -124,12 +129,12 @@ class MonitorThread(threading.Thread):
         *,
         state_fn: Callable[[], Any],
         store: Any,
-        abort: Optional[Callable[[Any], Any]],
+        abort: Callable[[Any], Any] | None,
         last_call_wait: float,
         soft_timeout: float,
         atomic_lock: threading.RLock,
         main_thread_id: int,
-        rank: Optional[int],
+        rank: int | None,
     ) -> None:
         super().__init__(name=f"MonitorThread-{rank}", daemon=True)
         self.state_fn = state_fn
@@ -186,7 +191,7 @@ class MonitorThread(threading.Thread):
             self.message = format_interruption_records(records) or "an interruption without records"
             log.info("restart: %s", self.message)
             self._terminate_main()
-        except Exception as error:  # noqa: BLE001 - a broken store ends this thread
+        except Exception as error:  # a broken store ends this thread
             if _is_store_loss(error) and not self.interrupted.is_set():
                 self._store_lost(error)
             else:
@@ -234,7 +239,7 @@ class MonitorThread(threading.Thread):
             return
         try:
             self.abort(self.state_fn())
-        except Exception:  # noqa: BLE001 - documented: abort errors are logged and swallowed
+        except Exception:  # documented: abort errors are logged and swallowed
             log.warning("abort failed", exc_info=True)
 
     def shutdown(self, timeout: float) -> bool:

@@ -25,7 +25,6 @@ import dataclasses
 import logging
 import socket
 import sys
-from typing import Optional
 
 from .abort import Abort
 from .completion import Completion
@@ -42,7 +41,7 @@ class NestedRestarterLogger:
     def __init__(self, name: str = "InprocessRestarter") -> None:
         self.name = name
         self.hostname = socket.gethostname()
-        self.connected_rank: Optional[int] = None
+        self.connected_rank: int | None = None
         self.restarter_logger = logging.getLogger(RESTARTER_LOGGER_NAME)
         if not self.restarter_logger.handlers:
             handler = logging.StreamHandler(sys.stderr)
@@ -53,7 +52,7 @@ class NestedRestarterLogger:
             self.restarter_logger.setLevel(logging.INFO)
             self.restarter_logger.propagate = False
 
-    def set_connected_rank(self, rank: Optional[int]) -> None:
+    def set_connected_rank(self, rank: int | None) -> None:
         self.connected_rank = rank
 
     def log_for_restarter(self, message: str) -> None:
@@ -65,7 +64,7 @@ class NestedRestarterCallback:
     """Logs ``[NestedRestarter] name=[InProcess] state=<state> stage=<stage>`` on ``special_rank``."""
 
     restarter_state: str
-    restarter_stage: Optional[str] = None
+    restarter_stage: str | None = None
     logger: NestedRestarterLogger = dataclasses.field(default_factory=NestedRestarterLogger)
     special_rank: int = 0
 
@@ -100,8 +99,12 @@ class NestedRestarterHandlingStarting(Abort, NestedRestarterCallback):
     def __init__(self, special_rank: int = 0) -> None:
         NestedRestarterCallback.__init__(self, "handling", "starting", special_rank=special_rank)
 
-    def __call__(self, state: Optional[FrozenState]) -> Optional[FrozenState]:
-        return NestedRestarterCallback.__call__(self, state)
+    # An Abort's signature (no state outside an iteration), which the callback's own (a state in, the same out)
+    # cannot also be: the two bases disagree, and an Abort is what the Wrapper calls this as.
+    def __call__(self, state: FrozenState | None) -> FrozenState | None:  # type: ignore[override]
+        if state is not None:
+            NestedRestarterCallback.__call__(self, state)
+        return state
 
 
 class NestedRestarterFinalized(Completion, NestedRestarterCallback):

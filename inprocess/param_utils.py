@@ -8,7 +8,8 @@ import numbers
 import re
 import types
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def check_condition(condition: bool, text: str, **variables: Any) -> None:
@@ -83,7 +84,7 @@ def _resolved_annotations(fn: Callable) -> dict[str, Any]:
         if isinstance(annotation, str):
             try:
                 annotation = eval(annotation, dict(namespace))  # noqa: S307 - the function's own annotation
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - an annotation that does not evaluate stays a string
                 pass
         resolved[name] = annotation
     return resolved
@@ -99,7 +100,8 @@ def injected_parameters(fn: Callable, target: type) -> list[str]:
     return [
         name
         for name, parameter in parameters.items()
-        if parameter.annotation is not inspect.Parameter.empty and _matches(annotations.get(name, parameter.annotation), target)
+        if parameter.annotation is not inspect.Parameter.empty
+        and _matches(annotations.get(name, parameter.annotation), target)
     ]
 
 
@@ -113,4 +115,3 @@ def substitute_param_value(fn: Callable, args: tuple, kwargs: dict, values: dict
     for name, value in values.items():
         bound.arguments[name] = value
     return bound.args, bound.kwargs
-

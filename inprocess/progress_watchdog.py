@@ -20,7 +20,7 @@ import datetime
 import logging
 import threading
 import time
-from typing import Any, Optional, Union
+from typing import Any
 
 from .param_utils import as_seconds
 
@@ -61,8 +61,8 @@ class _Semaphore:
 class Timestamp:
     """Latest evidence of progress (``time.monotonic()``, a clock shared by all processes of a host)."""
 
-    auto: Optional[float] = None
-    manual: Optional[float] = None
+    auto: float | None = None
+    manual: float | None = None
 
 
 class ProgressWatchdog(threading.Thread):
@@ -72,7 +72,7 @@ class ProgressWatchdog(threading.Thread):
     (as in the reference) or seconds.
     """
 
-    def __init__(self, rank: Optional[int], monitor_process: Any, interval: Union[datetime.timedelta, float]) -> None:
+    def __init__(self, rank: int | None, monitor_process: Any, interval: datetime.timedelta | float) -> None:
         super().__init__(name=f"ProgressWatchdog-{rank}", daemon=True)
         self.rank = rank
         self.monitor_process = monitor_process
@@ -105,7 +105,7 @@ class ProgressWatchdog(threading.Thread):
                 try:
                     self._observe()
                     self.send()
-                except Exception:  # noqa: BLE001 - the watchdog must not die of a transient error
+                except Exception:  # the watchdog must not die of a transient error
                     log.warning("progress watchdog error", exc_info=True)
 
     def send(self) -> None:
@@ -139,7 +139,7 @@ class ProgressWatchdog(threading.Thread):
             raise RuntimeError("the progress watchdog thread is not running")
         self._paused.clear()
 
-    def shutdown(self, timeout: Optional[float] = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         self._stop_event.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)

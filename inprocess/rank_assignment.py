@@ -21,7 +21,8 @@ import heapq
 import itertools
 import logging
 import warnings
-from typing import Any, Callable, Iterator, Optional, Union
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from . import exception
 from .state import Mode, State
@@ -52,10 +53,19 @@ class RankFilter(RankAssignment):
     """Marker base of steps that only decide active/inactive; they run after the steps that renumber."""
 
 
+def _held(value: int | None) -> int:
+    """A rank that is set at this step of an assignment (State's ranks are None only for a rank that left, or a
+    process that has not been assigned one yet); says so to the type checker, and fails loudly if it is not."""
+    assert value is not None, "a rank the assignment needs is not set"
+    return value
+
+
 def _discard_if_terminated(ctx: RankAssignmentCtx) -> None:
     if ctx.state.rank in ctx.terminated_ranks:
-        raise RankDiscarded(f"rank {ctx.state.rank} (initial rank {ctx.state.initial_rank}) was terminated: "
-                            f"terminated_ranks={sorted(ctx.terminated_ranks)}")
+        raise RankDiscarded(
+            f"rank {ctx.state.rank} (initial rank {ctx.state.initial_rank}) was terminated: "
+            f"terminated_ranks={sorted(ctx.terminated_ranks)}"
+        )
 
 
 class ShiftRanks(RankAssignment):
@@ -73,7 +83,8 @@ class ShiftRanks(RankAssignment):
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         _discard_if_terminated(ctx)
         state, terminated = ctx.state, ctx.terminated_ranks
-        new_rank = state.rank - sum(1 for rank in terminated if rank < state.rank)
+        rank = _held(state.rank)
+        new_rank = rank - sum(1 for other in terminated if other < rank)
         ctx.state = dataclasses.replace(state, rank=new_rank, world_size=state.world_size - len(terminated))
         ctx.terminated_ranks = set()
         return ctx
@@ -97,7 +108,7 @@ class FillGaps(RankAssignment):
         _discard_if_terminated(ctx)
         state, terminated = ctx.state, ctx.terminated_ranks
         new_world_size = state.world_size - len(terminated)
-        new_rank = state.rank
+        new_rank = _held(state.rank)
         if new_rank >= new_world_size:
             new_rank = sorted(terminated)[new_rank - new_world_size]
         ctx.state = dataclasses.replace(state, rank=new_rank, world_size=new_world_size)
@@ -142,7 +153,7 @@ class MaxActiveWorldSize(RankFilter):
         +---+---+---+---+---+---+      +---+---+---+---+ - - - +
     """
 
-    def __init__(self, max_active_world_size: Optional[int] = None) -> None:
+    def __init__(self, max_active_world_size: int | None = None) -> None:
         self.max_active_world_size = max_active_world_size
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
@@ -176,7 +187,7 @@ class FilterCountGroupedByKey(RankAssignment):
 
     def __init__(
         self,
-        key_or_fn: Union[Any, Callable[[State], Any]],
+        key_or_fn: Any | Callable[[State], Any],
         condition: Callable[[int], bool],
         timeout: datetime.timedelta = datetime.timedelta(seconds=60),
     ) -> None:
@@ -222,9 +233,9 @@ class Layer:
     """
 
     min_ranks: int = 1
-    max_ranks: Optional[int] = None
-    key_or_fn: Union[Any, Callable[[State], Any]] = ""
-    flag: Optional[LayerFlag] = None
+    max_ranks: int | None = None
+    key_or_fn: Any | Callable[[State], Any] = ""
+    flag: LayerFlag | None = None
 
     def key(self, state: State) -> Any:
         return self.key_or_fn(state) if callable(self.key_or_fn) else self.key_or_fn
@@ -252,7 +263,7 @@ class _Node:
 
     __slots__ = ("key", "layer", "parent", "children", "leaves", "reserve", "chain", "is_reserve", "is_backfill")
 
-    def __init__(self, key: Any, layer: Layer, parent: Optional["_Node"]) -> None:
+    def __init__(self, key: Any, layer: Layer, parent: _Node | None) -> None:
         self.key = key
         self.layer = layer
         self.parent = parent
@@ -264,7 +275,7 @@ class _Node:
         self.is_reserve = flag is not None and bool(flag & LayerFlag.RESERVE)  # enum arithmetic once, not per rank
         self.is_backfill = flag is not None and bool(flag & LayerFlag.BACKFILL)
 
-    def iter_leaves(self) -> Iterator["_Leaf"]:
+    def iter_leaves(self) -> Iterator[_Leaf]:
         """Every leaf below, depth first (children in order of first appearance, leaves in rank order)."""
         yield from self.leaves
         for child in self.children.values():
@@ -282,7 +293,7 @@ class _Leaf:
     def __init__(self, state: State, parent: _Node) -> None:
         self.state = state
         self.parent = parent
-        self.backfill_domain: Optional[_Node] = None
+        self.backfill_domain: _Node | None = None
 
     def ancestors(self) -> tuple[_Node, ...]:
         """The branches above this leaf, nearest first."""
@@ -297,7 +308,7 @@ class _Leaf:
         self.state.mode = Mode.INACTIVE
         self.state.active_rank = None
         for node in self.ancestors():
-            node.reserve[self.state.initial_rank] = self
+            node.reserve[_held(self.state.initial_rank)] = self
 
     def terminate(self) -> None:
         self.state.mode = Mode.TERMINATED
@@ -305,7 +316,7 @@ class _Leaf:
 
     def _leave_reserve(self) -> None:
         for node in self.ancestors():
-            node.reserve.pop(self.state.initial_rank, None)
+            node.reserve.pop(_held(self.state.initial_rank), None)
 
 
 class Tree(RankAssignment):
@@ -337,12 +348,12 @@ class Tree(RankAssignment):
     leaf) and ``tree`` (the root) are public, as in the reference; a leaf's ``state`` is its assigned State.
     """
 
-    def __init__(self, layers: list[Layer], world_size_filter: Optional[Callable[[int], int]] = None) -> None:
+    def __init__(self, layers: list[Layer], world_size_filter: Callable[[int], int] | None = None) -> None:
         if not layers:
             raise ValueError("Tree needs at least one layer")
         self.layers = layers
         self.world_size_filter = world_size_filter
-        self.tree: Optional[_Node] = None
+        self.tree: _Node | None = None
         self.rank_map: dict[int, _Leaf] = {}
         self.init_rank_map: dict[int, _Leaf] = {}
 
@@ -361,7 +372,7 @@ class Tree(RankAssignment):
         keys = store.get_keys(ranks)
         self.build_from_keys(keys, state.world_size, states)
 
-    def build_from_keys(self, all_keys: list[list], world_size: int, states: Optional[list] = None) -> None:
+    def build_from_keys(self, all_keys: list[list], world_size: int, states: list | None = None) -> None:
         """Build and activate the tree from every rank's layer keys (``all_keys[rank]``) and published states."""
         if states is None:
             states = [State(rank, world_size) for rank in range(world_size)]
@@ -373,9 +384,9 @@ class Tree(RankAssignment):
             )
         root = _Node(roots.pop(), self.layers[0], None)
         self.rank_map, self.init_rank_map = {}, {}
-        for keys, published in zip(all_keys, states):
+        for keys, published in zip(all_keys, states, strict=True):
             node = root
-            for key, layer in zip(keys[1:], self.layers[1:]):
+            for key, layer in zip(keys[1:], self.layers[1:], strict=True):
                 key = _hashable(key)
                 child = node.children.get(key)
                 if child is None:
@@ -383,8 +394,8 @@ class Tree(RankAssignment):
                 node = child
             leaf = _Leaf(_as_state(published), node)
             node.leaves.append(leaf)
-            self.init_rank_map[leaf.state.initial_rank] = leaf
-            self.rank_map[leaf.state.rank] = leaf
+            self.init_rank_map[_held(leaf.state.initial_rank)] = leaf
+            self.rank_map[_held(leaf.state.rank)] = leaf
         self.tree = root
         for position, leaf in enumerate(root.iter_leaves()):
             if position != leaf.state.rank:
@@ -392,10 +403,11 @@ class Tree(RankAssignment):
                     "Initial environment rank assignment does not match the specified topology: "
                     f"topology_rank={position} environment_rank={leaf.state.rank}",
                     UserWarning,
+                    stacklevel=2,
                 )
                 break
         active_world_size = self._activate(root)
-        domains: dict[int, Optional[_Node]] = {}
+        domains: dict[int, _Node | None] = {}
         for leaf in root.iter_leaves():
             leaf.state.active_world_size = active_world_size
             parent = leaf.parent
@@ -432,7 +444,8 @@ class Tree(RankAssignment):
             1 for leaf in node.leaves if leaf.state.mode != Mode.TERMINATED and leaf.state.rank not in terminated
         )
         if healthy < node.layer.min_ranks:
-            terminated.update(leaf.state.rank for leaf in node.iter_leaves() if leaf.state.mode != Mode.TERMINATED)
+            live = (leaf for leaf in node.iter_leaves() if leaf.state.mode != Mode.TERMINATED)
+            terminated.update(_held(leaf.state.rank) for leaf in live)
             return 0
         return healthy
 
@@ -446,7 +459,7 @@ class Tree(RankAssignment):
                     break
                 if node.reserve:
                     _, idle = node.reserve.popitem()
-                    idle.activate(dead.state.active_rank)
+                    idle.activate(_held(dead.state.active_rank))
                     replaced.add(rank)
                     break
         return replaced
@@ -458,43 +471,43 @@ class Tree(RankAssignment):
         for rank in sorted(unhandled):
             dead = self.rank_map[rank]
             if dead.backfill_domain is None:
-                freed.add(dead.state.active_rank)
+                freed.add(_held(dead.state.active_rank))
             else:
                 domains.setdefault(id(dead.backfill_domain), (dead.backfill_domain, []))[1].append(dead)
         for domain, dead_leaves in domains.values():
             largest = heapq.nlargest(
                 len(dead_leaves),
                 (leaf for leaf in domain.iter_leaves() if leaf.state.mode == Mode.ACTIVE),
-                key=lambda leaf: leaf.state.active_rank,
+                key=lambda leaf: _held(leaf.state.active_rank),
             )
             largest.reverse()
             for position, dead in enumerate(dead_leaves):
                 if position < len(largest):
                     mover = largest[position]
-                    freed.add(mover.state.active_rank)
+                    freed.add(_held(mover.state.active_rank))
                     mover.state.active_rank = dead.state.active_rank
                 else:
-                    freed.add(dead.state.active_rank)
+                    freed.add(_held(dead.state.active_rank))
         return freed
 
     def _shift(self, freed: set[int], unhandled_count: int) -> None:
         """Step 4: every active rank moves down by the number of freed positions below it."""
         ordered = sorted(freed)
         for leaf in self.rank_map.values():
-            leaf.state.active_world_size -= unhandled_count
+            leaf.state.active_world_size = _held(leaf.state.active_world_size) - unhandled_count
             if leaf.state.active_rank is not None:
                 leaf.state.active_rank -= bisect.bisect_left(ordered, leaf.state.active_rank)
 
     def _filter_active_world_size(self) -> None:
         """Step 5."""
         assert self.world_size_filter is not None and self.tree is not None
-        current = next(iter(self.rank_map.values())).state.active_world_size
+        current = _held(next(iter(self.rank_map.values())).state.active_world_size)
         limit = self.world_size_filter(current)
         if limit > current:
             raise ValueError(f"world_size_filter returned {limit} > {current}")
         for leaf in self.tree.iter_leaves():
             leaf.state.active_world_size = limit
-            if leaf.state.mode == Mode.ACTIVE and leaf.state.active_rank >= limit:
+            if leaf.state.mode == Mode.ACTIVE and _held(leaf.state.active_rank) >= limit:
                 leaf.deactivate()
 
     def _renumber(self, world_size: int, terminated: set[int]) -> None:
@@ -532,10 +545,12 @@ class Tree(RankAssignment):
             self._filter_active_world_size()
         self._renumber(state.world_size - len(terminated), terminated)
 
-        leaf = self.init_rank_map[state.initial_rank]
+        leaf = self.init_rank_map[_held(state.initial_rank)]
         if leaf.state.mode == Mode.TERMINATED:
-            raise RankDiscarded(f"rank {state.rank} (initial rank {state.initial_rank}) was terminated by Tree: "
-                                f"terminated_ranks={sorted(terminated)}")
+            raise RankDiscarded(
+                f"rank {state.rank} (initial rank {state.initial_rank}) was terminated by Tree: "
+                f"terminated_ranks={sorted(terminated)}"
+            )
         ctx.state = dataclasses.replace(leaf.state)
         ctx.terminated_ranks = set()
         return ctx

@@ -40,7 +40,8 @@ import json
 import logging
 import os
 import time
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed
 
@@ -98,8 +99,25 @@ def _is_timeout_error(error: BaseException) -> bool:
     return "timeout" in str(error).lower() or "timed out" in str(error).lower()
 
 
-class StoreMixin:
+if TYPE_CHECKING:
+    # The mixin is only ever combined with a torch Store (the concrete stores below list it first); a type
+    # checker sees that Store as its base, so the operations it builds on are checked.
+    _Store = torch.distributed.Store
+else:
+    _Store = object
+
+
+class StoreMixin(_Store):
     """Restart vocabulary on top of a torch Store (uses ``set/get/add/append/check/wait/multi_get``)."""
+
+    if TYPE_CHECKING:
+        # Operations every torch Store has at run time (torch 2.13) that torch's type stubs do not declare.
+        def append(self, key: str, value: str | bytes) -> None: ...
+
+        def multi_set(self, keys: list[str], values: list[str] | list[bytes]) -> None: ...
+
+        @property
+        def timeout(self) -> datetime.timedelta: ...
 
     # ---- identity ---------------------------------------------------------------------------------------------
 
@@ -108,7 +126,7 @@ class StoreMixin:
         """Ranks that must outlive the others (the store host); they wait at the termination barrier."""
         return ()
 
-    def new_connection(self) -> "StoreMixin":
+    def new_connection(self) -> StoreMixin:
         """Another client of the same store, so that a thread's blocking wait never holds up other threads.
 
         torch serialises all operations of one client, and a ``wait`` holds the client for its whole duration.
@@ -116,10 +134,10 @@ class StoreMixin:
         """
         raise NotImplementedError(f"{type(self).__name__} cannot open another connection")
 
-    def iteration_store(self, iteration: int) -> "PrefixStore":
+    def iteration_store(self, iteration: int) -> PrefixStore:
         return PrefixStore(iteration, self)
 
-    def user_store(self, iteration: int) -> "NamespaceStore":
+    def user_store(self, iteration: int) -> NamespaceStore:
         """The wrapped function's own namespace in ``iteration`` (``CallWrapper.store``), apart from the wrapper's."""
         return NamespaceStore(USER_PREFIX.format(iteration=iteration), self)
 
@@ -152,7 +170,7 @@ class StoreMixin:
 
     # ---- interruptions ----------------------------------------------------------------------------------------
 
-    def record_interrupted(self, records: Iterable[InterruptionRecord] = (), reason: Optional[str] = None) -> None:
+    def record_interrupted(self, records: Iterable[InterruptionRecord] = (), reason: str | None = None) -> None:
         """Interrupt the iteration. ``reason``: one line saying what happened, printed by every rank at the restart
         (``fault_reasons``); the first record also stamps ``fault_time`` (wall clock) to measure the time lost."""
         text = "".join(f"{record};" for record in records)
@@ -186,7 +204,7 @@ class StoreMixin:
     def signal_iteration_end(self) -> None:
         self.compare_set("iteration_end", "", ITERATION_COMPLETED)
 
-    def iteration_outcome(self) -> Optional[str]:
+    def iteration_outcome(self) -> str | None:
         """``"interrupted"``, ``"completed"`` or None while the iteration runs."""
         return self.get("iteration_end").decode() if self.check(["iteration_end"]) else None
 
@@ -211,7 +229,7 @@ class StoreMixin:
             return []
         return [int(value) for value in self.multi_get([f"initial_rank_{rank}" for rank in ranks])]
 
-    def get_rank_of_initial(self, initial_rank: int, timeout: Any = 0) -> Optional[int]:
+    def get_rank_of_initial(self, initial_rank: int, timeout: Any = 0) -> int | None:
         key = f"rank_of_initial_{initial_rank}"
         if not self.wait_key(key, timeout):
             return None
@@ -239,6 +257,7 @@ class StoreMixin:
         Called in torch's own form ``barrier(key: str, world_size, timeout=None)`` it is torch's native barrier.
         """
         if (args and isinstance(args[0], str)) or "key" in kwargs:
+            # Store.barrier: in torch 2.13, not in its type stubs.
             return super().barrier(*args, **kwargs)  # type: ignore[misc]
         return self._barrier(*args, reentrant=False, **kwargs)
 
@@ -316,9 +335,10 @@ class PrefixStore(StoreMixin, torch.distributed.PrefixStore):
     def critical_ranks(self) -> tuple[int, ...]:
         return getattr(self.base_store, "critical_ranks", ())
 
-    def new_connection(self) -> "PrefixStore":
+    def new_connection(self) -> PrefixStore:
         base = self.base_store
-        other = base.new_connection() if isinstance(base, StoreMixin) else base.clone()
+        # Store.clone: in torch 2.13, not in its type stubs.
+        other = base.new_connection() if isinstance(base, StoreMixin) else base.clone()  # type: ignore[attr-defined]
         return PrefixStore(self.iteration, other)
 
 
@@ -335,7 +355,7 @@ class NamespaceStore(StoreMixin, torch.distributed.PrefixStore):
         return getattr(self.base_store, "critical_ranks", ())
 
     @property
-    def port(self) -> Optional[int]:
+    def port(self) -> int | None:
         """The port of the store underneath, if it has one (the abort leaves connections to it alone)."""
         return getattr(self.base_store, "port", None)
 
@@ -344,9 +364,10 @@ class NamespaceStore(StoreMixin, torch.distributed.PrefixStore):
         """Every port of a replicated store underneath (its members); empty for other stores."""
         return tuple(getattr(self.base_store, "ports", None) or ())
 
-    def new_connection(self) -> "NamespaceStore":
+    def new_connection(self) -> NamespaceStore:
         base = self.base_store
-        other = base.new_connection() if isinstance(base, StoreMixin) else base.clone()
+        # Store.clone: in torch 2.13, not in its type stubs.
+        other = base.new_connection() if isinstance(base, StoreMixin) else base.clone()  # type: ignore[attr-defined]
         return NamespaceStore(self.prefix, other)
 
 
@@ -363,9 +384,9 @@ class TCPStore(StoreMixin, torch.distributed.TCPStore):
 
     def __init__(
         self,
-        host_name: Optional[str] = None,
-        port: Optional[int] = None,
-        world_size: Optional[int] = None,
+        host_name: str | None = None,
+        port: int | None = None,
+        world_size: int | None = None,
         timeout: datetime.timedelta = datetime.timedelta(seconds=300),
         wait_for_workers: bool = True,
         multi_tenant: bool = False,
@@ -377,30 +398,44 @@ class TCPStore(StoreMixin, torch.distributed.TCPStore):
         port = int(port if port is not None else os.environ["MASTER_PORT"])
         world_size = int(world_size if world_size is not None else os.environ.get("WORLD_SIZE", 1))
         timeout = _as_timedelta(timeout)
-        self.server_pid: Optional[int] = None  # set in the process that started the server
+        self.server_pid: int | None = None  # set in the process that started the server
         if not os.environ.get("INPROCESS_STORE_CLIENT"):  # monitor processes never start a server
             started = store_server.serve(host_name, port, timeout.total_seconds())
             if started is not None:
                 self.server_pid, port = started
         # The wrapper's initial barrier waits for the workers; torch's own wait would also count the extra
         # connections (monitor process, monitor thread), so it is not used.
-        super().__init__(host_name, port, world_size, False, timeout=timeout, wait_for_workers=False,
-                         use_libuv=use_libuv)
-        self._connection = (host_name, port, world_size, timeout, use_libuv)
+        super().__init__(
+            host_name, port, world_size, False, timeout=timeout, wait_for_workers=False, use_libuv=use_libuv
+        )
+        self._connection: tuple[str, int, int | None, datetime.timedelta, bool] = (
+            host_name,
+            port,
+            world_size,
+            timeout,
+            use_libuv,
+        )
 
     @property
     def is_host(self) -> bool:
         """True in the process that started the server process (it hosts nothing itself)."""
         return self.server_pid is not None
 
-    def new_connection(self) -> "TCPStore":
-        host_name, port, world_size, timeout, use_libuv = self._connection
-        other = TCPStore.__new__(TCPStore)
-        torch.distributed.TCPStore.__init__(other, host_name, port, world_size, False, timeout=timeout,
-                                            wait_for_workers=False, use_libuv=use_libuv)
-        other.server_pid = None
-        other._connection = self._connection
-        return other
+    def new_connection(self) -> TCPStore:
+        return TCPStore.client(*self._connection)
+
+    @classmethod
+    def client(
+        cls, host_name: str, port: int, world_size: int | None, timeout: datetime.timedelta, use_libuv: bool
+    ) -> TCPStore:
+        """A client of a running store server (never starts one): what other connections of a call use."""
+        store = cls.__new__(cls)
+        torch.distributed.TCPStore.__init__(
+            store, host_name, port, world_size, False, timeout=timeout, wait_for_workers=False, use_libuv=use_libuv
+        )
+        store.server_pid = None
+        store._connection = (host_name, port, world_size, timeout, use_libuv)
+        return store
 
     def connection_parameters(self) -> dict:
         host_name, port, world_size, timeout, use_libuv = self._connection
@@ -415,7 +450,7 @@ class FileStore(StoreMixin, torch.distributed.FileStore):
         self.file_name = file_name
         self.world_size = world_size
 
-    def new_connection(self) -> "FileStore":
+    def new_connection(self) -> FileStore:
         return FileStore(self.file_name, self.world_size)
 
     def connection_parameters(self) -> dict:
@@ -424,8 +459,6 @@ class FileStore(StoreMixin, torch.distributed.FileStore):
 
 class HashStore(StoreMixin, torch.distributed.HashStore):
     """In-memory store of one process (unit tests of rank assignments)."""
-
-
 
 
 # ---- one namespace per call ---------------------------------------------------------------------------------
@@ -468,7 +501,9 @@ def open_base_store(factory: Any, kwargs: dict, timeout: Any, initial_rank: int 
             raise
         except RuntimeError as error:  # torch's DistError family and our store errors
             if time.monotonic() >= deadline:
-                raise exception.TimeoutError(f"could not connect to the wrapper's store within {timeout}: {error}")
+                raise exception.TimeoutError(
+                    f"could not connect to the wrapper's store within {timeout}: {error}"
+                ) from error
             log.debug("store connection attempt %s: %s; connecting again", attempts, error)
             time.sleep(_RECONNECT_INTERVAL)
 
@@ -487,10 +522,12 @@ def connection_parameters(store: Any) -> dict:
     if callable(describe):
         return describe()
     if isinstance(store, torch.distributed.TCPStore):
-        return dict(kind="tcp", host=store.host, port=store.port, timeout=store.timeout.total_seconds(),
-                    use_libuv=store.libuvBackend)
+        # TCPStore.timeout and .libuvBackend, FileStore.path: in torch 2.13, not in its type stubs.
+        timeout = store.timeout  # type: ignore[attr-defined]
+        libuv = store.libuvBackend  # type: ignore[attr-defined]
+        return dict(kind="tcp", host=store.host, port=store.port, timeout=timeout.total_seconds(), use_libuv=libuv)
     if isinstance(store, torch.distributed.FileStore):
-        return dict(kind="file", path=store.path, world_size=-1)
+        return dict(kind="file", path=store.path, world_size=-1)  # type: ignore[attr-defined]
     raise TypeError(
         f"{type(store).__qualname__} cannot be opened in another process: make the store factory importable by "
         "name (a module-level class) or give the store a connection_parameters() method"
@@ -501,14 +538,8 @@ def open_connection(parameters: dict) -> StoreMixin:
     """A new client from ``connection_parameters``: never starts a server."""
     kind = parameters.get("kind")
     if kind == "tcp":
-        store = TCPStore.__new__(TCPStore)
         timeout = datetime.timedelta(seconds=parameters["timeout"])
-        torch.distributed.TCPStore.__init__(store, parameters["host"], parameters["port"], None, False,
-                                            timeout=timeout, wait_for_workers=False,
-                                            use_libuv=parameters.get("use_libuv", True))
-        store.server_pid = None
-        store._connection = (parameters["host"], parameters["port"], 1, timeout, parameters.get("use_libuv", True))
-        return store
+        return TCPStore.client(parameters["host"], parameters["port"], None, timeout, parameters.get("use_libuv", True))
     if kind == "file":
         return FileStore(parameters["path"], parameters.get("world_size", -1))
     if kind == "etcd":

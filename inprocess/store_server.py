@@ -43,7 +43,6 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional
 
 log = logging.getLogger("inprocess.store_server")
 
@@ -63,7 +62,7 @@ class ServerStartError(RuntimeError):
 # ==== trainer side ==============================================================================================
 
 
-def _listening_socket(host: str, port: int) -> Optional[socket.socket]:
+def _listening_socket(host: str, port: int) -> socket.socket | None:
     """A socket listening on (host, port), or None when the port is taken here or the address is not ours."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -84,7 +83,7 @@ def _listening_socket(host: str, port: int) -> Optional[socket.socket]:
     return None
 
 
-def serve(host: str, port: int, timeout: float, linger: Optional[float] = None) -> Optional[tuple[int, int]]:
+def serve(host: str, port: int, timeout: float, linger: float | None = None) -> tuple[int, int] | None:
     """Start the store server on (host, port) if nobody serves there yet: (its pid, its port), or None.
 
     None means the port is taken (a server of this job is there, or, for a client to find out, something else)
@@ -101,14 +100,27 @@ def serve(host: str, port: int, timeout: float, linger: Optional[float] = None) 
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     log_path = os.environ.get(LOG_ENVIRONMENT)
+    log_file = open(log_path, "a") if log_path else None  # noqa: SIM115 - closed below, once the child holds its copy
     try:
         launcher = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--fd", str(listener.fileno()), "--ready-fd", str(write_end),
-             "--host", host, "--port", str(port), "--linger", repr(linger)],
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--fd",
+                str(listener.fileno()),
+                "--ready-fd",
+                str(write_end),
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--linger",
+                repr(linger),
+            ],
             pass_fds=[listener.fileno(), write_end],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=open(log_path, "a") if log_path else subprocess.DEVNULL,
+            stderr=log_file if log_file is not None else subprocess.DEVNULL,
             start_new_session=True,
             env=env,
             close_fds=True,
@@ -116,6 +128,8 @@ def serve(host: str, port: int, timeout: float, linger: Optional[float] = None) 
     finally:
         os.close(write_end)
         listener.close()  # the server holds the listening socket now
+        if log_file is not None:
+            log_file.close()
     # Importing torch takes seconds on a busy host: never give up on the server sooner than STARTUP_TIMEOUT.
     timeout = max(timeout, STARTUP_TIMEOUT)
     try:
@@ -178,8 +192,14 @@ def run_server(listen_fd: int, ready_fd: int, host: str, port: int, linger: floa
         import torch.distributed
 
         server = torch.distributed.TCPStore(
-            host, port, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
-            master_listen_fd=listen_fd, use_libuv=True,
+            host,
+            port,
+            None,
+            True,
+            timeout=datetime.timedelta(seconds=60),
+            wait_for_workers=False,
+            master_listen_fd=listen_fd,
+            use_libuv=True,
         )
         server.set(SERVER_KEY, f"{os.getpid()} {host}:{port}")
     except Exception as error:  # noqa: BLE001 - reported to the trainer that started us
@@ -188,7 +208,7 @@ def run_server(listen_fd: int, ready_fd: int, host: str, port: int, linger: floa
     ready.write(f"ready {os.getpid()}\n")
     ready.close()
     log.info("serving on %s:%s", host, port)
-    idle_since: Optional[float] = None
+    idle_since: float | None = None
     while True:
         time.sleep(_CHECK_INTERVAL)
         now = time.monotonic()

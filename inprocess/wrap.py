@@ -26,18 +26,25 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch.distributed
 
-from . import exception, fault_source, mesh_source, param_utils
-from . import store as store_module
+from . import (
+    exception,
+    fault_source,
+    health_check as health_check_module,
+    mesh_source,
+    param_utils,
+    store as store_module,
+)
 from .abort import Abort, AbortTorchDistributed, connection_key, established_connections
 from .attribution import Interruption, InterruptionRecord
 from .completion import Completion
 from .compose import Compose
+from .elastic import joining as joining_module
 from .finalize import Finalize
-from . import health_check as health_check_module
 from .health_check import HealthCheck
 from .initialize import Initialize
 from .monitor_process import MonitorProcess
@@ -51,7 +58,17 @@ log = logging.getLogger(__name__)
 
 # Shared default instances, as documented by the reference (both are stateless).
 DEFAULT_ABORT = AbortTorchDistributed()
-DEFAULT_RANK_ASSIGNMENT = Compose(ActivateAllRanks(), ShiftRanks())
+
+
+def _default_rank_assignment() -> RankAssignment:
+    """``Compose`` of two rank assignments is an instance of ``RankAssignment`` (``inprocess.compose``: it takes
+    the lowest common base class of its members), which the type checker cannot see; this says so."""
+    composite = Compose(ActivateAllRanks(), ShiftRanks())
+    assert isinstance(composite, RankAssignment), "Compose of rank assignments is a RankAssignment"
+    return composite
+
+
+DEFAULT_RANK_ASSIGNMENT = _default_rank_assignment()
 
 _SECONDS = datetime.timedelta(seconds=1)
 
@@ -67,11 +84,11 @@ class Wrapper:
         self,
         *,
         store_factory: type = store_module.TCPStore,
-        store_kwargs: Optional[dict[str, Any]] = None,
-        initialize: Optional[Initialize] = None,
-        abort: Optional[Abort] = DEFAULT_ABORT,
-        finalize: Optional[Finalize] = None,
-        health_check: Optional[HealthCheck] = None,
+        store_kwargs: dict[str, Any] | None = None,
+        initialize: Initialize | None = None,
+        abort: Abort | None = DEFAULT_ABORT,
+        finalize: Finalize | None = None,
+        health_check: HealthCheck | None = None,
         rank_assignment: RankAssignment = DEFAULT_RANK_ASSIGNMENT,
         monitor_thread_interval: datetime.timedelta = _SECONDS,
         monitor_process_interval: datetime.timedelta = _SECONDS,
@@ -84,11 +101,12 @@ class Wrapper:
         completion_timeout: datetime.timedelta = 120 * _SECONDS,
         last_call_wait: datetime.timedelta = _SECONDS,
         termination_grace_time: datetime.timedelta = 5 * _SECONDS,
-        monitor_process_logfile: Optional[str] = None,
-        monitor_process_pidfile: Optional[str] = None,
+        monitor_process_logfile: str | None = None,
+        monitor_process_pidfile: str | None = None,
         enabled: bool = True,
-        completion: Optional[Completion] = None,
-        terminate: Optional[Terminate] = None,
+        completion: Completion | None = None,
+        terminate: Terminate | None = None,
+        joining: joining_module.Joining | None = None,
     ) -> None:
         param_utils.enforce_subclass("store_factory", store_factory, store_module.StoreMixin)
         param_utils.enforce_type("store_kwargs", store_kwargs, (dict, type(None)))
@@ -102,6 +120,7 @@ class Wrapper:
         ):
             param_utils.enforce_type(name, value, (kind, type(None)))
         param_utils.enforce_type("rank_assignment", rank_assignment, (RankAssignment,))
+        param_utils.enforce_type("joining", joining, (joining_module.Joining, type(None)))
         param_utils.enforce_type("enabled", enabled, (bool,))
         seconds = param_utils.as_seconds
         self.monitor_thread_interval = seconds("monitor_thread_interval", monitor_thread_interval)
@@ -118,27 +137,65 @@ class Wrapper:
 
         check = param_utils.check_condition
         soft, hard, barrier = self.soft_timeout, self.hard_timeout, self.barrier_timeout
-        check(soft < hard < barrier, "soft_timeout < hard_timeout < barrier_timeout",
-              soft_timeout=soft_timeout, hard_timeout=hard_timeout, barrier_timeout=barrier_timeout)
-        check(self.monitor_process_interval < barrier, "monitor_process_interval < barrier_timeout",
-              monitor_process_interval=monitor_process_interval, barrier_timeout=barrier_timeout)
-        check(self.heartbeat_timeout < barrier, "heartbeat_timeout < barrier_timeout",
-              heartbeat_timeout=heartbeat_timeout, barrier_timeout=barrier_timeout)
-        check(self.heartbeat_interval < self.heartbeat_timeout, "heartbeat_interval < heartbeat_timeout",
-              heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
-        check(self.monitor_process_interval < self.heartbeat_timeout, "monitor_process_interval < heartbeat_timeout",
-              monitor_process_interval=monitor_process_interval, heartbeat_timeout=heartbeat_timeout)
-        check(self.monitor_process_interval < soft, "monitor_process_interval < soft_timeout",
-              monitor_process_interval=monitor_process_interval, soft_timeout=soft_timeout)
-        check(self.monitor_thread_interval < soft, "monitor_thread_interval < soft_timeout",
-              monitor_thread_interval=monitor_thread_interval, soft_timeout=soft_timeout)
-        check(self.progress_watchdog_interval < soft, "progress_watchdog_interval < soft_timeout",
-              progress_watchdog_interval=progress_watchdog_interval, soft_timeout=soft_timeout)
-        for name, value in (("last_call_wait", self.last_call_wait), ("termination_grace_time", self.termination_grace_time),
-                            ("completion_timeout", self.completion_timeout)):
-            check(value >= 0, f"{name} >= 0", **{name: value})
-        for name, path in (("monitor_process_logfile", monitor_process_logfile),
-                           ("monitor_process_pidfile", monitor_process_pidfile)):
+        check(
+            soft < hard < barrier,
+            "soft_timeout < hard_timeout < barrier_timeout",
+            soft_timeout=soft_timeout,
+            hard_timeout=hard_timeout,
+            barrier_timeout=barrier_timeout,
+        )
+        check(
+            self.monitor_process_interval < barrier,
+            "monitor_process_interval < barrier_timeout",
+            monitor_process_interval=monitor_process_interval,
+            barrier_timeout=barrier_timeout,
+        )
+        check(
+            self.heartbeat_timeout < barrier,
+            "heartbeat_timeout < barrier_timeout",
+            heartbeat_timeout=heartbeat_timeout,
+            barrier_timeout=barrier_timeout,
+        )
+        check(
+            self.heartbeat_interval < self.heartbeat_timeout,
+            "heartbeat_interval < heartbeat_timeout",
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
+        )
+        check(
+            self.monitor_process_interval < self.heartbeat_timeout,
+            "monitor_process_interval < heartbeat_timeout",
+            monitor_process_interval=monitor_process_interval,
+            heartbeat_timeout=heartbeat_timeout,
+        )
+        check(
+            self.monitor_process_interval < soft,
+            "monitor_process_interval < soft_timeout",
+            monitor_process_interval=monitor_process_interval,
+            soft_timeout=soft_timeout,
+        )
+        check(
+            self.monitor_thread_interval < soft,
+            "monitor_thread_interval < soft_timeout",
+            monitor_thread_interval=monitor_thread_interval,
+            soft_timeout=soft_timeout,
+        )
+        check(
+            self.progress_watchdog_interval < soft,
+            "progress_watchdog_interval < soft_timeout",
+            progress_watchdog_interval=progress_watchdog_interval,
+            soft_timeout=soft_timeout,
+        )
+        for name, duration in (
+            ("last_call_wait", self.last_call_wait),
+            ("termination_grace_time", self.termination_grace_time),
+            ("completion_timeout", self.completion_timeout),
+        ):
+            check(duration >= 0, f"{name} >= 0", **{name: duration})
+        for name, path in (
+            ("monitor_process_logfile", monitor_process_logfile),
+            ("monitor_process_pidfile", monitor_process_pidfile),
+        ):
             param_utils.enforce_type(name, path, (str, type(None)))
             check(path is None or os.path.isabs(path), f"{name} is None or os.path.isabs({name})", **{name: path})
         check(torch.distributed.is_available(), "torch.distributed.is_available()")
@@ -155,6 +212,8 @@ class Wrapper:
         self.enabled = enabled
         self.completion = completion
         self.terminate = terminate
+        #: Processes may join the running job (docs/elastic.md section 5); None: the world only shrinks.
+        self.joining = joining
         # The user's check plus GPU/NVLink/NIC checks when LOCAL_RANK is set, as in the reference (harmless on CPUs).
         self.restart_health_check = health_check_module.restart_health_check(health_check)
 
@@ -193,9 +252,9 @@ class CallWrapper:
         self._saved_env = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE")}
         self.state = State.from_env()
         self.atomic_lock = threading.RLock()
-        self.monitor_process: Optional[MonitorProcess] = None
-        self.watchdog: Optional[ProgressWatchdog] = None
-        self.monitor_thread: Optional[MonitorThread] = None
+        self.monitor_process: MonitorProcess | None = None
+        self.watchdog: ProgressWatchdog | None = None
+        self.monitor_thread: MonitorThread | None = None
         self.base_store: Any = None
         #: The wrapped function's own store in the current iteration, on the wrapper's durable backend (the store
         #: server process, or etcd): use it for ``init_process_group(store=call_wrapper.store, ...)``. The
@@ -208,13 +267,16 @@ class CallWrapper:
         self._verdict_lock = threading.Lock()
         self._return_value: Any = None
         self._shut_down = False
-        self.mesh: Optional[mesh_source.MeshFaultSource] = None
+        self.mesh: mesh_source.MeshFaultSource | None = None
         #: The last restart of this call (None before the first): what the wrapped function may print.
-        self.last_restart: Optional[RestartInfo] = None
+        self.last_restart: RestartInfo | None = None
         self._restarts = 0
         #: Called (no arguments) at every restart, out of the function: inprocess.elastic states restore here.
         self.restart_hooks: list[Callable[[], Any]] = []
-        self._previous_unraisablehook: Optional[Callable[[Any], Any]] = None
+        #: The rendezvous of processes joining the running job (``Wrapper(joining=...)``), else None.
+        self.joining: joining_module.JoinDriver | None = None
+        self._newcomer = wrapper.joining is not None and wrapper.joining.is_newcomer()
+        self._previous_unraisablehook: Callable[[Any], Any] | None = None
         try:
             self._start()
         except BaseException:
@@ -233,10 +295,22 @@ class CallWrapper:
 
     def _start(self) -> None:
         w = self.wrapper
+        newcomer_store: Any = None
+        if self._newcomer:  # docs/elastic.md section 5: the running call's namespace, the next initial rank
+            assert w.joining is not None
+            newcomer_store = joining_module.find_running_call(w.store_factory, w.store_kwargs, w.barrier_timeout)
+            self.joining = joining_module.JoinDriver.for_newcomer(w.joining, newcomer_store[0])
+            self.state = State(
+                rank=None,
+                world_size=0,
+                initial_rank=self.joining.initial_rank,
+                initial_world_size=self.joining.initial_world_size,
+            )
         rank, world_size = self.state.rank, self.state.world_size
+        initial_rank, initial_world_size = int(self.state.initial_rank or 0), int(self.state.initial_world_size or 1)
         self.monitor_process = MonitorProcess(  # first, so its start-up overlaps ours
-            rank=rank,
-            world_size=world_size,
+            rank=initial_rank,
+            world_size=initial_world_size,
             soft_timeout=w.soft_timeout,
             hard_timeout=w.hard_timeout,
             termination_grace_time=w.termination_grace_time,
@@ -250,36 +324,49 @@ class CallWrapper:
             store_kwargs=w.store_kwargs,
         )
         # Every call works in a namespace of its own on a store that outlives it (docs/inprocess.md section 7).
-        self.base_store, raw_store = store_module.open_base_store(
-            w.store_factory, w.store_kwargs, w.barrier_timeout, self.state.initial_rank
-        )
+        if newcomer_store is not None:
+            self.base_store, raw_store = newcomer_store
+        else:
+            self.base_store, raw_store = store_module.open_base_store(
+                w.store_factory, w.store_kwargs, w.barrier_timeout, initial_rank
+            )
         self.monitor_process.store_ready(self.base_store.prefix, raw_store)
-        del raw_store
+        if w.joining is not None and not self._newcomer:
+            self.joining = joining_module.JoinDriver.for_initial_rank(
+                w.joining, raw_store, self.base_store, initial_rank, initial_world_size
+            )
+        del raw_store, newcomer_store
         self._user_connection = self._new_connection()
         self._monitor_connection = self._new_connection()
         self._fault_connection = self._new_connection()
-        self.base_store.initial_barrier([rank], world_size, w.barrier_timeout)
+        if not self._newcomer:
+            self.base_store.initial_barrier([rank], world_size, w.barrier_timeout)
         self.monitor_process.wait_ready(w.barrier_timeout)
         self._join_mesh()
         self._protected = {connection_key(connection) for connection in established_connections()}
-        self.watchdog = ProgressWatchdog(rank, self.monitor_process, w.progress_watchdog_interval)
+        self.watchdog = ProgressWatchdog(self.state.initial_rank, self.monitor_process, w.progress_watchdog_interval)
         self.watchdog.start()
         self._previous_unraisablehook = sys.unraisablehook
         sys.unraisablehook = self._unraisablehook
         fault_source.register_active_call(self)
+        if self.joining is not None and self._newcomer:
+            self.joining.join()  # in the wait list of the running round; admitted at the next round (__call__)
 
     def _join_mesh(self) -> None:
         """The rasd mesh's verdicts become restarts (``inprocess.mesh_source``); off with ``TORCHRAS_ENABLE=0``."""
         if not mesh_source.mesh_enabled():
             return
-        source = mesh_source.MeshFaultSource(self, self._new_connection(), self.state.initial_rank)
+        initial_rank = _assigned(self.state.initial_rank, "the initial rank")
+        source = mesh_source.MeshFaultSource(self, self._new_connection(), initial_rank)
         if source.start(self._new_connection()):
             self.mesh = source
 
     def _unraisablehook(self, unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, RankShouldRestart) and self.monitor_thread is not None:
             self.monitor_thread.notify_swallowed()
-        self._previous_unraisablehook(unraisable)
+        # Installed right after the previous hook was saved (``_start``), so it is set whenever this runs.
+        if self._previous_unraisablehook is not None:
+            self._previous_unraisablehook(unraisable)
 
     # ---- what the wrapped function uses -----------------------------------------------------------------------
 
@@ -349,8 +436,12 @@ class CallWrapper:
                 log.info("ignoring a stale verdict for iteration %s (now %s): %s", verdict.iteration, current, verdict)
                 return False
             elif verdict.iteration > current:
-                log.warning("ignoring a verdict for iteration %s, which has not started here (now %s): %s",
-                            verdict.iteration, current, verdict)
+                log.warning(
+                    "ignoring a verdict for iteration %s, which has not started here (now %s): %s",
+                    verdict.iteration,
+                    current,
+                    verdict,
+                )
                 return False
             else:
                 target = verdict.iteration
@@ -358,10 +449,13 @@ class CallWrapper:
             ranks = self._translate(store, verdict, target)
             if not ranks:
                 return False
-            if kind.terminates and verdict.iteration == fault_source.LATEST_ITERATION:
-                if set(ranks.values()) <= store.get_terminated_ranks():
-                    log.debug("verdict about ranks already terminated in iteration %s: %s", target, verdict)
-                    return False  # a refreshed verdict (HUNG) or another survivor's report: done already
+            if (
+                kind.terminates
+                and verdict.iteration == fault_source.LATEST_ITERATION
+                and set(ranks.values()) <= store.get_terminated_ranks()
+            ):
+                log.debug("verdict about ranks already terminated in iteration %s: %s", target, verdict)
+                return False  # a refreshed verdict (HUNG) or another survivor's report: done already
             world = store.get_packed("world_size", ",")
             world_size = int(world[-1]) if world else self.state.world_size
             if kind.terminates:
@@ -372,12 +466,22 @@ class CallWrapper:
             store.record_interrupted(records if first_report else (), reason=reason)
             if kind.terminates:
                 store.iteration_barrier(sorted(ranks.values()), world_size, 0)
-                self._fault_connection.termination_barrier(sorted(ranks), self.state.initial_world_size, 0)
-            log.warning("external verdict %s %s applied to iteration %s: %s", kind.value, sorted(ranks),
-                        target, verdict.reason)
+                initial_world_size = int(self.state.initial_world_size or 0)
+                initial = [rank for rank in sorted(ranks) if rank < initial_world_size]  # not the ranks that joined
+                self._fault_connection.termination_barrier(initial, initial_world_size, 0)
+            log.warning(
+                "external verdict %s %s applied to iteration %s: %s", kind.value, sorted(ranks), target, verdict.reason
+            )
             return True
 
-    def _newest_iteration_of(self, initial_ranks: frozenset[int], current: int) -> Optional[int]:
+    def leave_rendezvous(self, initial_rank: int, store: Any) -> None:
+        """A mesh PEER_DEAD verdict: the dead process leaves the rendezvous (``store``: the caller's connection)."""
+        if self.joining is None:
+            return
+        rendezvous_store = joining_module.StoreRendezvous(store, self.joining.rendezvous.settings)
+        rendezvous_store.apply(joining_module.rendezvous.Leave(joining_module.node_id(initial_rank), time.time()))
+
+    def _newest_iteration_of(self, initial_ranks: frozenset[int], current: int) -> int | None:
         """The newest iteration (the current one or the next, which faster ranks may have entered) in which one
         of ``initial_ranks`` has published its rank."""
         assert self._fault_connection is not None
@@ -401,7 +505,10 @@ class CallWrapper:
             if store.check([key]):
                 ranks[int(store.get(key))] = rank
         if not ranks and not fault_source.VerdictKind(verdict.kind).terminates and not verdict.ranks:
-            ranks[self.state.initial_rank] = self.state.rank  # a communicator verdict naming nobody: the reporter
+            # A communicator verdict naming nobody: the reporter (unless it is a newcomer without a rank yet).
+            reporter, reporter_initial = self.state.rank, self.state.initial_rank
+            if reporter is not None and reporter_initial is not None:
+                ranks[reporter_initial] = reporter
         return ranks
 
     # ---- the restart loop -------------------------------------------------------------------------------------
@@ -409,21 +516,59 @@ class CallWrapper:
     def __call__(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         inject = param_utils.injected_parameters(fn, CallWrapper)
         try:
-            initial_store = store_module.PrefixStore("initial", self.base_store)
-            self._assign(initial_store, set())
+            if self._newcomer:
+                self._admit_newcomer()
+            else:
+                initial_store = store_module.PrefixStore("initial", self.base_store)
+                self._assign(initial_store, set())
             while True:
                 if self._run_iteration(fn, args, kwargs, inject):
                     break
                 self._restart()
+            if self.joining is not None:
+                self.joining.close()  # the job completed: pending joins fail, nobody joins it any more
             if self.wrapper.completion is not None:
                 try:
                     self.wrapper.completion(self.state.freeze())
-                except Exception:  # noqa: BLE001 - documented: logged and swallowed
+                except Exception:  # documented: logged and swallowed
                     log.warning("completion failed", exc_info=True)
             return self._return_value
         except BaseException as error:
             self._exit_path(error)
             raise
+
+    def _admit_newcomer(self) -> None:
+        """Wait in the wait list until a round admits this process; then it runs that round's iteration."""
+        assert self.joining is not None
+        log.info("process %s waits to join the running job", self.joining.node)
+        _announce_waiting(True)  # STATUS lists this process under WAITING until a round admits it
+        try:
+            with self.disable_hang_protection():
+                admission = self.joining.wait_for_admission()
+        finally:
+            _announce_waiting(False)
+        self._enter_admitted(admission)
+        self._publish()
+        log.info(
+            "process %s joins as rank %s of %s in iteration %s (round %s)",
+            self.joining.node,
+            admission.rank,
+            admission.world_size,
+            admission.iteration,
+            admission.round,
+        )
+
+    def _enter_admitted(self, admission: joining_module.Admission) -> None:
+        """The round's ranks are the iteration's ranks, every one active (docs/elastic.md section 5)."""
+        self.state = dataclasses.replace(
+            self.state,
+            rank=admission.rank,
+            world_size=admission.world_size,
+            active_rank=admission.rank,
+            active_world_size=admission.world_size,
+            mode=Mode.ACTIVE,
+            iteration=admission.iteration,
+        )
 
     def _publish(self) -> None:
         """Announce this rank's identity in the namespace of the iteration it is about to run."""
@@ -440,14 +585,19 @@ class CallWrapper:
     def _run_iteration(self, fn: Callable, args: tuple, kwargs: dict, inject: list[str]) -> bool:
         """One iteration; True when every rank completed, False when a restart is due."""
         w, state = self.wrapper, self.state
-        if state.iteration == 0:
-            self._publish()  # later iterations publish right after their rank assignment
+        if state.iteration == 0 and not self._newcomer:
+            self._publish()  # later iterations (and a newcomer's first) publish right after their rank assignment
         state.set_distributed_vars()
         store = self.base_store.iteration_store(state.iteration)
         self.store = self._user_connection.user_store(state.iteration)
         assert self.monitor_process is not None and self.watchdog is not None
+        rank = _assigned(state.rank, "the rank")
         self.monitor_process.start_iteration(
-            state.rank, state.world_size, state.iteration, state.initial_rank, state.initial_world_size
+            rank,
+            state.world_size,
+            state.iteration,
+            _assigned(state.initial_rank, "the initial rank"),
+            _assigned(state.initial_world_size, "the initial world size"),
         )
         self.watchdog.reset()
         if self.mesh is not None:
@@ -464,7 +614,7 @@ class CallWrapper:
         )
         self.monitor_thread = monitor
         monitor.start()
-        outcome: Optional[tuple[str, Any]] = None
+        outcome: tuple[str, Any] | None = None
         while True:
             try:
                 if outcome is None:
@@ -482,17 +632,26 @@ class CallWrapper:
                 if not monitor.raised_restart:  # raised by the workload itself: a restart of every rank
                     cause = payload.__cause__
                     state.fn_exception = cause if isinstance(cause, Exception) else None
-                    store.record_interrupted([InterruptionRecord(state.rank, Interruption.EXCEPTION)],
-                                             reason=f"RankShouldRestart raised on rank {state.initial_rank}: {payload}")
+                    store.record_interrupted(
+                        [InterruptionRecord(rank, Interruption.EXCEPTION)],
+                        reason=f"RankShouldRestart raised on rank {state.initial_rank}: {payload}",
+                    )
             elif isinstance(payload, Exception):
                 if monitor.interrupted.is_set():
                     log.info("rank %s: %r while a restart was under way", state.rank, payload)
                 else:
-                    log.warning("rank %s: %r in iteration %s, restarting", state.rank, payload, state.iteration,
-                                exc_info=payload)
+                    log.warning(
+                        "rank %s: %r in iteration %s, restarting",
+                        state.rank,
+                        payload,
+                        state.iteration,
+                        exc_info=payload,
+                    )
                     state.fn_exception = payload
-                    store.record_interrupted([InterruptionRecord(state.rank, Interruption.EXCEPTION)],
-                                             reason=f"{type(payload).__name__} on rank {state.initial_rank}: {payload}")
+                    store.record_interrupted(
+                        [InterruptionRecord(rank, Interruption.EXCEPTION)],
+                        reason=f"{type(payload).__name__} on rank {state.initial_rank}: {payload}",
+                    )
             else:
                 raise payload
             return False
@@ -505,7 +664,7 @@ class CallWrapper:
                 completed = store.completion_barrier([state.rank], state.world_size, timeout)
         except store_module.BarrierTimeout as error:
             log.warning("rank %s: %s, restarting", state.rank, error)
-            store.record_interrupted([InterruptionRecord(state.rank, Interruption.EXCEPTION)])
+            store.record_interrupted([InterruptionRecord(rank, Interruption.EXCEPTION)])
             return False
         if completed:
             self._return_value = payload
@@ -547,7 +706,7 @@ class CallWrapper:
             if w.abort is not None:
                 try:
                     w.abort(state.freeze())
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.warning("abort failed", exc_info=True)
         log.debug("abort done")
         if not monitor.shutdown(self._thread_budget()):
@@ -570,17 +729,29 @@ class CallWrapper:
         reasons = _order_reasons(store.get_packed(store_module.FAULT_REASONS_KEY, "\n")) or [monitor.message]
         fault_time = _fault_time(store)
         self._assign(store_module.PrefixStore("assignment", store), terminated)
+        if self.joining is not None:  # the next rendezvous round: survivors and waiting processes, ranks agreed
+            with self.disable_hang_protection():
+                admission = self.joining.next_round(terminated, state.iteration + 1)
+            self._enter_admitted(dataclasses.replace(admission, iteration=state.iteration))
         self.state.advance()
         self._publish()
         self._restarts += 1
         lost = max(0.0, time.time() - fault_time) if fault_time is not None else time.monotonic() - started
-        self.last_restart = RestartInfo(self.state.iteration, self._restarts, tuple(reasons),
-                                        tuple(terminated_initial), lost)
+        self.last_restart = RestartInfo(
+            self.state.iteration, self._restarts, tuple(reasons), tuple(terminated_initial), lost
+        )
         log.info(
             "rank %s restarts as rank %s of %s (active %s of %s), iteration %s, terminated initial ranks %s, "
             "after %s; %.3f s lost",
-            state.rank, self.state.rank, self.state.world_size, self.state.active_rank,
-            self.state.active_world_size, self.state.iteration, terminated_initial, "; ".join(reasons), lost,
+            state.rank,
+            self.state.rank,
+            self.state.world_size,
+            self.state.active_rank,
+            self.state.active_world_size,
+            self.state.iteration,
+            terminated_initial,
+            "; ".join(reasons),
+            lost,
         )
         _announce_restart(self.last_restart)
         # Free what the failed iteration left in reference cycles. The young generations hold it; a full
@@ -595,13 +766,18 @@ class CallWrapper:
         if monitor is not None:
             monitor.leave_function()
         try:
-            if self.base_store is not None and state.rank is not None:
+            # A process the discovery hook removed leaves at a boundary, after the iteration barrier: nobody waits
+            # for it in that iteration any more, and the next round goes on without it (docs/elastic.md section 5).
+            removed = isinstance(error, joining_module.HostRemoved)
+            if self.base_store is not None and state.rank is not None and not removed:
                 store = self._fault_connection.iteration_store(state.iteration)
                 store.record_terminated_ranks([state.rank])
                 store.record_interrupted([InterruptionRecord(state.rank, Interruption.BASE_EXCEPTION)])
                 store.iteration_barrier([state.rank], state.world_size, 0)
-        except Exception:  # noqa: BLE001 - the store may be gone; leaving must not fail because of it
+        except Exception:  # the store may be gone; leaving must not fail because of it
             log.warning("could not register the departure of rank %s", state.rank, exc_info=True)
+        if self.joining is not None:
+            self.joining.leave()  # no rendezvous round waits for it
         if monitor is not None:
             monitor.shutdown(self._thread_budget())
         if self.wrapper.terminate is not None:
@@ -609,7 +785,7 @@ class CallWrapper:
 
     # ---- shutdown ---------------------------------------------------------------------------------------------
 
-    def __enter__(self) -> "CallWrapper":
+    def __enter__(self) -> CallWrapper:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -628,14 +804,20 @@ class CallWrapper:
         w = self.wrapper
         if self.monitor_thread is not None and self.monitor_thread.is_alive():
             self.monitor_thread.leave_function()
-        if self.base_store is not None and self.state.initial_rank is not None:
+        joined_later = (
+            self.state.initial_rank is not None
+            and self.state.initial_world_size is not None
+            and self.state.initial_rank >= self.state.initial_world_size
+        )
+        if self.base_store is not None and self.state.initial_rank is not None and not joined_later:
+            # (A process that joined later is not an initial rank: the termination barrier counts initial ranks.)
             critical = self.state.initial_rank in getattr(self.base_store, "critical_ranks", ())
             try:
                 # The store host waits (bounded) until every initial rank, or someone on its behalf, is done.
                 self.base_store.termination_barrier(
                     [self.state.initial_rank], self.state.initial_world_size, w.barrier_timeout if critical else 0
                 )
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("termination barrier incomplete on rank %s", self.state.initial_rank, exc_info=True)
         if self.watchdog is not None:
             self.watchdog.shutdown(timeout=5)
@@ -655,6 +837,14 @@ class CallWrapper:
         gc.collect()
 
 
+def _assigned(value: int | None, what: str) -> int:
+    """A rank of ``State`` that is set wherever the wrapper reads it here: every process has its initial rank
+    from the start, and a rank from its first rank assignment or admission on (None only for a newcomer still
+    waiting). Says so to the type checker, and fails loudly if it is not (as ``rank_assignment._held``)."""
+    assert value is not None, f"{what} is not set"
+    return value
+
+
 def _release_wrapper_frames(error: BaseException) -> None:
     """Clear the locals of this module's finished frames in the tracebacks of ``error`` and its chain.
 
@@ -663,7 +853,7 @@ def _release_wrapper_frames(error: BaseException) -> None:
     (docs/inprocess.md, section 1); the frames of the user's own code are left as they are.
     """
     seen: set[int] = set()
-    pending: list[Optional[BaseException]] = [error]
+    pending: list[BaseException | None] = [error]
     while pending:
         current = pending.pop()
         if current is None or id(current) in seen:
@@ -681,7 +871,7 @@ def _release_wrapper_frames(error: BaseException) -> None:
         pending += [current.__cause__, current.__context__]
 
 
-def _run_health_check(check: Optional[Callable[[FrozenState], Any]], frozen: FrozenState, what: str) -> None:
+def _run_health_check(check: Callable[[FrozenState], Any] | None, frozen: FrozenState, what: str) -> None:
     """Run a health check (if any); whatever it raises becomes a ``HealthCheckError`` naming ``what``."""
     if check is None:
         return
@@ -723,13 +913,25 @@ def _initial_ranks(store: Any, ranks: set[int]) -> list[int]:
     return sorted({int(store.get(key)) for key in keys if store.check([key])})
 
 
-def _fault_time(store: Any) -> Optional[float]:
+def _fault_time(store: Any) -> float | None:
     if not store.check([store_module.FAULT_TIME_KEY]):
         return None
     try:
         return float(store.get(store_module.FAULT_TIME_KEY))
     except ValueError:
         return None
+
+
+def _announce_waiting(waiting: bool) -> None:
+    """Tell this process's RAS node whether it waits to be admitted (WAITING in STATUS), if one runs."""
+    rasd = sys.modules.get("rasd")
+    record = getattr(rasd, "record_waiting", None) if rasd is not None else None
+    if record is None:
+        return
+    try:
+        record(waiting)
+    except Exception:  # never raise into training
+        log.debug("could not tell rasd about waiting", exc_info=True)
 
 
 def _announce_restart(info: RestartInfo) -> None:
@@ -740,5 +942,5 @@ def _announce_restart(info: RestartInfo) -> None:
         return
     try:
         record(info.iteration, info.cause, info.terminated_ranks, info.seconds_lost)
-    except Exception:  # noqa: BLE001 - never raise into training
+    except Exception:  # never raise into training
         log.debug("could not tell rasd about the restart", exc_info=True)

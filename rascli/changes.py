@@ -21,8 +21,9 @@ class Changes:
 
     @property
     def any(self) -> bool:
-        return bool(self.new_items or self.resolved_items or self.changed_rows or self.summary_changed
-                    or self.restarts_changed)
+        return bool(
+            self.new_items or self.resolved_items or self.changed_rows or self.summary_changed or self.restarts_changed
+        )
 
 
 NO_CHANGES = Changes()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 from .errors import Exit, RasCliError
 
@@ -22,10 +22,11 @@ CHUNK = 65536
 
 def _hint(default_addr: bool) -> str:
     if default_addr:
-        return ("Is a torchras job running on this node? 'rascli --list' shows the jobs serving here and their "
-                "ports.")
-    return ("Check the host and port (-h, -p, TORCHRAS_ADDR): they must match the job's TORCHRAS_ADDR. "
-            "'rascli --list' shows the jobs serving on this node.")
+        return "Is a torchras job running on this node? 'rascli --list' shows the jobs serving here and their ports."
+    return (
+        "Check the host and port (-h, -p, TORCHRAS_ADDR): they must match the job's TORCHRAS_ADDR. "
+        "'rascli --list' shows the jobs serving on this node."
+    )
 
 
 def _reason(err: OSError) -> str:
@@ -43,7 +44,7 @@ class Connection:
         self.where = where
 
     @classmethod
-    def open(cls, host: str, port: int, timeout: float, default_addr: bool) -> "Connection":
+    def open(cls, host: str, port: int, timeout: float, default_addr: bool) -> Connection:
         """Try every address of ``host`` in order (localhost may be 127.0.0.1, ::1 or both)."""
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
@@ -65,13 +66,15 @@ class Connection:
                 continue
             log.debug("connected to %s port %d", sockaddr[0], port)
             return cls(sock, where)
-        raise RasCliError(f"cannot connect to the RAS status port at {where} ({'; '.join(failures)}).\n"
-                          f"{_hint(default_addr)}", Exit.NO_CONNECTION)
+        raise RasCliError(
+            f"cannot connect to the RAS status port at {where} ({'; '.join(failures)}).\n{_hint(default_addr)}",
+            Exit.NO_CONNECTION,
+        )
 
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -82,15 +85,16 @@ class Connection:
             self._sock.settimeout(5.0)
             self._sock.sendall(line.encode() + b"\n")
         except OSError as err:
-            raise RasCliError(f"the connection to {self.where} broke while sending '{line}': {_reason(err)}",
-                              Exit.CONNECTION_LOST) from None
+            raise RasCliError(
+                f"the connection to {self.where} broke while sending '{line}': {_reason(err)}", Exit.CONNECTION_LOST
+            ) from None
 
     def _recv(self, timeout: float | None) -> bytes:
         """One recv; ``b""`` at EOF. Raises ``socket.timeout`` (for the caller to word) or ``RasCliError``."""
         self._sock.settimeout(timeout)
         try:
             return self._sock.recv(CHUNK)
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise
         except OSError as err:
             raise RasCliError(f"the connection to {self.where} broke: {_reason(err)}", Exit.CONNECTION_LOST) from None
@@ -103,8 +107,10 @@ class Connection:
         """
         while b"\n" not in self._buffer:
             if len(self._buffer) > MAX_LINE:
-                raise RasCliError(f"the service at {self.where} is not a RAS service: it answered "
-                                  f"{show_bytes(bytes(self._buffer))}", Exit.PROTOCOL)
+                raise RasCliError(
+                    f"the service at {self.where} is not a RAS service: it answered {show_bytes(bytes(self._buffer))}",
+                    Exit.PROTOCOL,
+                )
             data = self._recv(timeout)
             if not data:
                 return None

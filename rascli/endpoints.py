@@ -16,9 +16,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 import psutil
 from rich import box
@@ -58,14 +58,24 @@ class Job:
     started: float
 
     def as_json(self) -> dict[str, object]:
-        return {"host": self.host, "port": self.port, "job_id": self.job_id, "processes": len(self.pids),
-                "pids": list(self.pids), "started": self.started}
+        return {
+            "host": self.host,
+            "port": self.port,
+            "job_id": self.job_id,
+            "processes": len(self.pids),
+            "pids": list(self.pids),
+            "started": self.started,
+        }
 
 
 def process_alive(pid: int, started: float) -> bool:
-    """Whether ``pid`` still runs the process that registered the endpoint at ``started``."""
+    """Whether ``pid`` still runs the process that registered the endpoint at ``started``. A zombie (exited, not
+    yet reaped) does not: it serves nothing (the registry in rasd applies the same rule)."""
     try:
-        created = psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = process.create_time()
     except psutil.NoSuchProcess:
         return False
     except (psutil.AccessDenied, psutil.ZombieProcess):
@@ -81,12 +91,17 @@ def _endpoint(data: object) -> Endpoint:
     port, pid, started = data["port"], data["pid"], data.get("started", 0.0)
     if not isinstance(port, int) or not isinstance(pid, int) or not isinstance(started, (int, float)):
         raise ValueError("port and pid must be integers, started a number")
-    return Endpoint(str(data.get("host", "localhost")), port, str(data["job_id"]), pid, float(started),
-                    str(data.get("hostname", "")))
+    return Endpoint(
+        str(data.get("host", "localhost")),
+        port,
+        str(data["job_id"]),
+        pid,
+        float(started),
+        str(data.get("hostname", "")),
+    )
 
 
-def read_endpoints(directory: Path,
-                   alive: Callable[[int, float], bool] = process_alive) -> list[Endpoint]:
+def read_endpoints(directory: Path, alive: Callable[[int, float], bool] = process_alive) -> list[Endpoint]:
     try:
         paths = sorted(directory.glob("*.json"))
     except OSError as err:
@@ -110,17 +125,24 @@ def group_jobs(endpoints: Iterable[Endpoint]) -> list[Job]:
     groups: dict[tuple[int, str], list[Endpoint]] = {}
     for endpoint in endpoints:
         groups.setdefault((endpoint.port, endpoint.job_id), []).append(endpoint)
-    jobs = [Job(members[0].host, port, job_id, tuple(sorted(e.pid for e in members)),
-                min(e.started for e in members))
-            for (port, job_id), members in groups.items()]
+    jobs = [
+        Job(members[0].host, port, job_id, tuple(sorted(e.pid for e in members)), min(e.started for e in members))
+        for (port, job_id), members in groups.items()
+    ]
     return sorted(jobs, key=lambda job: (job.port, job.started))
 
 
 def _started(when: float, now: float) -> str:
     age = max(0, int(now - when))
-    ago = (f"{age // 86400}d {age % 86400 // 3600}h" if age >= 86400 else
-           f"{age // 3600}h {age % 3600 // 60}m" if age >= 3600 else
-           f"{age // 60}m {age % 60}s" if age >= 60 else f"{age}s")
+    ago = (
+        f"{age // 86400}d {age % 86400 // 3600}h"
+        if age >= 86400
+        else f"{age // 3600}h {age % 3600 // 60}m"
+        if age >= 3600
+        else f"{age // 60}m {age % 60}s"
+        if age >= 60
+        else f"{age}s"
+    )
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))} ({ago} ago)"
 
 
@@ -134,13 +156,16 @@ def rows(jobs: list[Job], now: float) -> list[tuple[str, ...]]:
 def plain_table(jobs: list[Job], now: float) -> str:
     lines = [HEADER, *rows(jobs, now)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER) - 1)]
-    return "".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] + "\n"
-                   for line in lines)
+    return "".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)) + "  " + line[-1] + "\n"
+        for line in lines
+    )
 
 
 def rich_table(jobs: list[Job], now: float) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title="torchras jobs serving on this node", title_justify="left",
-                  title_style="bold")
+    table = Table(
+        box=box.SIMPLE_HEAD, title="torchras jobs serving on this node", title_justify="left", title_style="bold"
+    )
     for name in HEADER:
         table.add_column(name, justify="right" if name in ("PORT", "PROCESSES") else "left")
     for row in rows(jobs, now):

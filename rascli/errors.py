@@ -10,14 +10,14 @@ import enum
 
 
 class Exit(enum.IntEnum):
-    OK = 0               # done; with --check: the job is healthy; a monitor that the job or Ctrl+C ended
-    UNHEALTHY = 1        # --check: the report lists errors or warnings
-    USAGE = 2            # bad options or a bad TORCHRAS_ADDR
-    NO_CONNECTION = 3    # host unknown, connection refused, nothing listening
-    TIMEOUT = 4          # the service accepted the connection but did not answer in time
-    PROTOCOL = 5         # not a RAS service on that port, or it rejected a command
+    OK = 0  # done; with --check: the job is healthy; a monitor that the job or Ctrl+C ended
+    UNHEALTHY = 1  # --check: the report lists errors or warnings
+    USAGE = 2  # bad options or a bad TORCHRAS_ADDR
+    NO_CONNECTION = 3  # host unknown, connection refused, nothing listening
+    TIMEOUT = 4  # the service accepted the connection but did not answer in time
+    PROTOCOL = 5  # not a RAS service on that port, or it rejected a command
     CONNECTION_LOST = 6  # the connection broke before the report was complete
-    INTERRUPTED = 130    # Ctrl+C during a status query
+    INTERRUPTED = 130  # Ctrl+C during a status query
 
 
 EXIT_CODE_HELP = """\

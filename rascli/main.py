@@ -9,8 +9,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from importlib import metadata
-from typing import Mapping, Sequence
 
 from . import __version__, endpoints, monitor, watch
 from .errors import Exit, RasCliError
@@ -57,8 +57,9 @@ def check(options: Options, timeouts: Timeouts, streams: Streams) -> int:
     try:
         report = parse_report(data.decode("utf-8", "replace"))
     except ReportFormatError as err:
-        raise RasCliError(f"cannot tell whether the job is healthy: the report does not parse ({err})",
-                          Exit.PROTOCOL) from None
+        raise RasCliError(
+            f"cannot tell whether the job is healthy: the report does not parse ({err})", Exit.PROTOCOL
+        ) from None
     where = f"{options.host}:{options.port}"
     # A job that restarted in place says so at the end of the line ("iteration 2 after 2 restarts"); the
     # restarts never make it unhealthy: they are what it did about a fault.
@@ -90,8 +91,12 @@ def list_jobs(options: Options, streams: Streams, environ: Mapping[str, str]) ->
     return Exit.OK
 
 
-def run(argv: Sequence[str], streams: Streams | None = None, environ: Mapping[str, str] | None = None,
-        timeouts: Timeouts = Timeouts()) -> int:
+def run(
+    argv: Sequence[str],
+    streams: Streams | None = None,
+    environ: Mapping[str, str] | None = None,
+    timeouts: Timeouts = Timeouts(),
+) -> int:
     """Run rascli with ``argv`` (without the program name); returns the exit code."""
     environ = os.environ if environ is None else environ
     err = streams.err if streams is not None else sys.stderr
@@ -133,8 +138,9 @@ def run(argv: Sequence[str], streams: Streams | None = None, environ: Mapping[st
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    level = os.environ.get(LOG_ENV, "WARNING").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.WARNING), format="rascli: %(name)s: %(message)s")
+    level = os.environ.get(LOG_ENV, "").strip().upper() or "WARNING"
+    known = isinstance(logging.getLevelName(level), int)  # a name such as BASIC_FORMAT is no level
+    logging.basicConfig(level=level if known else logging.WARNING, format="rascli: %(name)s: %(message)s")
     try:
         code = run(sys.argv[1:] if argv is None else argv)
         sys.stdout.flush()

@@ -8,7 +8,6 @@ for recovery and arrivals, cyan for RESTART (the job restarted in place: what it
 from __future__ import annotations
 
 import re
-import socket
 
 from rich.text import Text
 
@@ -24,8 +23,18 @@ EVENT_LINE = re.compile(r"\[(?P<time>[^\]]*)\] (?P<event>[A-Z][A-Z_]*):(?P<rest>
 
 EVENT_STYLES = {
     **dict.fromkeys(("PEER_DEAD", "PEER_HUNG", "PEER_TIMEOUT_DEAD", "COMM_STUCK"), "bold red"),
-    **dict.fromkeys(("PEER_UNRESPONSIVE", "PEER_KEEPALIVE_TIMEOUT", "PEER_INIT_TIMEOUT", "PEER_SEND_STUCK",
-                     "PEER_DISCONNECTED", "PEER_RETRY", "PEER_LEFT"), "yellow"),
+    **dict.fromkeys(
+        (
+            "PEER_UNRESPONSIVE",
+            "PEER_KEEPALIVE_TIMEOUT",
+            "PEER_INIT_TIMEOUT",
+            "PEER_SEND_STUCK",
+            "PEER_DISCONNECTED",
+            "PEER_RETRY",
+            "PEER_LEFT",
+        ),
+        "yellow",
+    ),
     **dict.fromkeys(("PEER_NEW", "PEER_CONNECTING", "PEER_CONNECTED", "PEER_RECOVERED", "COMM_RECOVERED"), "green"),
     "RESTART": "bold cyan",
 }
@@ -75,15 +84,16 @@ def activate(conn: Connection, options: Options, timeouts: Timeouts) -> None:
     conn.send_line(command)
     try:
         reply = conn.read_line(timeouts.reply)
-    except (socket.timeout, TimeoutError):
-        raise RasCliError(f"no answer from {conn.where} to '{command}' within {timeouts.reply:g} s",
-                          Exit.TIMEOUT) from None
+    except TimeoutError:
+        raise RasCliError(
+            f"no answer from {conn.where} to '{command}' within {timeouts.reply:g} s", Exit.TIMEOUT
+        ) from None
     if reply is None:
-        raise RasCliError(f"the job closed the connection to {conn.where} instead of answering '{command}'",
-                          Exit.CONNECTION_LOST)
+        raise RasCliError(
+            f"the job closed the connection to {conn.where} instead of answering '{command}'", Exit.CONNECTION_LOST
+        )
     if reply != "OK":
-        raise RasCliError(f"monitor mode activation failed: the job answered '{command}' with: {reply}",
-                          Exit.PROTOCOL)
+        raise RasCliError(f"monitor mode activation failed: the job answered '{command}' with: {reply}", Exit.PROTOCOL)
 
 
 def run(options: Options, timeouts: Timeouts, streams: Streams) -> int:

@@ -12,20 +12,23 @@ from __future__ import annotations
 import enum
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from .errors import EXIT_CODE_HELP, Exit, RasCliError
 
 DEFAULT_HOST = "localhost"
 DEFAULT_PORT = 28028
 ADDR_ENV = "TORCHRAS_ADDR"
+#: ``--watch`` without a number refreshes this often (as watch(1) does).
+DEFAULT_WATCH_S = 2.0
 
 
 class Arg(enum.Enum):
     NONE = "none"
     REQUIRED = "required"
     OPTIONAL = "optional"  # attached only: -mGROUPS, --monitor=GROUPS
+    OPTIONAL_NUMBER = "optional number"  # attached, or the next word when it is a number: --watch, --watch 5
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(None, "help", Arg.NONE),
     Spec(None, "version", Arg.NONE),
     Spec(None, "list", Arg.NONE),
-    Spec(None, "watch", Arg.REQUIRED),
+    Spec(None, "watch", Arg.OPTIONAL_NUMBER),
     Spec(None, "check", Arg.NONE),
     Spec(None, "no-color", Arg.NONE),
 )
@@ -64,7 +67,8 @@ Options:
   -f, --format=FMT       text or json (json is always passed through unchanged)
   -m, --monitor[=GROUPS] print events as they happen until the job ends or Ctrl+C; GROUPS is
                          lifecycle (default), trace or all, comma-separated, attached: -mtrace
-      --watch=SECS       repeat the report every SECS seconds, highlighting what changed
+      --watch[=SECS]     repeat the report every SECS seconds (default 2), highlighting what
+                         changed; the number may also be the next word: --watch 5
       --check            print a one-line verdict; the exit code says healthy (0) or not (1)
                          healthy = the report lists nothing under Errors and nothing under Warnings
       --list             list the torchras jobs serving on this node, with their ports
@@ -143,6 +147,14 @@ def _lookup_long(name: str) -> Spec:
     raise usage_error(f"option '--{name}' is ambiguous ({', '.join('--' + s.long for s in matches)})")
 
 
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 def _tokens(argv: Sequence[str]) -> list[tuple[Spec, str | None]]:
     """Split argv into (option, value) pairs, getopt-style; a non-option word is an error."""
     pairs: list[tuple[Spec, str | None]] = []
@@ -159,14 +171,17 @@ def _tokens(argv: Sequence[str]) -> list[tuple[Spec, str | None]]:
                 if i == len(argv):
                     raise usage_error(f"option '--{spec.long}' requires an argument")
                 value, i = argv[i], i + 1
+            elif spec.arg is Arg.OPTIONAL_NUMBER and not eq and i < len(argv) and _is_number(argv[i]):
+                value, eq, i = argv[i], "=", i + 1
             pairs.append((spec, value if (eq or spec.arg is Arg.REQUIRED) else None))
         elif word.startswith("-") and len(word) > 1 and word != "--":
             j = 1
             while j < len(word):
                 letter = word[j]
-                spec = next((s for s in SPECS if s.short == letter), None)
-                if spec is None:
+                found = next((s for s in SPECS if s.short == letter), None)
+                if found is None:
                     raise usage_error(f"invalid option -- '{letter}'")
+                spec = found
                 j += 1
                 if spec.arg is Arg.NONE:
                     pairs.append((spec, None))
@@ -189,8 +204,12 @@ def _tokens(argv: Sequence[str]) -> list[tuple[Spec, str | None]]:
 def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Options:
     """Parse the command line (without the program name); raises ``RasCliError`` with ``Exit.USAGE``."""
     environ = os.environ if environ is None else environ
-    values: dict[str, object] = {}
     host = port = None
+    timeout: int | None = None
+    output_format: str | None = None
+    monitor: str | None = None
+    watch: float | None = None
+    switches: set[str] = set()  # the options without an argument that were given (Options' field names)
     for spec, value in _tokens(argv):
         key = spec.long.replace("-", "_")
         if spec.long == "host":
@@ -203,23 +222,23 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Opti
         elif spec.long == "timeout":
             if value is None or not re.fullmatch(r"\d+", value):
                 raise usage_error(f"invalid timeout '{value}' (whole seconds, 0 disables the timeouts)")
-            values["timeout"] = int(value)
+            timeout = int(value)
         elif spec.long == "format":
             if (value or "").lower() not in ("text", "json"):
                 raise usage_error(f"invalid format '{value}' (must be text or json)")
-            values["format"] = value
+            output_format = value
         elif spec.long == "monitor":
-            values["monitor"] = value or ""
+            monitor = value or ""
         elif spec.long == "watch":
             try:
-                seconds = float(value or "")
+                seconds = DEFAULT_WATCH_S if value is None else float(value)
             except ValueError:
                 seconds = -1.0
             if not seconds > 0 or seconds != seconds or seconds == float("inf"):
                 raise usage_error(f"invalid --watch interval '{value}' (seconds, more than 0)")
-            values["watch"] = seconds
+            watch = seconds
         else:
-            values[key] = True
+            switches.add(key)
 
     default_addr = host is None and port is None
     env_addr = environ.get(ADDR_ENV, "").strip()
@@ -231,15 +250,36 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Opti
         except ValueError as err:
             if host is None or port is None:
                 raise usage_error(f"{ADDR_ENV}: {err}") from None
-    options = Options(host=host if host is not None else env_host, port=port if port is not None else env_port,
-                      default_addr=default_addr, **values)  # type: ignore[arg-type]
+    options = Options(
+        host=host if host is not None else env_host,
+        port=port if port is not None else env_port,
+        default_addr=default_addr,
+        timeout=timeout,
+        verbose="verbose" in switches,
+        format=output_format,
+        monitor=monitor,
+        watch=watch,
+        check="check" in switches,
+        list="list" in switches,
+        no_color="no_color" in switches,
+        help="help" in switches,
+        version="version" in switches,
+    )
     _check_combinations(options)
     return options
 
 
 def _check_combinations(options: Options) -> None:
-    modes = [name for name, on in (("--monitor", options.monitor is not None), ("--watch", options.watch is not None),
-                                   ("--check", options.check), ("--list", options.list)) if on]
+    modes = [
+        name
+        for name, on in (
+            ("--monitor", options.monitor is not None),
+            ("--watch", options.watch is not None),
+            ("--check", options.check),
+            ("--list", options.list),
+        )
+        if on
+    ]
     if len(modes) > 1:
         raise usage_error(f"{' and '.join(modes)} cannot be used together")
     if options.json and (options.watch is not None or options.check):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import BinaryIO, ContextManager, TextIO
+from typing import BinaryIO, TextIO
 
 from rich.console import Console
 from rich.text import Text
@@ -24,7 +25,7 @@ class Streams:
     #: A terminal on stderr for a transient "waiting" spinner, when both ends are terminals.
     progress: Console | None = None
 
-    def waiting(self, message: str) -> ContextManager[object]:
+    def waiting(self, message: str) -> AbstractContextManager[object]:
         """A spinner with ``message`` on the terminal while a slow answer is awaited; nothing elsewhere."""
         return self.progress.status(message) if self.progress is not None else contextlib.nullcontext()
 

@@ -1,5 +1,5 @@
 """The RAS client protocol, version 2, from the client's side: which lines an invocation sends, in which order,
-and what it accepts back (reference section 1.5).
+and what it accepts back (docs/protocol.md §1-2).
 
     connect -> CLIENT PROTOCOL 2     <- SERVER PROTOCOL <v>
             -> TIMEOUT <t>           <- OK          only with -t
@@ -15,9 +15,8 @@ bounded even with ``-t 0``, which disables only the wait for the report.
 from __future__ import annotations
 
 import logging
-import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .connection import Connection, show_bytes
 from .errors import Exit, RasCliError
@@ -70,15 +69,18 @@ class _Silent(Exception):
 def _reply(conn: Connection, timeout: float, after: str) -> str:
     try:
         line = conn.read_line(timeout)
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise _Silent(after) from None
     except RasCliError as err:
         if err.code != Exit.CONNECTION_LOST:
             raise
         line = None
     if line is None:
-        raise RasCliError(f"the service at {conn.where} closed the connection without answering '{after}': "
-                          "it is not a RAS service, or the job is shutting down", Exit.PROTOCOL)
+        raise RasCliError(
+            f"the service at {conn.where} closed the connection without answering '{after}': "
+            "it is not a RAS service, or the job is shutting down",
+            Exit.PROTOCOL,
+        )
     return line
 
 
@@ -86,9 +88,10 @@ def _handshake(conn: Connection, options: Options, timeouts: Timeouts, warn: Cal
     conn.send_line(HANDSHAKE)
     reply = _reply(conn, timeouts.reply, HANDSHAKE)
     if not reply.upper().startswith(SERVER_PREFIX):
-        raise RasCliError(f"the service at {conn.where} is not a RAS service: it answered {show_bytes(reply.encode())}",
-                          Exit.PROTOCOL)
-    version = reply[len(SERVER_PREFIX):].strip()
+        raise RasCliError(
+            f"the service at {conn.where} is not a RAS service: it answered {show_bytes(reply.encode())}", Exit.PROTOCOL
+        )
+    version = reply[len(SERVER_PREFIX) :].strip()
     if version != str(PROTOCOL_VERSION):
         warn(f"the job speaks RAS protocol {version!r}, this client {PROTOCOL_VERSION}; trying anyway")
     for command in setup_commands(options):
@@ -107,13 +110,18 @@ def open_session(options: Options, timeouts: Timeouts, warn: Callable[[str], Non
             return conn
         except _Silent as silent:
             conn.close()
-            message = (f"no answer from {conn.where} to '{silent.args[0]}' within {timeouts.reply:g} s "
-                       f"(attempt {attempt} of {timeouts.attempts})")
+            message = (
+                f"no answer from {conn.where} to '{silent.args[0]}' within {timeouts.reply:g} s "
+                f"(attempt {attempt} of {timeouts.attempts})"
+            )
             if attempt < timeouts.attempts:
                 warn(f"{message}; retrying")
                 continue
-            raise RasCliError(f"{message}: a job process serving the port may be hung, or the service on the "
-                              "port is not a RAS service", Exit.TIMEOUT) from None
+            raise RasCliError(
+                f"{message}: a job process serving the port may be hung, or the service on the "
+                "port is not a RAS service",
+                Exit.TIMEOUT,
+            ) from None
         except BaseException:
             conn.close()
             raise

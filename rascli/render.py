@@ -89,8 +89,13 @@ def items_panel(title: str, items: tuple[Item, ...], style: str, changes: Change
         if i:
             body.append(Text(""))
         body.append(item_renderable(item, style, item.header in changes.new_items))
-    return Panel(Group(*body), title=f"[bold {style}]{title}[/] ({len(items)})", title_align="left",
-                 border_style=style, box=box.ROUNDED)
+    return Panel(
+        Group(*body),
+        title=f"[bold {style}]{title}[/] ({len(items)})",
+        title_align="left",
+        border_style=style,
+        box=box.ROUNDED,
+    )
 
 
 def restarts_panel(report: Report, changes: Changes) -> RenderableType:
@@ -115,11 +120,21 @@ def errors_style(errors: str) -> str:
 def comm_table(report: Report, changes: Changes) -> RenderableType:
     title = "Communicators" + (f" (gathered in {report.collection_time})" if report.collection_time else "")
     if report.comms is None:
-        return Panel(Text("No communicator data collected!", style="yellow"), title=Text(title), title_align="left",
-                     box=box.ROUNDED)
+        return Panel(
+            Text("No communicator data collected!", style="yellow"),
+            title=Text(title),
+            title_align="left",
+            box=box.ROUNDED,
+        )
     table = Table(title=Text(title), title_justify="left", title_style="bold", box=box.SIMPLE_HEAD)
-    for name in ("Group\n#", "Comms\nin group", "Nodes\nper comm", "Ranks\nper node", "Ranks\nper comm",
-                 "Ranks\nin group"):
+    for name in (
+        "Group\n#",
+        "Comms\nin group",
+        "Nodes\nper comm",
+        "Ranks\nper node",
+        "Ranks\nper comm",
+        "Ranks\nin group",
+    ):
         table.add_column(name, justify="right")
     table.add_column("\nStatus", justify="left")
     table.add_column("\nErrors", justify="left")
@@ -129,10 +144,16 @@ def comm_table(report: Report, changes: Changes) -> RenderableType:
 
 
 def _comm_cells(row: CommRow) -> list[RenderableType]:
-    return [Text(str(row.group), style="bold"), str(row.comms), str(row.nodes), Text(row.ranks_per_node),
-            str(row.ranks_per_comm), str(row.ranks_in_group),
-            Text(row.status, style=STATUS_STYLES.get(row.status, "bold")),
-            Text(row.errors, style=errors_style(row.errors))]
+    return [
+        Text(str(row.group), style="bold"),
+        str(row.comms),
+        str(row.nodes),
+        Text(row.ranks_per_node),
+        str(row.ranks_per_comm),
+        str(row.ranks_in_group),
+        Text(row.status, style=STATUS_STYLES.get(row.status, "bold")),
+        Text(row.errors, style=errors_style(row.errors)),
+    ]
 
 
 def summary_renderables(report: Report, changes: Changes) -> list[RenderableType]:
@@ -140,16 +161,19 @@ def summary_renderables(report: Report, changes: Changes) -> list[RenderableType
     title = "Job summary" + ("  CHANGED" if changes.summary_changed else "")
     for i, block in enumerate(report.summary):
         if isinstance(block, SummaryTable):
-            table = Table(title=title if i == 0 else None, title_justify="left", title_style="bold",
-                          box=box.SIMPLE_HEAD)
+            table = Table(
+                title=title if i == 0 else None, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD
+            )
             for column in block.columns:
                 table.add_column(Text(column), justify="right")
             for row in block.rows:
                 table.add_row(*(Text(cell) for cell in row))
             out.append(table)
         else:
-            note = Group(Text(block.title, style="bold yellow"),
-                         *(Text("  ").append_text(detail_text(line)) for line in block.lines))
+            note = Group(
+                Text(block.title, style="bold yellow"),
+                *(Text("  ").append_text(detail_text(line)) for line in block.lines),
+            )
             out.append(note if i else Group(Text(title, style="bold"), note))
     return out
 

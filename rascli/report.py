@@ -1,4 +1,4 @@
-"""The status report as data: parse the server's text report (reference section 2) into a small model.
+"""The status report as data: parse the server's text report (docs/protocol.md §3) into a small model.
 
 The text is the source of truth: the rich view is drawn from this model, and whenever the text does not parse
 (an unknown layout, a future version), the caller prints the text verbatim instead. So the parser is strict about
@@ -91,8 +91,10 @@ class Report:
 
 
 COMMS_LINE = re.compile(r"Communicators\.\.\.(?: \((?P<time>[0-9.]+s)\))?")
-COMM_HEADER = ("Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors",
-               "    #  in group  per comm  per node  per comm  in group")
+COMM_HEADER = (
+    "Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors",
+    "    #  in group  per comm  per node  per comm  in group",
+)
 NO_COMMS = "No communicator data collected!"
 RESTARTS_HEADER = ("", "Restarts", "========")
 ITEM_HEADER = re.compile(r"#(?P<comm>\d+-\d+) \((?P<hash>[0-9a-fA-F]+)\) (?P<word>\S+)")
@@ -157,13 +159,12 @@ def parse_report(text: str) -> Report:
     errors = _items(lines, until=("Warnings", "========"))
     lines.expect("Warnings", "========", "")
     warnings = _items(lines, until=None)
-    return Report(tuple(version_lines), _summary(summary_lines), match.group("time"), comms, errors, warnings,
-                  restarts)
+    return Report(tuple(version_lines), _summary(summary_lines), match.group("time"), comms, errors, warnings, restarts)
 
 
 def _restarts(lines: _Lines) -> tuple[str, ...]:
     """The Restarts section, if the report has one: lines indented by two spaces up to a blank line."""
-    if tuple(lines.lines[lines.at: lines.at + 3]) != RESTARTS_HEADER:
+    if tuple(lines.lines[lines.at : lines.at + 3]) != RESTARTS_HEADER:
         return ()
     lines.expect(*RESTARTS_HEADER, "")
     out = []
@@ -229,8 +230,9 @@ def _comm_row(line: str) -> CommRow:
     if len(words) != 8:
         raise ReportFormatError(f"a communicator row has {len(words)} fields, not 8: {line!r}")
     try:
-        return CommRow(int(words[0]), int(words[1]), int(words[2]), words[3], int(words[4]), int(words[5]),
-                       words[6], words[7])
+        return CommRow(
+            int(words[0]), int(words[1]), int(words[2]), words[3], int(words[4]), int(words[5]), words[6], words[7]
+        )
     except ValueError:
         raise ReportFormatError(f"a communicator row is not numeric where it should be: {line!r}") from None
 
@@ -245,7 +247,7 @@ def _items(lines: _Lines, until: tuple[str, str] | None) -> tuple[Item, ...]:
             items.append(_item(header, details))
 
     while not lines.done():
-        if until and lines.lines[lines.at: lines.at + 2] == list(until):
+        if until and lines.lines[lines.at : lines.at + 2] == list(until):
             break
         line = lines.take()
         if not line.strip():

@@ -6,8 +6,7 @@ ends as a ``ReportCut`` error that carries what did arrive, so the caller can st
 
 from __future__ import annotations
 
-import socket
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from .errors import Exit, RasCliError
 from .options import Options
@@ -35,21 +34,31 @@ def chunks(options: Options, timeouts: Timeouts, warn: Callable[[str], None]) ->
                 data = next(stream)
             except StopIteration:
                 break
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 gather = SERVER_DEFAULT_TIMEOUT if options.timeout is None else options.timeout
-                raise ReportCut(f"the report from {conn.where} stopped: nothing more arrived for {limit:g} s "
-                                f"({len(received)} bytes received). A job process may be hung; the job's "
-                                f"gathering timeout is {gather} s (-t).", Exit.TIMEOUT, bytes(received)) from None
+                raise ReportCut(
+                    f"the report from {conn.where} stopped: nothing more arrived for {limit:g} s "
+                    f"({len(received)} bytes received). A job process may be hung; the job's "
+                    f"gathering timeout is {gather} s (-t).",
+                    Exit.TIMEOUT,
+                    bytes(received),
+                ) from None
             except RasCliError as err:
-                raise ReportCut(f"{err.message} ({len(received)} bytes of the report received)",
-                                Exit.CONNECTION_LOST, bytes(received)) from None
+                raise ReportCut(
+                    f"{err.message} ({len(received)} bytes of the report received)",
+                    Exit.CONNECTION_LOST,
+                    bytes(received),
+                ) from None
             received += data
             yield data
         complete = is_complete_json if options.json else is_complete_text
         if not complete(received.decode("utf-8", "replace")):
-            raise ReportCut(f"the job closed the connection to {conn.where} before the report was complete "
-                            f"({len(received)} bytes received); a job process may have exited",
-                            Exit.CONNECTION_LOST, bytes(received))
+            raise ReportCut(
+                f"the job closed the connection to {conn.where} before the report was complete "
+                f"({len(received)} bytes received); a job process may have exited",
+                Exit.CONNECTION_LOST,
+                bytes(received),
+            )
 
 
 def fetch(options: Options, timeouts: Timeouts, warn: Callable[[str], None]) -> bytes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.text import Text
@@ -45,8 +45,13 @@ def _draw(console: Console, report: Report | None, data: bytes, changes: Changes
     console.print(Text(data.decode("utf-8", "replace")), end="")
 
 
-def run(options: Options, timeouts: Timeouts, streams: Streams, rounds: int | None = None,
-        sleep: Callable[[float], None] = time.sleep) -> int:
+def run(
+    options: Options,
+    timeouts: Timeouts,
+    streams: Streams,
+    rounds: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     assert options.watch is not None
     where = f"{options.host}:{options.port}"
     previous: Report | None = None

@@ -1,6 +1,6 @@
 """rasd: the RAS node that runs inside every process of a torchras job (see rasd.api)."""
 
-from rasd.api import on_event, record_restart, runtime, start, stop, subscribe
+from rasd.api import RasHandle, enabled, node, on_event, record_restart, record_waiting, start, stop, subscribe
 from rasd.core.events import Event, Kind
 
 __version__ = "0.1.0"
@@ -13,5 +13,19 @@ def install(start_mesh: bool = True):
 
     return _install(start_mesh=start_mesh)
 
-__all__ = ["Event", "Kind", "install", "on_event", "record_restart", "runtime", "start", "stop", "subscribe",
-           "__version__"]
+
+__all__ = [
+    "Event",
+    "Kind",
+    "RasHandle",
+    "enabled",
+    "install",
+    "node",
+    "on_event",
+    "record_restart",
+    "record_waiting",
+    "start",
+    "stop",
+    "subscribe",
+    "__version__",
+]

@@ -3,14 +3,16 @@
 ::
 
     import rasd
-    rasd.start(store)                      # join the job's mesh through a torch.distributed Store
+    node = rasd.start(store)               # join the job's mesh through a torch.distributed Store
     with rasd.subscribe({rasd.Kind.PEER_DEAD, rasd.Kind.PEER_HUNG}) as verdicts:
         event = verdicts.get(timeout=1.0)
     rasd.record_restart(3, "PEER_DEAD of rank 2", [2], 0.4)  # training restarted in place (inprocess.Wrapper)
     rasd.stop()                            # leave: peers record LEFT, not DEAD (also done at exit)
 
-``start`` returns at once; the node runs on its own daemon thread. Nothing here raises into the caller once the
-node is started, and a process that forks leaves no copy of the node's sockets open in the child.
+``start`` returns at once with a ``RasHandle`` (or None: rasd is off, or could not start); the node runs on its own
+daemon thread. Nothing here raises into training: a setting that cannot be used, an address that cannot be bound,
+a store that fails, each is one log line saying what was wrong and what rasd does instead (docs/operations.md §1).
+A process that forks leaves no copy of the node's sockets open in the child.
 """
 
 from __future__ import annotations
@@ -23,22 +25,83 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from rasd.core.comms import ProcessData
-from rasd.core.config import Timers
+from rasd.core.config import Timers, read_switch
 from rasd.core.events import Event, Kind
-from rasd.core.peers import PeerInfo, new_incarnation
+from rasd.core.peers import Addr, PeerInfo, new_incarnation
 from rasd.net.bootstrap import StoreBootstrap
 from rasd.net.runtime import Runtime, mesh_host
 from rasd.net.subscriptions import Subscription
 
 log = logging.getLogger("rasd")
 
-# The one RAS node of this process (DESIGN.md: no module-level mutable state beyond it).
+# The one RAS node of this process (docs/architecture.md §2.1: one node per process), the only state kept here.
 _runtime: Runtime | None = None
 _lock = threading.Lock()
 _hooks_installed = False
+
+
+class RasHandle:
+    """This process's RAS node, as the code beside it sees it: who it is in the mesh, where it serves, its events.
+
+    ``rasd.start`` and ``rasd.node`` return one. The node itself (the asyncio runtime and the protocol state)
+    stays behind it, on the RAS thread, so nothing outside rasd depends on how the node is built.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    @property
+    def running(self) -> bool:
+        """True until the node stops (``stop``, ``rasd.stop``, exit, or a failure of its thread)."""
+        return self._runtime.running
+
+    @property
+    def peer(self) -> PeerInfo:
+        """This process as the mesh knows it: mesh address, pid, host name, incarnation, rank."""
+        return self._runtime.peer
+
+    @property
+    def address(self) -> Addr:
+        """The mesh address (host, port) this node listens on."""
+        return self._runtime.peer.addr
+
+    @property
+    def client_address(self) -> tuple[str, int] | None:
+        """Where this process serves the client port (``rascli``, ``nc``): (host, port), or None without one."""
+        return self._runtime.client_address
+
+    def subscribe(self, kinds: Iterable[Kind] | None = None, replay: bool = False) -> Subscription:
+        """A queue of this node's events (see ``rasd.subscribe``)."""
+        return self._runtime.subscribers.subscribe(kinds, replay)
+
+    def on_event(
+        self, callback: Callable[[Event], None], kinds: Iterable[Kind] | None = None, replay: bool = False
+    ) -> Subscription:
+        """Call ``callback(event)`` on a dispatcher thread for each event (see ``rasd.on_event``)."""
+        return self._runtime.subscribers.on_event(callback, kinds, replay)
+
+    def owned_fds(self) -> set[int]:
+        """The file descriptors of the node's sockets: code that tears down this process's connections (inprocess's
+        abort) leaves these alone, so the mesh outlives a restart."""
+        return self._runtime.owned_fds()
+
+    def stop(self, goodbye: bool = True) -> None:
+        """Leave the mesh and end the node (as ``rasd.stop``). Safe to call twice; never raises."""
+        _stop(self._runtime, goodbye)
+
+    def __repr__(self) -> str:
+        where = f" {self.address}" if self._runtime.node is not None else ""
+        return f"<RasHandle{where} {'running' if self.running else 'stopped'}>"
+
+
+def enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether rasd runs in this process: ``TORCHRAS_ENABLE`` is a switch (0/false/no/off turns rasd off; a value
+    that is not a switch is logged, and rasd stays on)."""
+    return read_switch(environ, "TORCHRAS_ENABLE", True, _warn)
 
 
 def start(
@@ -52,63 +115,92 @@ def start(
     local_data: Callable[[], ProcessData] = ProcessData,
     services: list[Callable[[Runtime], Any]] | None = None,
     prefix: str | None = None,
-) -> Runtime | None:
-    """Start this process's RAS node (once; later calls return the running one).
+) -> RasHandle | None:
+    """Start this process's RAS node (once; later calls return the running one) and return its handle.
 
     ``store``: a torch.distributed Store (or any object with set/get/add/wait) to find the job's other processes
     and its secret; None starts a mesh of one. ``secret``: overrides ``TORCHRAS_SECRET`` and the store.
-    ``TORCHRAS_ENABLE=0`` turns rasd off (returns None).
+    Returns None, and never raises, when rasd is off (``TORCHRAS_ENABLE=0``) or the node cannot start: one
+    WARNING line says why, and training runs on without RAS.
     """
     global _runtime
-    if os.environ.get("TORCHRAS_ENABLE", "1").strip() == "0":
+    if not enabled():
         return None
-    with _lock:
-        if _runtime is not None and _runtime.running:
-            return _runtime
-        _install_process_hooks()
-        timers = timers or Timers.from_env()
-        if secret is None and os.environ.get("TORCHRAS_SECRET"):
-            secret = os.environ["TORCHRAS_SECRET"]
-        if isinstance(secret, str):
-            secret = secret.encode()
-        if host is None:
-            host = mesh_host(_store_host(store))
-        bootstrap = StoreBootstrap(store, prefix) if store is not None else None
-        # Ordered by start time: a later process at the same address is the newer peer (docs/architecture.md 2.6).
-        incarnation = new_incarnation(time.time(), random.SystemRandom())
-        hostname = socket.gethostname()
-        dev = tuple(devices)
-        pid = os.getpid()
+    try:
+        with _lock:
+            if _runtime is not None and _runtime.running:
+                return RasHandle(_runtime)
+            _install_process_hooks()
+            rt = _new_runtime(store, rank, secret, host, timers, devices, local_data, services, prefix)
+            rt.start()
+            if rt.start_error is not None:
+                return None  # the runtime logged the one line that says why
+            _runtime = rt
+            return RasHandle(rt)
+    except Exception as e:  # noqa: BLE001 - never into training
+        log.warning("rasd: could not start the RAS node (%s: %s); this process runs without RAS", type(e).__name__, e)
+        return None
 
-        def info(port: int) -> PeerInfo:
-            from rasd.core.peers import Addr
-            return PeerInfo(addr=Addr(host, port), pid=pid, hostname=hostname, incarnation=incarnation,
-                            devices=dev, rank=rank)
 
-        rt = Runtime(info, secret, host, timers, bootstrap=bootstrap, local_data=local_data, services=services)
-        rt.start()
-        if rt.start_error is not None:
-            return None
-        _runtime = rt
-        return rt
+def _new_runtime(
+    store: Any,
+    rank: int,
+    secret: bytes | str | None,
+    host: str | None,
+    timers: Timers | None,
+    devices: Iterable[int],
+    local_data: Callable[[], ProcessData],
+    services: list[Callable[[Runtime], Any]] | None,
+    prefix: str | None,
+) -> Runtime:
+    timers = timers or Timers.from_env(warn=_warn)
+    if secret is None and os.environ.get("TORCHRAS_SECRET"):
+        secret = os.environ["TORCHRAS_SECRET"]
+    if isinstance(secret, str):
+        secret = secret.encode()
+    listen_host = host if host is not None else mesh_host(_store_host(store))
+    bootstrap = StoreBootstrap(store, prefix) if store is not None else None
+    # Ordered by start time: a later process at the same address is the newer peer (docs/architecture.md §2.6).
+    incarnation = new_incarnation(time.time(), random.SystemRandom())
+    hostname = socket.gethostname()
+    dev = tuple(int(d) for d in devices)
+    pid = os.getpid()
+
+    def info(port: int) -> PeerInfo:
+        return PeerInfo(
+            addr=Addr(listen_host, port), pid=pid, hostname=hostname, incarnation=incarnation, devices=dev, rank=rank
+        )
+
+    return Runtime(info, secret, listen_host, timers, bootstrap=bootstrap, local_data=local_data, services=services)
+
+
+def _warn(problem: str) -> None:
+    log.warning("rasd: %s", problem)
 
 
 def stop(goodbye: bool = True) -> None:
     """Leave the mesh and end the node's thread. Safe to call twice, and at exit. ``goodbye=False`` leaves as a
     crash does (peers record DEAD, not LEFT)."""
+    rt = _runtime
+    if rt is not None:
+        _stop(rt, goodbye)
+
+
+def _stop(rt: Runtime, goodbye: bool) -> None:
     global _runtime
     with _lock:
-        rt, _runtime = _runtime, None
-    if rt is not None:
-        try:
-            rt.stop(goodbye=goodbye)
-        except Exception:  # pragma: no cover - never raise at exit
-            log.exception("rasd: error while stopping")
+        if _runtime is rt:
+            _runtime = None
+    try:
+        rt.stop(goodbye=goodbye)
+    except Exception:  # pragma: no cover - never raise at exit
+        log.exception("rasd: error while stopping")
 
 
-def runtime() -> Runtime | None:
-    """The running node of this process, if any."""
-    return _runtime
+def node() -> RasHandle | None:
+    """The handle of this process's running node, or None."""
+    rt = _runtime
+    return RasHandle(rt) if rt is not None else None
 
 
 def subscribe(kinds: Iterable[Kind] | None = None, replay: bool = False) -> Subscription:
@@ -118,8 +210,9 @@ def subscribe(kinds: Iterable[Kind] | None = None, replay: bool = False) -> Subs
     return rt.subscribers.subscribe(kinds, replay)
 
 
-def on_event(callback: Callable[[Event], None], kinds: Iterable[Kind] | None = None,
-             replay: bool = False) -> Subscription:
+def on_event(
+    callback: Callable[[Event], None], kinds: Iterable[Kind] | None = None, replay: bool = False
+) -> Subscription:
     """Call ``callback(event)`` on a dispatcher thread for each event (never on the RAS thread)."""
     rt = _require()
     return rt.subscribers.on_event(callback, kinds, replay)
@@ -141,9 +234,24 @@ def record_restart(iteration: int, cause: str, terminated_ranks: Sequence[int], 
             log.debug("rasd: no RAS node runs: restart to iteration %s not recorded", iteration)
             return
         args = (int(iteration), str(cause), tuple(int(r) for r in terminated_ranks), float(seconds_lost))
-        rt.call(lambda: rt._feed(lambda now: rt.node.restarted(*args, now)))
+        rt.submit(lambda node, now: node.restarted(*args, now))
     except Exception:  # never into training
         log.debug("rasd: could not record a restart", exc_info=True)
+
+
+def record_waiting(waiting: bool) -> None:
+    """Tell this process's node whether it waits to be admitted into a running job (a newcomer between joining the
+    mesh and the rendezvous round that admits it: inprocess.elastic.Joining). Status reports mark such processes
+    WAITING and count them. Cheap, never raises, nothing when no node runs (as ``record_restart``)."""
+    try:
+        rt = _runtime
+        if rt is None or not rt.running:
+            log.debug("rasd: no RAS node runs: waiting=%s not recorded", waiting)
+            return
+        flag = bool(waiting)
+        rt.submit(lambda node, now: node.set_waiting(flag, now))
+    except Exception:  # never into training
+        log.debug("rasd: could not record waiting", exc_info=True)
 
 
 def _require() -> Runtime:

@@ -25,7 +25,7 @@ SWARM_HELP = """commands (member numbers as listed above):
   leave-comm I world|pair                       heal I            undo lag, freeze and stuck
   restart I N [RANKS [SECONDS [CAUSE...]]]      member I restarted in place to iteration N (as inprocess.Wrapper
                 reports it): RANKS terminated (e.g. 2,3 or -), SECONDS lost
-  list          show the members                quit              stop the swarm"""
+  list          show the members                quit              every member leaves (LEFT), then the swarm ends"""
 
 
 def swarm_main(args: argparse.Namespace) -> int:
@@ -47,9 +47,11 @@ def swarm_main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     addr = args.addr or os.environ.get("TORCHRAS_ADDR") or "localhost:28028"
     host, _, port = addr.rpartition(":")
+    served = sorted({m.client_port for m in sw.members if m.client_port})
+    if served:
+        port = str(served[0])  # the port the members really serve (a later job moves to the next free one)
     _print_members(sw)
-    where = "" if args.addr or os.environ.get("TORCHRAS_ADDR") else " (or the next free port: rascli --list)"
-    print(f"\nthe job serves its status on {addr}{where}:")
+    print(f"\nthe job serves its status on {host}:{port}:")
     print(f"  rascli -v -p {port}        echo verbose status | nc {host.strip('[]')} {port}        rascli -m -p {port}")
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if interactive:
@@ -58,6 +60,7 @@ def swarm_main(args: argparse.Namespace) -> int:
     lines = _Lines(sys.stdin.fileno() if sys.stdin is not None else None)
     try:
         while deadline is None or time.monotonic() < deadline:
+            sw.reap()  # a member that was killed or exited is collected at once, not left a zombie
             if interactive and not lines.pending:
                 print("swarm> ", end="", flush=True)
             line = lines.next(deadline)
@@ -68,7 +71,11 @@ def swarm_main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        print("\nstopping the swarm")
+        print("\nstopping the swarm: each member leaves the job (LEFT)", flush=True)
+        try:
+            sw.leave()
+        except KeyboardInterrupt:  # a second Ctrl+C: no more goodbyes
+            pass
         sw.close()
     return 0
 
@@ -132,8 +139,20 @@ def _obey(sw, words: list[str]) -> bool:
     try:
         if cmd in signals:
             sw.kill(i, signals[cmd])
-        elif cmd in ("exit", "crash", "raise", "lag", "freeze", "stuck", "heal", "leave-comm", "error", "abort", "finalize",
-                     "restart"):
+        elif cmd in (
+            "exit",
+            "crash",
+            "raise",
+            "lag",
+            "freeze",
+            "stuck",
+            "heal",
+            "leave-comm",
+            "error",
+            "abort",
+            "finalize",
+            "restart",
+        ):
             sw.command(i, cmd, *args[1:])
         else:
             print(f"unknown command: {cmd} (try help)")
@@ -151,16 +170,19 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("swarm", help="a local job of lightweight RAS processes (no torch)")
     sp.add_argument("--peers", "-n", type=int, default=8, help="number of processes (default 8)")
     sp.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: never)")
-    sp.add_argument("--step", type=float, default=1.0,
-                    help="seconds per synthetic collective (0 freezes the counts; default 1)")
-    sp.add_argument("--timeout-factor", type=float, default=0.0, help="scale every mesh timer (TORCHRAS_TIMEOUT_FACTOR)")
+    sp.add_argument(
+        "--step", type=float, default=1.0, help="seconds per synthetic collective (0 freezes the counts; default 1)"
+    )
+    sp.add_argument(
+        "--timeout-factor", type=float, default=0.0, help="scale every mesh timer (TORCHRAS_TIMEOUT_FACTOR)"
+    )
     sp.add_argument("--addr", default="", help="client port address (TORCHRAS_ADDR; default localhost:28028)")
     demo = sub.add_parser("demo", help="a real local torch.distributed training job with the mesh")
     try:
         from rasd.torch.demo import add_arguments
-    except ImportError:
-        add_arguments = None
-    if add_arguments is not None:
+    except ImportError:  # no torch: ``rasd demo`` then says so when run
+        pass
+    else:
         add_arguments(demo)
     args = parser.parse_args(argv)
     if args.command == "swarm":

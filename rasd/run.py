@@ -10,8 +10,10 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m rasd.run SCRIPT [ARGS...]   (under torchrun: torchrun ... -m rasd.run SCRIPT ...)",
-              file=sys.stderr)
+        print(
+            "usage: python -m rasd.run SCRIPT [ARGS...]   (under torchrun: torchrun ... -m rasd.run SCRIPT ...)",
+            file=sys.stderr,
+        )
         sys.exit(0 if argv else 2)
     import rasd
 

@@ -16,7 +16,9 @@ Signals work as usual: ``kill -9``, ``kill -STOP`` / ``kill -CONT``, ``kill -TER
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import functools
 import json
 import os
 import signal
@@ -24,9 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 READY_TIMEOUT_S = 60.0
 
@@ -41,34 +44,46 @@ def member_main(argv: list[str]) -> int:
     parser.add_argument("--index", type=int, required=True)
     args = parser.parse_args(argv)
     _die_with_parent()
-    import logging
-
-    logging.basicConfig(level=os.environ.get("TORCHRAS_LOG_LEVEL", "WARNING"), stream=sys.stderr,
-                        format=f"[member {args.index}] %(levelname)s %(message)s")
+    configure_logging(args.index)
     import rasd
     from rasd.net.bootstrap import FileStore
 
     work = Path(args.dir)
     events_path = work / f"events-{args.index}.jsonl"
-    events = open(events_path, "a", buffering=1)
+    events = open(events_path, "a", buffering=1)  # noqa: SIM115 - written until the member's last moment
 
     def record(e: rasd.Event) -> None:
         events.write(json.dumps(event_record(e)) + "\n")
 
     services = _member_services(args.index)
     store = FileStore(os.environ.get("TORCHRAS_SWARM_STORE") or work / "store")
-    rt = rasd.start(store, rank=args.index, services=services["services"],
-                    local_data=services["local_data"])
-    if rt is None:
+    node = rasd.start(store, rank=args.index, services=services["services"], local_data=services["local_data"])
+    if node is None:
         print(f"member {args.index}: could not start its RAS node", file=sys.stderr)
         return 1
-    sub = rasd.on_event(record, replay=True)
-    me = rt.node.me
+    sub = node.on_event(record, replay=True)
+    client = node.client_address
     info = work / f"member-{args.index}.json"
     tmp = info.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"index": args.index, "pid": os.getpid(), "host": me.addr.host, "port": me.addr.port}))
+    tmp.write_text(
+        json.dumps(
+            {
+                "index": args.index,
+                "pid": os.getpid(),
+                "host": node.address.host,
+                "port": node.address.port,
+                "client_port": client[1] if client else None,
+            }
+        )
+    )
     os.replace(tmp, info)  # the harness polls for the file: it must never see it half written
-    signal.signal(signal.SIGTERM, lambda *_: (rasd.stop(), sub.close(), os._exit(0)))
+
+    def leave(*_: object) -> None:  # SIGTERM: a clean exit, with a goodbye (LEFT)
+        rasd.stop()
+        sub.close()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
     control = work / f"control-{args.index}"
     while True:
         time.sleep(0.05)
@@ -78,6 +93,23 @@ def member_main(argv: list[str]) -> int:
         control.unlink()
         for line in commands:
             _obey(line.split(), services)
+
+
+def configure_logging(index: int) -> None:
+    import logging
+
+    level = os.environ.get("TORCHRAS_LOG_LEVEL", "").strip().upper() or "WARNING"
+    known = isinstance(logging.getLevelName(level), int)
+    logging.basicConfig(
+        level=level if known else logging.WARNING,
+        stream=sys.stderr,
+        format=f"[member {index}] %(levelname)s %(message)s",
+    )
+    if not known:
+        logging.getLogger("rasd").warning(
+            "rasd: TORCHRAS_LOG_LEVEL=%r is not a log level (DEBUG, INFO, WARNING, ERROR); using the default, WARNING",
+            os.environ["TORCHRAS_LOG_LEVEL"],
+        )
 
 
 def _die_with_parent() -> None:
@@ -125,14 +157,21 @@ def _obey(words: list[str], services: dict[str, Any]) -> None:
 
 def event_record(e: Any) -> dict[str, Any]:
     return {
-        "wall": time.time() - (time.monotonic() - e.at), "kind": str(e.kind),
+        "wall": time.time() - (time.monotonic() - e.at),
+        "kind": str(e.kind),
         "addr": f"{e.addr.host}:{e.addr.port}" if e.addr else None,
-        "pid": e.peer.pid if e.peer else None, "rank": e.peer.rank if e.peer else None, "details": e.details,
+        "pid": e.peer.pid if e.peer else None,
+        "rank": e.peer.rank if e.peer else None,
+        "details": e.details,
     }
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The harness
+
+
+#: How long ``leave`` waits for one member to say goodbye before it moves on to the next.
+GOODBYE_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -142,6 +181,8 @@ class Member:
     pid: int = 0
     host: str = ""
     port: int = 0
+    #: The client port this member serves (None without one).
+    client_port: int | None = None
 
     @property
     def addr(self) -> str:
@@ -151,8 +192,9 @@ class Member:
 class Swarm:
     """N member processes on this machine. Use as a context manager; ``close`` kills what is left."""
 
-    def __init__(self, n: int, env: dict[str, str] | None = None, workdir: str | None = None,
-                 store_dir: str | None = None) -> None:
+    def __init__(
+        self, n: int, env: dict[str, str] | None = None, workdir: str | None = None, store_dir: str | None = None
+    ) -> None:
         self.n = n
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="torchras-swarm-")
         self.dir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
@@ -165,10 +207,14 @@ class Swarm:
             self.env["TORCHRAS_SWARM_STORE"] = store_dir
         self.members: list[Member] = []
 
-    def start(self, wait_mesh: bool = True, timeout: float = READY_TIMEOUT_S) -> "Swarm":
+    def start(self, wait_mesh: bool = True, timeout: float = READY_TIMEOUT_S) -> Swarm:
         for i in range(self.n):
-            proc = subprocess.Popen([sys.executable, "-m", "rasd.swarm", "--dir", str(self.dir), "--index", str(i)],
-                                    env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "rasd.swarm", "--dir", str(self.dir), "--index", str(i)],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self.members.append(Member(i, proc))
         deadline = time.monotonic() + timeout
         for m in self.members:
@@ -178,16 +224,25 @@ class Swarm:
                     raise RuntimeError(f"swarm member {m.index} did not start")
                 time.sleep(0.02)
             info = json.loads(path.read_text())
-            m.pid, m.host, m.port = info["pid"], info["host"], info["port"]
+            m.pid, m.host, m.port, m.client_port = info["pid"], info["host"], info["port"], info.get("client_port")
         if wait_mesh:
-            self.wait_for(lambda: all(self.peers_known(i) >= self.n for i in range(self.n)),
-                          timeout=max(1.0, deadline - time.monotonic()), what="every member to know every peer")
+            self.wait_for(
+                lambda: all(self.peers_known(i) >= self.n for i in range(self.n)),
+                timeout=max(1.0, deadline - time.monotonic()),
+                what="every member to know every peer",
+            )
             self.wait_for(self.links_up, timeout=max(1.0, deadline - time.monotonic()), what="the ring to connect")
         return self
 
     # faults
     def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to member ``i``; after SIGKILL, reap it (no zombie is left behind)."""
         os.kill(self.members[i].pid, sig)
+        if sig == signal.SIGKILL:
+            try:
+                self.members[i].proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass  # the next ``reap`` collects it
 
     def pause(self, i: int) -> None:
         self.kill(i, signal.SIGSTOP)
@@ -221,8 +276,9 @@ class Swarm:
 
     def links_up(self) -> bool:
         """Every member has connected to at least one peer (so the ring carries keepalives)."""
-        return self.n == 1 or all(self.events(i, "PEER_CONNECTED") or self.events(i, "PEER_CONNECTING")
-                                  for i in range(self.n))
+        return self.n == 1 or all(
+            self.events(i, "PEER_CONNECTED") or self.events(i, "PEER_CONNECTING") for i in range(self.n)
+        )
 
     def saw(self, i: int, kind: str, about: int) -> dict[str, Any] | None:
         addr = self.members[about].addr
@@ -234,6 +290,11 @@ class Swarm:
     def alive(self, i: int) -> bool:
         return self.members[i].proc.poll() is None
 
+    def reap(self) -> None:
+        """Collect every member that has exited (killed, crashed, or told to exit), so none lingers as a zombie."""
+        for m in self.members:
+            m.proc.poll()
+
     def wait_for(self, cond: Callable[[], bool], timeout: float, what: str = "condition", step: float = 0.02) -> None:
         deadline = time.monotonic() + timeout
         while not cond():
@@ -241,7 +302,38 @@ class Swarm:
                 raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
             time.sleep(step)
 
+    def leave(self, timeout: float = GOODBYE_TIMEOUT_S) -> None:
+        """End every member cleanly: one after the other, each says goodbye (SIGTERM: ``rasd.stop``), and the next
+        goes once every member still running has recorded it LEFT. So no member is ever recorded DEAD, and each
+        hears every goodbye before its own (a monitor on any of them sees the whole departure). Stopped members
+        are continued first; a goodbye not recorded within ``timeout`` seconds is not waited for any longer."""
+        for m in self.members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(m.pid, signal.SIGCONT)
+        for m in self.members:
+            if m.proc.poll() is not None:
+                continue
+            try:
+                os.kill(m.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            others = [o.index for o in self.members if o is not m and o.proc.poll() is None]
+            with contextlib.suppress(TimeoutError):
+                self.wait_for(
+                    functools.partial(self._all_saw_leave, others, m.index),
+                    timeout,
+                    what=f"the goodbye of member {m.index}",
+                )
+        deadline = time.monotonic() + timeout
+        for m in self.members:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                m.proc.wait(max(0.0, deadline - time.monotonic()))
+
+    def _all_saw_leave(self, others: list[int], leaver: int) -> bool:
+        return all(not self.alive(o) or self.saw(o, "PEER_LEFT", leaver) for o in others)
+
     def close(self) -> None:
+        """Kill whatever is left (SIGKILL, its whole process group), reap it, and remove its endpoint files."""
         for m in self.members:
             for sig in (signal.SIGCONT, signal.SIGKILL):
                 try:
@@ -252,14 +344,23 @@ class Swarm:
                 m.proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+        _clean_endpoints(self.env)
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def __enter__(self) -> "Swarm":
+    def __enter__(self) -> Swarm:
         return self if self.members else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _clean_endpoints(env: dict[str, str]) -> None:
+    """A killed member cannot remove its endpoint file (docs/operations.md §2): the registry drops it now."""
+    from rasd.net.endpoints import EndpointRegistry
+
+    directory = env.get("TORCHRAS_RUN_DIR")
+    EndpointRegistry(Path(directory) if directory else None).clean()
 
 
 if __name__ == "__main__":

@@ -20,18 +20,26 @@ healthy swarm reports equal counts. Control commands make a member misbehave (se
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import time
 from typing import Any
 
-from rasd.core.comms import OP_TYPES
 from rasd.api import record_restart
+from rasd.core.comms import OP_TYPES
+from rasd.core.config import read_number
 from rasd.core.registry import CommRegistry, LocalComm
 from rasd.net import client_port
 
+log = logging.getLogger("rasd")
+
 ALLREDUCE = OP_TYPES.index("AllReduce")
 BROADCAST = OP_TYPES.index("Broadcast")
+
+
+def _warn(problem: str) -> None:
+    log.warning("rasd swarm: %s", problem)
 
 
 def _hash(name: str) -> int:
@@ -52,7 +60,8 @@ class SyntheticJob:
         pair_first = index - index % 2
         pair_size = min(2, size - pair_first)
         self.pair = self.registry.register(
-            LocalComm(_hash(f"pair{pair_first}"), pair_size, index - pair_first, ((pair_first, pair_size, 1),)))
+            LocalComm(_hash(f"pair{pair_first}"), pair_size, index - pair_first, ((pair_first, pair_size, 1),))
+        )
 
     def steps(self) -> int:
         if self.frozen_at is not None:
@@ -105,7 +114,10 @@ class SyntheticJob:
 
 
 def member_services(index: int) -> dict[str, Any]:
-    size = int(os.environ.get("TORCHRAS_SWARM_SIZE", "1"))
-    epoch = float(os.environ.get("TORCHRAS_SWARM_EPOCH", "0") or time.time())
-    job = SyntheticJob(index, size, epoch, float(os.environ.get("TORCHRAS_SWARM_STEP_S", "1")))
+    """The member's services from the settings ``rasd swarm`` passes it; one that cannot be used is its default
+    after a WARNING line."""
+    size = max(index + 1, int(read_number(os.environ, "TORCHRAS_SWARM_SIZE", index + 1, _warn, minimum=1)))
+    epoch = read_number(os.environ, "TORCHRAS_SWARM_EPOCH", 0.0, _warn) or time.time()
+    step = read_number(os.environ, "TORCHRAS_SWARM_STEP_S", 1.0, _warn)
+    job = SyntheticJob(index, size, epoch, step)
     return {"services": [client_port.serve], "local_data": job.snapshot, "obey": job.obey}

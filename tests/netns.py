@@ -74,13 +74,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 PREFIX = "trns"
 SUBNET = "10.213.0"  # a /24 that exists only inside the namespaces this module creates
 PROXY_MARK = 0x7A11  # the delay proxy's own connections carry this mark and are never redirected
-PROXY_PORT = 29999  # below 32768: fixed ports must not collide with ephemeral ones (machine-facts.md)
+PROXY_PORT = 29999  # below 32768, where Linux's ephemeral ports start: no collision with them
 COMMAND_TIMEOUT_S = 30.0
 
 
@@ -136,7 +136,7 @@ def require_namespaces() -> None:
 def _owner_pid(ns: str) -> int | None:
     if not ns.startswith(PREFIX):
         return None
-    head = ns[len(PREFIX):].split("-", 1)[0]
+    head = ns[len(PREFIX) :].split("-", 1)[0]
     return int(head) if head.isdigit() else None
 
 
@@ -194,7 +194,7 @@ class Host:
     index: int
     ns: str
     ip: str
-    network: "Network" = field(repr=False)
+    network: Network = field(repr=False)
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` wrapped to run inside this host."""
@@ -206,8 +206,9 @@ class Host:
         self.network.processes.append(proc)
         return proc
 
-    def run(self, argv: Sequence[str], check: bool = True, timeout: float = COMMAND_TIMEOUT_S,
-            **kwargs) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: Sequence[str], check: bool = True, timeout: float = COMMAND_TIMEOUT_S, **kwargs
+    ) -> subprocess.CompletedProcess:
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
         return subprocess.run(self.command(argv), check=check, timeout=timeout, **kwargs)
@@ -215,11 +216,22 @@ class Host:
     def iptables(self, *args: str, table: str = "filter") -> None:
         _sh(["ip", "netns", "exec", self.ns, "iptables", "-w", "-t", table, *args])
 
+    def iptables_restore(self, rules: Sequence[Sequence[str]], table: str = "filter") -> None:
+        """Insert ``rules`` (each a chain and its match and target) in one transaction: all or none, at once."""
+        text = f"*{table}\n" + "".join(f"-I {' '.join(rule)}\n" for rule in rules) + "COMMIT\n"
+        argv = ["ip", "netns", "exec", self.ns, "iptables-restore", "--noflush"]
+        try:
+            done = subprocess.run(argv, input=text, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NetnsError(f"{' '.join(argv)}: {exc}") from exc
+        if done.returncode != 0:
+            raise NetnsError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
+
 
 class Fault:
     """One injected fault; ``heal()`` undoes it (idempotent). Usable as a context manager."""
 
-    def __init__(self, network: "Network", what: str, undo: list) -> None:
+    def __init__(self, network: Network, what: str, undo: list) -> None:
         self.network = network
         self.what = what
         self._undo = undo  # callables, run in reverse order
@@ -240,7 +252,7 @@ class Fault:
         if errors:
             raise NetnsError(f"healing {self.what}: {'; '.join(errors)}")
 
-    def __enter__(self) -> "Fault":
+    def __enter__(self) -> Fault:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -281,8 +293,9 @@ class Network:
             host = Host(f"h{i}", i, f"{self.tag}-h{i}", f"{self.subnet}.{i + 1}", self)
             _ip("netns", "add", host.ns)
             self.hosts.append(host)
-            _ip("link", "add", "eth0", "netns", host.ns, "type", "veth", "peer", "name", host.name,
-                "netns", self.switch)
+            _ip(
+                "link", "add", "eth0", "netns", host.ns, "type", "veth", "peer", "name", host.name, "netns", self.switch
+            )
             _ip("-n", self.switch, "link", "set", host.name, "master", "br0")
             _ip("-n", self.switch, "link", "set", host.name, "up")
             _ip("-n", host.ns, "addr", "add", f"{host.ip}/24", "dev", "eth0")
@@ -318,12 +331,26 @@ class Network:
         return self.partition([host], [h for h in self.hosts if h is not host])
 
     def reject(self, *groups: Iterable[Host]) -> Fault:
-        """Refused connections between the groups (TCP answered with a reset)."""
-        names = " | ".join(",".join(h.name for h in g) for g in (list(x) for x in groups))
+        """Refused connections between the groups (TCP answered with a reset).
+
+        Each host of the first group cuts both directions in one transaction (``iptables-restore``), before the
+        other hosts' rules go in, so the cut is whole at one instant. Cut host by host, it would leave for a moment
+        links that still carry what one side concluded from the other's refusals (a DEAD verdict about a process
+        the other side can still reach) across the cut."""
+        sets = [list(g) for g in groups]
+        names = " | ".join(",".join(h.name for h in g) for g in sets)
         # A reset from the far side must get through: only segments without RST are rejected.
-        return self._between(groups, ["-p", "tcp", "--tcp-flags", "RST", "NONE", "-j", "REJECT", "--reject-with",
-                                      "tcp-reset"],
-                             f"reject {names}")
+        target = ["-p", "tcp", "--tcp-flags", "RST", "NONE", "-j", "REJECT", "--reject-with", "tcp-reset"]
+        others = [peer for group in sets[1:] for peer in group]
+        cuts = []
+        for host in sets[0]:
+            rules = [["INPUT", "-s", peer.ip, "-d", host.ip, *target] for peer in others]
+            rules += [["OUTPUT", "-s", host.ip, "-d", peer.ip, *target] for peer in others]
+            host.iptables_restore(rules)
+            cuts += [(host, rule) for rule in rules]
+        fault = self._between(sets, target, f"reject {names}")
+        fault._undo[:0] = [lambda h=host, r=rule: h.iptables("-D", *r) for host, rule in cuts]  # undone last
+        return fault
 
     def loss(self, probability: float, hosts: Iterable[Host] | None = None) -> Fault:
         """Each given host (default: all) drops ``probability`` of the packets it receives from the subnet."""
@@ -332,8 +359,22 @@ class Network:
         chosen = list(hosts) if hosts is not None else list(self.hosts)
         fault = Fault(self, f"loss {probability:g} on {','.join(h.name for h in chosen)}", [])
         for host in chosen:
-            spec = ["INPUT", "-s", f"{self.subnet}.0/24", "!", "-i", "lo", "-m", "statistic", "--mode", "random",
-                    "--probability", f"{probability:.6f}", "-j", "DROP"]
+            spec = [
+                "INPUT",
+                "-s",
+                f"{self.subnet}.0/24",
+                "!",
+                "-i",
+                "lo",
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                f"{probability:.6f}",
+                "-j",
+                "DROP",
+            ]
             host.iptables("-A", *spec)
             fault._undo.append(lambda h=host, s=spec: h.iptables("-D", *s))
         return fault
@@ -341,14 +382,28 @@ class Network:
     def link_down(self, host: Host) -> Fault:
         """The host's cable is pulled: the switch side of its veth goes down until healed."""
         _ip("-n", self.switch, "link", "set", host.name, "down")
-        return Fault(self, f"link down {host.name}",
-                     [lambda: _ip("-n", self.switch, "link", "set", host.name, "up")])
+        return Fault(self, f"link down {host.name}", [lambda: _ip("-n", self.switch, "link", "set", host.name, "up")])
 
     def delay(self, host: Host, seconds: float, jitter: float = 0.0) -> Fault:
         """Latency ``seconds ± jitter`` on every new TCP connection between ``host`` and another host."""
-        proc = host.popen([sys.executable, os.path.abspath(__file__), "delay-proxy", "--port", str(PROXY_PORT),
-                           "--delay", repr(seconds), "--jitter", repr(jitter), "--mark", str(PROXY_MARK)],
-                          stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        proc = host.popen(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "delay-proxy",
+                "--port",
+                str(PROXY_PORT),
+                "--delay",
+                repr(seconds),
+                "--jitter",
+                repr(jitter),
+                "--mark",
+                str(PROXY_MARK),
+            ],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
         line = proc.stdout.readline() if proc.stdout else ""
         if line.strip() != "ready":
             proc.kill()
@@ -357,8 +412,27 @@ class Network:
         # Healing: first no new connection is redirected, then the proxied ones lose their delay (SIGUSR1).
         fault._undo.append(lambda: proc.poll() is None and proc.send_signal(signal.SIGUSR1))
         rules = [
-            ("nat", ["OUTPUT", "-p", "tcp", "-o", "eth0", "-d", f"{self.subnet}.0/24", "-m", "mark", "!",
-                     "--mark", str(PROXY_MARK), "-j", "REDIRECT", "--to-ports", str(PROXY_PORT)]),
+            (
+                "nat",
+                [
+                    "OUTPUT",
+                    "-p",
+                    "tcp",
+                    "-o",
+                    "eth0",
+                    "-d",
+                    f"{self.subnet}.0/24",
+                    "-m",
+                    "mark",
+                    "!",
+                    "--mark",
+                    str(PROXY_MARK),
+                    "-j",
+                    "REDIRECT",
+                    "--to-ports",
+                    str(PROXY_PORT),
+                ],
+            ),
             ("nat", ["PREROUTING", "-p", "tcp", "-d", host.ip, "-j", "REDIRECT", "--to-ports", str(PROXY_PORT)]),
         ]
         for table, spec in rules:
@@ -394,7 +468,7 @@ class Network:
         destroy_namespace(self.switch)
         atexit.unregister(self.close)
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -415,7 +489,7 @@ def _delay_proxy(port: int, delay: float, jitter: float, mark: int) -> None:
 
     def original_destination(sock: socket.socket) -> tuple[str, int]:
         raw = sock.getsockopt(socket.SOL_IP, 80, 16)  # SO_ORIGINAL_DST: a sockaddr_in
-        dst_port, = struct.unpack_from("!H", raw, 2)
+        (dst_port,) = struct.unpack_from("!H", raw, 2)
         return socket.inet_ntoa(raw[4:8]), dst_port
 
     async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -10,10 +10,22 @@
             ...
             state.commit()               # in memory, no collective
 
-See docs/elastic.md.
+With ``inprocess.Wrapper(joining=Joining(...))``, processes started later with ``INPROCESS_JOIN=1`` join the running
+job at the next rendezvous round (``joining``, ``discovery``). See docs/elastic.md.
 """
 
-from . import rendezvous, snapshot, state, sync  # noqa: F401 - part of the public surface
+from . import discovery, joining, rendezvous, snapshot, state, sync  # noqa: F401 - part of the public surface
+from .joining import HostRemoved, JoinFailed, Joining
 from .state import Commit, ObjectState, State, SyncOutcome, TorchState
 
-__all__ = ["Commit", "ObjectState", "State", "SyncOutcome", "TorchState", "rendezvous"]
+__all__ = [
+    "Commit",
+    "HostRemoved",
+    "JoinFailed",
+    "Joining",
+    "ObjectState",
+    "State",
+    "SyncOutcome",
+    "TorchState",
+    "rendezvous",
+]

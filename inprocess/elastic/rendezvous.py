@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +48,10 @@ class Settings:
         if self.min_nodes < 1:
             raise ValueError(f"The minimum number of nodes ({self.min_nodes}) must be greater than zero.")
         if self.max_nodes < self.min_nodes:
-            raise ValueError(f"The maximum number of nodes ({self.max_nodes}) must be greater than or equal to the "
-                             f"minimum number of nodes ({self.min_nodes}).")
+            raise ValueError(
+                f"The maximum number of nodes ({self.max_nodes}) must be greater than or equal to the "
+                f"minimum number of nodes ({self.min_nodes})."
+            )
         for name in ("last_call", "join_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"The {name} timeout ({getattr(self, name)}) must be positive.")
@@ -65,7 +67,7 @@ class Rendezvous:
 
     round: int = 0
     complete: bool = False
-    deadline: Optional[float] = None  # the last call: when an open round with at least min_nodes completes
+    deadline: float | None = None  # the last call: when an open round with at least min_nodes completes
     closed: bool = False
     participants: tuple[str, ...] = ()
     ranks: tuple[tuple[str, int], ...] = ()
@@ -78,10 +80,10 @@ class Rendezvous:
         """torch's ``num_nodes_waiting()``: late nodes that can take part in the next round."""
         return len(self.wait_list)
 
-    def rank_of(self, node: str) -> Optional[int]:
+    def rank_of(self, node: str) -> int | None:
         return dict(self.ranks).get(node)
 
-    def join_deadline(self, node: str) -> Optional[float]:
+    def join_deadline(self, node: str) -> float | None:
         return dict(self.join_deadlines).get(node)
 
 
@@ -118,7 +120,7 @@ class Close:
     now: float
 
 
-Event = Union[Join, Leave, Tick, Close]
+Event = Join | Leave | Tick | Close
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +151,7 @@ class Failed:
     reason: Failure
 
 
-Outcome = Union[Admitted, Waiting, Failed]
+Outcome = Admitted | Waiting | Failed
 
 
 # ---- the rules --------------------------------------------------------------------------------------------------
@@ -174,18 +176,18 @@ class Rule:
 
 #: What a node asking to join does, first match wins (after it left the round it took part in, if any).
 JOIN_RULES: tuple[Rule, ...] = (
-    Rule("the rendezvous is closed",
-         lambda state, node, settings: state.closed, Action.ERROR_CLOSED),
-    Rule("the round is open",
-         lambda state, node, settings: not state.complete, Action.ADD_TO_PARTICIPANTS),
-    Rule("the node already waits",
-         lambda state, node, settings: node in state.wait_list, Action.KEEP_WAITING),
-    Rule("the round is complete with room below max_nodes",
-         lambda state, node, settings: len(state.participants) < settings.max_nodes, Action.ADD_TO_WAIT_LIST),
-    Rule("the node is already a spare",
-         lambda state, node, settings: node in state.redundancy_list, Action.KEEP_WAITING),
-    Rule("the round is complete with max_nodes",
-         lambda state, node, settings: True, Action.ADD_TO_REDUNDANCY_LIST),
+    Rule("the rendezvous is closed", lambda state, node, settings: state.closed, Action.ERROR_CLOSED),
+    Rule("the round is open", lambda state, node, settings: not state.complete, Action.ADD_TO_PARTICIPANTS),
+    Rule("the node already waits", lambda state, node, settings: node in state.wait_list, Action.KEEP_WAITING),
+    Rule(
+        "the round is complete with room below max_nodes",
+        lambda state, node, settings: len(state.participants) < settings.max_nodes,
+        Action.ADD_TO_WAIT_LIST,
+    ),
+    Rule(
+        "the node is already a spare", lambda state, node, settings: node in state.redundancy_list, Action.KEEP_WAITING
+    ),
+    Rule("the round is complete with max_nodes", lambda state, node, settings: True, Action.ADD_TO_REDUNDANCY_LIST),
 )
 
 #: What the count of participants does to a round (checked after every change).
@@ -231,9 +233,6 @@ class _Transition:
         self.state = state
         self.outcomes: list[Outcome] = []
 
-    def replace(self, **changes: object) -> None:
-        self.state = dataclasses.replace(self.state, **changes)
-
     # ---- time -------------------------------------------------------------------------------------------------
 
     def advance(self, now: float) -> None:
@@ -242,8 +241,12 @@ class _Transition:
         while True:
             due: list[tuple[float, int, str]] = []
             state = self.state
-            if not state.complete and state.deadline is not None and state.deadline < now \
-                    and self.settings.min_nodes <= len(state.participants) <= self.settings.max_nodes:
+            if (
+                not state.complete
+                and state.deadline is not None
+                and state.deadline < now
+                and self.settings.min_nodes <= len(state.participants) <= self.settings.max_nodes
+            ):
                 due.append((state.deadline, 0, ""))
             due.extend((deadline, 1, node) for node, deadline in state.join_deadlines if deadline < now)
             if not due:
@@ -272,20 +275,26 @@ class _Transition:
         if action is Action.ERROR_CLOSED:
             self.outcomes.append(Failed(node, Failure.CLOSED))
         elif action is Action.ADD_TO_PARTICIPANTS:
-            self.replace(participants=state.participants + (node,), wait_list=state.wait_list - {node},
-                         redundancy_list=state.redundancy_list - {node})
+            self.state = dataclasses.replace(
+                self.state,
+                participants=state.participants + (node,),
+                wait_list=state.wait_list - {node},
+                redundancy_list=state.redundancy_list - {node},
+            )
             self.set_join_deadline(node, now, fresh)
             count = len(self.state.participants)
             if count == self.settings.min_nodes:
-                self.replace(deadline=now + self.settings.last_call)
+                self.state = dataclasses.replace(self.state, deadline=now + self.settings.last_call)
             if count == self.settings.max_nodes:
                 self.complete()
         elif action is Action.ADD_TO_WAIT_LIST:
-            self.replace(wait_list=state.wait_list | {node}, redundancy_list=state.redundancy_list - {node})
+            self.state = dataclasses.replace(
+                self.state, wait_list=state.wait_list | {node}, redundancy_list=state.redundancy_list - {node}
+            )
             self.set_join_deadline(node, now, fresh)
             self.outcomes.append(Waiting(node, self.state.round))
         elif action is Action.ADD_TO_REDUNDANCY_LIST:
-            self.replace(redundancy_list=state.redundancy_list | {node})
+            self.state = dataclasses.replace(self.state, redundancy_list=state.redundancy_list | {node})
             self.clear_join_deadline(node)  # a spare waits without a deadline; it gets a fresh one when it moves
             self.outcomes.append(Waiting(node, self.state.round, spare=True))
 
@@ -297,8 +306,15 @@ class _Transition:
         joining = frozenset() if state.complete else frozenset(state.participants)
         pending = sorted(state.wait_list | state.redundancy_list | joining)
         self.outcomes.extend(Failed(node, Failure.CLOSED) for node in pending)
-        self.replace(closed=True, wait_list=frozenset(), redundancy_list=frozenset(), join_deadlines=(),
-                     deadline=None, participants=state.participants if state.complete else ())
+        self.state = dataclasses.replace(
+            self.state,
+            closed=True,
+            wait_list=frozenset(),
+            redundancy_list=frozenset(),
+            join_deadlines=(),
+            deadline=None,
+            participants=state.participants if state.complete else (),
+        )
 
     # ---- the round --------------------------------------------------------------------------------------------
 
@@ -307,8 +323,14 @@ class _Transition:
         ordered = sorted(state.participants)
         ranks = tuple((node, rank) for rank, node in enumerate(ordered))
         admitted = set(ordered)
-        self.replace(complete=True, deadline=None, participants=tuple(ordered), ranks=ranks,
-                     join_deadlines=tuple(item for item in state.join_deadlines if item[0] not in admitted))
+        self.state = dataclasses.replace(
+            self.state,
+            complete=True,
+            deadline=None,
+            participants=tuple(ordered),
+            ranks=ranks,
+            join_deadlines=tuple(item for item in state.join_deadlines if item[0] not in admitted),
+        )
         self.outcomes.extend(Admitted(node, state.round, rank, len(ordered)) for node, rank in ranks)
 
     def remove(self, node: str, now: float) -> None:
@@ -316,13 +338,17 @@ class _Transition:
         self.clear_join_deadline(node)
         if node in state.participants:
             participants = tuple(member for member in state.participants if member != node)
-            self.replace(participants=participants, ranks=tuple(item for item in state.ranks if item[0] != node))
+            self.state = dataclasses.replace(
+                self.state, participants=participants, ranks=tuple(item for item in state.ranks if item[0] != node)
+            )
             if state.complete:
                 if not participants:
-                    self.replace(complete=False, round=state.round + 1, ranks=())
+                    self.state = dataclasses.replace(self.state, complete=False, round=state.round + 1, ranks=())
             elif len(participants) < self.settings.min_nodes:
-                self.replace(deadline=None)
-        self.replace(wait_list=self.state.wait_list - {node}, redundancy_list=self.state.redundancy_list - {node})
+                self.state = dataclasses.replace(self.state, deadline=None)
+        self.state = dataclasses.replace(
+            self.state, wait_list=self.state.wait_list - {node}, redundancy_list=self.state.redundancy_list - {node}
+        )
 
     def settle(self, now: float) -> None:
         """Every pending node's next look at the state: waiting nodes join an open round (node-id order), spares
@@ -335,7 +361,7 @@ class _Transition:
                 continue
             if state.redundancy_list and len(state.participants) < self.settings.max_nodes:
                 node = min(state.redundancy_list)
-                self.replace(redundancy_list=state.redundancy_list - {node})
+                self.state = dataclasses.replace(self.state, redundancy_list=state.redundancy_list - {node})
                 self.apply(decide(self.state, node, self.settings), node, now, fresh=True)
                 continue
             return
@@ -344,7 +370,9 @@ class _Transition:
         deadlines = dict(self.state.join_deadlines)
         if fresh or node not in deadlines:
             deadlines[node] = now + self.settings.join_timeout
-        self.replace(join_deadlines=tuple(sorted(deadlines.items())))
+        self.state = dataclasses.replace(self.state, join_deadlines=tuple(sorted(deadlines.items())))
 
     def clear_join_deadline(self, node: str) -> None:
-        self.replace(join_deadlines=tuple(item for item in self.state.join_deadlines if item[0] != node))
+        self.state = dataclasses.replace(
+            self.state, join_deadlines=tuple(item for item in self.state.join_deadlines if item[0] != node)
+        )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -23,8 +23,13 @@ def copy_tree(live: Any, reuse: Any = None) -> Any:
     tree, shape and dtype are overwritten instead of allocated. Other leaves are deep-copied."""
     if isinstance(live, torch.Tensor):
         source = live.detach()
-        if (isinstance(reuse, torch.Tensor) and reuse.shape == source.shape and reuse.dtype == source.dtype
-                and reuse.device.type == "cpu" and reuse.is_contiguous()):
+        if (
+            isinstance(reuse, torch.Tensor)
+            and reuse.shape == source.shape
+            and reuse.dtype == source.dtype
+            and reuse.device.type == "cpu"
+            and reuse.is_contiguous()
+        ):
             reuse.copy_(source)
             return reuse
         target = torch.empty(source.shape, dtype=source.dtype, device="cpu")
@@ -37,8 +42,8 @@ def copy_tree(live: Any, reuse: Any = None) -> Any:
             result[key] = copy_tree(value, previous.get(key))
         return result
     if isinstance(live, (list, tuple)):
-        previous = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(live) else [None] * len(live)
-        items = [copy_tree(value, earlier) for value, earlier in zip(live, previous)]
+        earlier_items = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(live) else [None] * len(live)
+        items = [copy_tree(value, earlier) for value, earlier in zip(live, earlier_items, strict=True)]
         return items if isinstance(live, list) else _new_sequence(live, items)
     return copy.deepcopy(live)
 
@@ -110,7 +115,7 @@ def join_tree(skeleton: Any, buffers: dict[str, torch.Tensor]) -> Any:
     """The tree of ``skeleton`` with each slot replaced by its view of the flat buffer of its dtype."""
     if isinstance(skeleton, TensorSlot):
         flat = buffers[skeleton.dtype]
-        return flat[skeleton.offset: skeleton.offset + skeleton.numel].view(skeleton.shape)
+        return flat[skeleton.offset : skeleton.offset + skeleton.numel].view(skeleton.shape)
     if isinstance(skeleton, dict):
         result = _new_mapping(skeleton)
         for key, value in skeleton.items():
@@ -146,7 +151,7 @@ def _new_mapping(template: dict) -> dict:
         result = type(template)()
     except TypeError:
         result = {}
-    metadata: Optional[Any] = getattr(template, "_metadata", None)
+    metadata: Any | None = getattr(template, "_metadata", None)
     if metadata is not None:
         try:
             result._metadata = copy.deepcopy(metadata)  # type: ignore[attr-defined]

@@ -22,11 +22,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import fault_source
+from ..monitor_thread import RankShouldRestart
 from . import snapshot, sync as sync_module
 
 log = logging.getLogger(__name__)
@@ -64,9 +66,9 @@ class State:
         self._reset_callbacks: list[Callable[[], Any]] = []
         # (committed, spare tree): replaced as a whole by one attribute store, never edited in place.
         self._slots: tuple[Commit, Any] = (Commit(snapshot.copy_tree(self._capture()), 0, _new_lineage()), None)
-        self._seen: Optional[tuple[int, int]] = None  # (call id, iteration) of the last sync
+        self._seen: tuple[int, int] | None = None  # (call id, iteration) of the last sync
         self._restored_by_hook = False
-        self._warned_unsynced: Optional[tuple[int, int]] = None
+        self._warned_unsynced: tuple[int, int] | None = None
 
     # ---- what subclasses provide ------------------------------------------------------------------------------
 
@@ -100,6 +102,12 @@ class State:
         self._register(call)
         self._warn_if_unsynced(call)
         self.save()
+        joining = getattr(call, "joining", None)
+        rank = getattr(getattr(call, "state", None), "rank", None)
+        if joining is not None and call is not None:  # Horovod's host-update check (docs/elastic.md section 5)
+            reason = joining.check_waiting(rank, call.iteration, self.commits)
+            if reason is not None:  # a rendezvous round is due: every rank leaves here, at the same commit
+                raise RankShouldRestart(reason)
 
     def save(self) -> None:
         committed, spare = self._slots
@@ -139,7 +147,7 @@ class State:
 
     # ---- the wrapper side -------------------------------------------------------------------------------------
 
-    def _register(self, call: Optional[Any]) -> None:
+    def _register(self, call: Any | None) -> None:
         hooks = getattr(call, "restart_hooks", None)
         if hooks is not None and self._on_restart not in hooks:
             hooks.append(self._on_restart)
@@ -149,18 +157,20 @@ class State:
         try:
             self.restore()
             self._restored_by_hook = True
-        except Exception:  # noqa: BLE001 - sync() restores again; a restart must not fail because of a state
-            log.warning("restoring %s at the restart failed; sync() will try again", type(self).__name__,
-                        exc_info=True)
+        except Exception:  # sync() restores again; a restart must not fail because of a state
+            log.warning("restoring %s at the restart failed; sync() will try again", type(self).__name__, exc_info=True)
 
-    def _warn_if_unsynced(self, call: Optional[Any]) -> None:
+    def _warn_if_unsynced(self, call: Any | None) -> None:
         if call is None or self._seen is None or self._seen[0] != id(call):
             return
         key = (id(call), call.iteration)
         if key != self._seen and key != self._warned_unsynced:
             self._warned_unsynced = key
-            log.warning("commit() in iteration %s before sync(): call state.sync() after init_process_group so that "
-                        "every rank resumes from the same commit", call.iteration)
+            log.warning(
+                "commit() in iteration %s before sync(): call state.sync() after init_process_group so that "
+                "every rank resumes from the same commit",
+                call.iteration,
+            )
 
     def _receive(self, tree: Any) -> None:
         self._apply(tree, owned=True)
@@ -172,12 +182,11 @@ class State:
         self._slots = (Commit(tree, serial, lineage), committed.tree)
 
 
-
 class ObjectState(State):
     """State of plain Python values, each given as a keyword argument and exposed as an attribute::
 
-        state = ObjectState(epoch=0, batch=0)
-        for state.epoch in range(state.epoch, epochs): ...
+    state = ObjectState(epoch=0, batch=0)
+    for state.epoch in range(state.epoch, epochs): ...
     """
 
     def __init__(self, **values: Any) -> None:
@@ -197,6 +206,12 @@ class ObjectState(State):
         for name in self._names:
             setattr(self, name, values[name])
 
+    if TYPE_CHECKING:  # for the type checker only: the keyword arguments are attributes, set by name in __init__
+
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
 
 def _is_stateful(value: Any) -> bool:
     return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
@@ -210,8 +225,9 @@ class TorchState(ObjectState):
         state = TorchState(model, optimizer, scheduler=scheduler, step=0)
     """
 
-    def __init__(self, model: Optional[torch.nn.Module] = None, optimizer: Optional[torch.optim.Optimizer] = None,
-                 **values: Any) -> None:
+    def __init__(
+        self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, **values: Any
+    ) -> None:
         everything = {"model": model, "optimizer": optimizer, **values}
         objects = {name: value for name, value in everything.items() if value is not None and _is_stateful(value)}
         for name in everything:

@@ -18,7 +18,8 @@ Two steps over a process group (docs/elastic.md, section 2):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,8 +35,9 @@ class Agreement:
     lineage: int
 
 
-def agree_and_broadcast(group: Any, serial: int, lineage: int, capture: Callable[[], Any],
-                        receive: Callable[[Any], None]) -> Agreement:
+def agree_and_broadcast(
+    group: Any, serial: int, lineage: int, capture: Callable[[], Any], receive: Callable[[Any], None]
+) -> Agreement:
     """Run the two steps; ``capture()`` gives the live tree on the source, ``receive(tree)`` loads it elsewhere."""
     if not (dist.is_available() and dist.is_initialized()):
         return Agreement(0, False, serial, lineage)
@@ -43,8 +45,9 @@ def agree_and_broadcast(group: Any, serial: int, lineage: int, capture: Callable
     if world == 1:
         return Agreement(rank, False, serial, lineage)
     device = communication_device(group)
-    numbers = torch.tensor([serial * world + (world - 1 - rank), -serial, lineage, -lineage], dtype=torch.int64,
-                           device=device)
+    numbers = torch.tensor(
+        [serial * world + (world - 1 - rank), -serial, lineage, -lineage], dtype=torch.int64, device=device
+    )
     dist.all_reduce(numbers, op=dist.ReduceOp.MAX, group=group)
     best, fewest, highest_lineage, lowest_lineage = (int(value) for value in numbers.tolist())
     source = world - 1 - best % world

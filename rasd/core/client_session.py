@@ -1,4 +1,4 @@
-"""One client of the text port, as a state machine: bytes in, replies and requests out (reference 1.2-1.4).
+"""One client of the text port, as a state machine: bytes in, replies and requests out (docs/protocol.md §1-2).
 
 Rules, from NCCL's RAS protocol 2:
 
@@ -22,8 +22,8 @@ The table below is the whole command set; ``feed`` looks a line up in it and run
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 from .events import Group
 
@@ -54,7 +54,7 @@ class CloseClient:
     reason: str
 
 
-Output = Union[Reply, StartStatus, CloseClient]
+Output = Reply | StartStatus | CloseClient
 
 
 class ClientSession:
@@ -88,7 +88,7 @@ class ClientSession:
                 out.append(CloseClient("excessively long input line"))
                 break
             raw = bytes(self._buf[:nl])
-            del self._buf[:nl + 1]
+            del self._buf[: nl + 1]
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
             out.extend(self._command(raw.decode("utf-8", errors="replace")))
@@ -100,7 +100,7 @@ class ClientSession:
         upper = line.upper()
         for prefix, exact, handler in _COMMANDS:
             if (upper == prefix) if exact else upper.startswith(prefix):
-                return handler(self, line[len(prefix):])
+                return handler(self, line[len(prefix) :])
         return [Reply(f"ERROR: Unknown command {line}\n")]
 
     def _client_protocol(self, rest: str) -> list[Output]:

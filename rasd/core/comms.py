@@ -14,10 +14,18 @@ import math
 from dataclasses import dataclass
 
 OP_TYPES: tuple[str, ...] = (
-    "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
-    "AllToAll", "Gather", "Scatter", "Barrier", "Send", "Recv",
+    "Broadcast",
+    "Reduce",
+    "AllGather",
+    "ReduceScatter",
+    "AllReduce",
+    "AllToAll",
+    "Gather",
+    "Scatter",
+    "Barrier",
+    "Send",
+    "Recv",
 )
-NCCL_OP_TYPES = OP_TYPES[:5]
 N_OPS = len(OP_TYPES)
 
 # init_state / async_error codes (NCCL's ncclResult_t): 0 success, 7 in progress, anything else an error.
@@ -103,6 +111,9 @@ class ProcessData:
     comms: tuple[CommRecord, ...] = ()
     #: Its in-process restarts, once it has had one (None: it never restarted, or runs no restart Wrapper).
     restart: RestartRecord | None = None
+    #: It is in the mesh but not yet in training: a process that joined a running job and waits to be admitted
+    #: at the next rendezvous round (inprocess.elastic, docs/elastic.md §5).
+    waiting: bool = False
 
 
 #: The wire carries a cause of at most this many UTF-8 bytes (a longer one is cut at a character boundary).
@@ -110,8 +121,9 @@ MAX_CAUSE_BYTES = 255
 _MAX_COUNT = 0xFFFFFFFF
 
 
-def next_restart(previous: RestartRecord | None, iteration: int, cause: str, terminated: tuple[int, ...],
-                 seconds_lost: float) -> RestartRecord | None:
+def next_restart(
+    previous: RestartRecord | None, iteration: int, cause: str, terminated: tuple[int, ...], seconds_lost: float
+) -> RestartRecord | None:
     """The record after one more restart, or None when the notification repeats the last one (the same
     iteration: a Wrapper that reports a restart twice does not count it twice).
 

@@ -1,9 +1,10 @@
 """Events: what a node observes and tells its subscribers (monitor clients, ``inprocess``, logs).
 
-The names and groups of NCCL's events are kept (reference section 2.9); ours are added as new words. Verdicts are
-the events other code acts on: a dead, hung or departed peer, and the communicator verdicts of ``rasd.torch``.
-Each names the peer and its incarnation, so a consumer can tell a stale verdict from a fresh one. RESTART is not a
-verdict but what the job did about one: this process's training restarted in place (``rasd.record_restart``).
+The names and groups of NCCL's events are kept (docs/protocol.md §5, docs/architecture.md §7); ours are added as
+new words. Verdicts are the events other code acts on: a dead, hung or departed peer, and the communicator verdicts
+of ``rasd.torch``. Each names the peer and its incarnation, so a consumer can tell a stale verdict from a fresh one.
+RESTART is not a verdict but what the job did about one: this process's training restarted in place
+(``rasd.record_restart``).
 """
 
 from __future__ import annotations
@@ -48,12 +49,8 @@ class Kind(str, enum.Enum):
 
 
 LIFECYCLE_KINDS = frozenset(
-    {Kind.PEER_NEW, Kind.PEER_DEAD, Kind.PEER_LEFT, Kind.PEER_HUNG, Kind.COMM_STUCK,
-     Kind.COMM_RECOVERED, Kind.RESTART}
+    {Kind.PEER_NEW, Kind.PEER_DEAD, Kind.PEER_LEFT, Kind.PEER_HUNG, Kind.COMM_STUCK, Kind.COMM_RECOVERED, Kind.RESTART}
 )
-
-#: Verdicts: the events that say a peer or a communicator is in trouble (or has left), for in-process subscribers.
-VERDICT_KINDS = frozenset({Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.PEER_LEFT, Kind.COMM_STUCK})
 
 
 def group_of(kind: Kind) -> Group:

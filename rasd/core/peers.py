@@ -25,8 +25,9 @@ import functools
 import hashlib
 import ipaddress
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 
 class Addr(NamedTuple):
@@ -41,6 +42,25 @@ class Addr(NamedTuple):
     def __str__(self) -> str:
         # NCCL's socket format, used in logs and in events about unknown peers: IP<port>.
         return f"{self.host}<{self.port}>"
+
+
+#: Sorts hosts that are not numeric IPs after IPv4 (4) and IPv6 (6) ones (``host_order``).
+_NOT_AN_IP = 99
+
+
+def host_order(host: str) -> tuple[int, bytes]:
+    """The order of hosts in reports: IPv4, then IPv6, then anything else (by its text); within a family, by address
+    bytes. Unlike ``Addr.sort_key`` it accepts any text, so a malformed entry can never make a report raise."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return (_NOT_AN_IP, host.encode("utf-8", "surrogatepass"))
+    return (ip.version, ip.packed)
+
+
+def addr_order(addr: Addr) -> tuple[int, bytes, int]:
+    """The order of the peer table (host, then port), for any address (``host_order``)."""
+    return (*host_order(addr.host), addr.port)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -72,8 +92,9 @@ def new_incarnation(wall_time: float, rng: random.Random) -> int:
     its successor's start at the same address would make the successor look older: it would be taken for the former
     entry (docs/architecture.md section 10)."""
     millis = max(0, int(wall_time * 1000))
-    return ((millis << INCARNATION_RANDOM_BITS) | (rng.getrandbits(64) & ((1 << INCARNATION_RANDOM_BITS) - 1))) \
-        & 0xFFFFFFFFFFFFFFFF
+    return (
+        (millis << INCARNATION_RANDOM_BITS) | (rng.getrandbits(64) & ((1 << INCARNATION_RANDOM_BITS) - 1))
+    ) & 0xFFFFFFFFFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -167,7 +188,7 @@ class PeerTable:
             self._resort()
         return new
 
-    def copy(self) -> "PeerTable":
+    def copy(self) -> PeerTable:
         """An independent table with the same entries (no re-sorting or re-hashing)."""
         other = PeerTable.__new__(PeerTable)
         other._current = dict(self._current)
@@ -182,7 +203,7 @@ class PeerTable:
     def __len__(self) -> int:
         return len(self._sorted)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[PeerInfo]:
         return iter(self._sorted)
 
     def get(self, addr: Addr) -> PeerInfo | None:
@@ -213,21 +234,11 @@ class PeerTable:
         found = [p for k, p in self._former.items() if addr is None or k.addr == addr]
         return sorted(found, key=lambda p: p.key.sort_key())
 
-    def entries(self) -> list[PeerInfo]:
-        """The current entries, in address order."""
-        return list(self._sorted)
-
     def all_entries(self) -> list[PeerInfo]:
         """Every entry, former ones included, in address then incarnation order (what a full table update sends)."""
         if not self._former:
             return list(self._sorted)
         return sorted([*self._sorted, *self._former.values()], key=lambda p: p.key.sort_key())
-
-    def index(self, addr: Addr) -> int:
-        for i, p in enumerate(self._sorted):
-            if p.addr == addr:
-                return i
-        raise KeyError(addr)
 
     @property
     def hash(self) -> int:

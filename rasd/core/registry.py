@@ -43,11 +43,18 @@ class LocalComm:
         self.last_change = now
 
     def record(self, now: float = 0.0) -> RankRecord:
-        return RankRecord(comm_rank=self.rank, init_state=self.init_state, async_error=self.async_error,
-                          finalize_called=self.finalize_called, destroy_flag=self.destroy_flag,
-                          abort_flag=self.abort_flag, device=self.device, launched=tuple(self.launched),
-                          completed=tuple(self.completed),
-                          idle_ms=max(0, min(int((now - self.last_change) * 1000), 0xFFFFFFFF)))
+        return RankRecord(
+            comm_rank=self.rank,
+            init_state=self.init_state,
+            async_error=self.async_error,
+            finalize_called=self.finalize_called,
+            destroy_flag=self.destroy_flag,
+            abort_flag=self.abort_flag,
+            device=self.device,
+            launched=tuple(self.launched),
+            completed=tuple(self.completed),
+            idle_ms=max(0, min(int((now - self.last_change) * 1000), 0xFFFFFFFF)),
+        )
 
 
 class CommRegistry:
@@ -68,7 +75,14 @@ class CommRegistry:
         by_hash: dict[tuple[int, int], list[LocalComm]] = {}
         for c in list(self._comms.values()):
             by_hash.setdefault((c.comm_hash, c.size), []).append(c)
-        return ProcessData(comms=tuple(
-            CommRecord(comm_hash=h, size=size, ranks=tuple(c.record(now) for c in sorted(cs, key=lambda c: c.rank)),
-                       rank_map=cs[0].rank_map)
-            for (h, size), cs in sorted(by_hash.items())))
+        return ProcessData(
+            comms=tuple(
+                CommRecord(
+                    comm_hash=h,
+                    size=size,
+                    ranks=tuple(c.record(now) for c in sorted(cs, key=lambda c: c.rank)),
+                    rank_map=cs[0].rank_map,
+                )
+                for (h, size), cs in sorted(by_hash.items())
+            )
+        )

@@ -1,10 +1,10 @@
 """Which peers a node keeps links to: a pure function of the peer table and what the node knows of its peers.
 
-The mesh is a ring over the table sorted by address (reference 3.3): each node links to the next and the previous
-live peer. When the primary peer of a direction is unhealthy (silent, or not reachable for a while), the node also
-links to the next peer beyond it in that direction, and keeps walking while those are unhealthy too (a chain of
-fallbacks). A fallback beyond a fallback on another host skips the rest of that host's processes, so a dead host
-of 8 processes costs one hop, not 8 (unless one of them is already known healthy).
+The mesh is a ring over the table sorted by address (docs/architecture.md §2.3): each node links to the next and
+the previous live peer. When the primary peer of a direction is unhealthy (silent, or not reachable for a while),
+the node also links to the next peer beyond it in that direction, and keeps walking while those are unhealthy too
+(a chain of fallbacks). A fallback beyond a fallback on another host skips the rest of that host's processes, so a
+dead host of 8 processes costs one hop, not 8 (unless one of them is already known healthy).
 
 ::
 
@@ -20,7 +20,8 @@ flood reaches every node in about ``2 * sqrt(N)`` hops instead of ``N / 2``.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 A = TypeVar("A")
 
@@ -67,10 +68,17 @@ def links(
     return out
 
 
-def _walk(order, me_index, direction, excluded, unhealthy, host_of) -> set:
+def _walk(
+    order: Sequence[A],
+    me_index: int,
+    direction: int,
+    excluded: Callable[[A], bool],
+    unhealthy: Callable[[A], bool],
+    host_of: Callable[[A], str],
+) -> set[A]:
     n = len(order)
     me = order[me_index]
-    chosen: set = set()
+    chosen: set[A] = set()
     i = me_index
     fallbacks = 0
     skip_host: str | None = None

@@ -9,15 +9,18 @@ counts cannot do::
     AllReduce launched/completed:   rank 0: 57/56   rank 1: 57/56   rank 2: 56/56   rank 3: 57/56
     -> operation 57 is stuck; rank 2 is behind (never launched it); ranks 0, 1, 3 are inside it
 
-A verdict clears as soon as the counters move or agree again. Pure: snapshots and times in, verdicts out.
+A verdict clears as soon as the counters move or agree again. Pure: snapshots and times in, verdicts out. The
+snapshot is merged by ``snapshot.merge_communicators``, the same merge the report uses. A verdict is data (op type,
+operation, ranks behind, ranks inside) all the way to the JSON report; ``describe`` is its sentence, for events
+and the text report.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .comms import OP_TYPES, CommRecord, RankRecord
-from .snapshot import JobSnapshot
+from .comms import OP_TYPES
+from .snapshot import JobSnapshot, MergedCommunicator, merge_communicators
 
 
 @dataclass(frozen=True)
@@ -48,34 +51,31 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
 
 
-def merged_comms(snapshot: JobSnapshot) -> dict[int, tuple[CommRecord, dict[int, RankRecord]]]:
-    """Every communicator of the snapshot with its present ranks (first report of a rank wins)."""
-    out: dict[int, tuple[CommRecord, dict[int, RankRecord]]] = {}
-    for data in snapshot.responses.values():
-        for comm in data.comms:
-            _, ranks = out.setdefault(comm.comm_hash, (comm, {}))
-            for r in comm.ranks:
-                ranks.setdefault(r.comm_rank, r)
-    return out
-
-
-def attribute(comm: CommRecord, ranks: dict[int, RankRecord]) -> StuckVerdict | None:
+def attribute(comm: MergedCommunicator) -> StuckVerdict | None:
     """The first op type whose counters disagree, and who is behind or inside it; None when they agree."""
-    records = [ranks[k] for k in sorted(ranks)]
+    records = [comm.ranks[k].record for k in sorted(comm.ranks)]
     for op in range(len(OP_TYPES)):
         launched = [r.launched[op] for r in records]
         top = max(launched)
         behind = tuple(r.comm_rank for r in records if r.launched[op] < top)
         inside = tuple(r.comm_rank for r in records if r.launched[op] > r.completed[op])
         if behind or inside:
-            to_global = lambda rs: tuple(g for g in (comm.global_rank(r) for r in rs) if g is not None)  # noqa: E731
-            return StuckVerdict(comm.comm_hash, op, top, behind, inside, to_global(behind), to_global(inside))
+            return StuckVerdict(comm.comm_hash, op, top, behind, inside, _global(comm, behind), _global(comm, inside))
     return None
+
+
+def _global(comm: MergedCommunicator, ranks: tuple[int, ...]) -> tuple[int, ...]:
+    """Communicator ranks as global ranks, where the rank map tells."""
+    return tuple(g for g in (comm.global_rank(r) for r in ranks) if g is not None)
+
+
+#: What a sweep saw of one communicator: (comm rank, launched, completed) of each present rank.
+Signature = tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
 
 
 @dataclass
 class _Watch:
-    signature: tuple
+    signature: Signature
     since: float
     verdict: StuckVerdict | None = None
 
@@ -83,29 +83,30 @@ class _Watch:
 @dataclass
 class StuckDetector:
     limit: float
-    _watches: dict[int, _Watch] = field(default_factory=dict)
+    _watches: dict[tuple[int, int], _Watch] = field(default_factory=dict)  # by (hash, size), as merged
 
     def observe(self, snapshot: JobSnapshot, now: float) -> tuple[list[StuckVerdict], list[StuckVerdict]]:
         """Feed one sweep; return (verdicts that are new, verdicts that cleared)."""
         new: list[StuckVerdict] = []
         cleared: list[StuckVerdict] = []
         seen = set()
-        for comm_hash, (comm, ranks) in merged_comms(snapshot).items():
-            seen.add(comm_hash)
-            signature = tuple((k, r.launched, r.completed) for k, r in sorted(ranks.items()))
-            watch = self._watches.get(comm_hash)
+        for comm in merge_communicators(snapshot):
+            key = (comm.comm_hash, comm.size)
+            seen.add(key)
+            signature = tuple((k, r.record.launched, r.record.completed) for k, r in sorted(comm.ranks.items()))
+            watch = self._watches.get(key)
             if watch is None or watch.signature != signature:
                 if watch is not None and watch.verdict is not None:
                     cleared.append(watch.verdict)
-                self._watches[comm_hash] = _Watch(signature, now)
+                self._watches[key] = _Watch(signature, now)
                 continue
             if watch.verdict is None and now - watch.since >= self.limit:
-                watch.verdict = attribute(comm, ranks)
+                watch.verdict = attribute(comm)
                 if watch.verdict is not None:
                     new.append(watch.verdict)
-        for comm_hash in list(self._watches):
-            if comm_hash not in seen:
-                watch = self._watches.pop(comm_hash)
+        for key in list(self._watches):
+            if key not in seen:
+                watch = self._watches.pop(key)
                 if watch.verdict is not None:
                     cleared.append(watch.verdict)
         return new, cleared

@@ -16,13 +16,14 @@ import enum
 import functools
 import ipaddress
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Union
+from typing import Any, TypeVar
 
 from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord
 from .peers import Addr, PeerInfo, PeerKey
 
-VERSION = 2  # 2: deaths keyed by (address, incarnation); restart records in gather replies
+VERSION = 3  # 2: deaths keyed by (address, incarnation); restart records in gather replies. 3: the waiting flag
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -153,7 +154,19 @@ class CommVerdict:
     global_inside: tuple[int, ...]
 
 
-Message = Union[CommVerdict, Hello, Challenge, Proof, ConnInit, ConnInitAck, Keepalive, PeersUpdate, Flood, CollReq, CollResp]
+Message = (
+    CommVerdict
+    | Hello
+    | Challenge
+    | Proof
+    | ConnInit
+    | ConnInitAck
+    | Keepalive
+    | PeersUpdate
+    | Flood
+    | CollReq
+    | CollResp
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Encoding primitives
@@ -192,7 +205,7 @@ class _Reader:
         self.buf = buf
         self.pos = 0
 
-    def fmt(self, fmt: str) -> tuple:
+    def fmt(self, fmt: str) -> tuple[Any, ...]:
         s = struct.Struct("!" + fmt)
         if self.pos + s.size > len(self.buf):
             raise ProtocolError("message truncated")
@@ -201,12 +214,13 @@ class _Reader:
         return values
 
     def one(self, fmt: str) -> int:
-        return self.fmt(fmt)[0]
+        value: int = self.fmt(fmt)[0]
+        return value
 
     def raw(self, n: int) -> bytes:
         if self.pos + n > len(self.buf):
             raise ProtocolError("message truncated")
-        b = self.buf[self.pos:self.pos + n]
+        b = self.buf[self.pos : self.pos + n]
         self.pos += n
         return bytes(b)
 
@@ -252,7 +266,10 @@ def _ip_text(packed: bytes) -> str:
     return str(ipaddress.ip_address(packed))
 
 
-def _enum(cls, value: int):
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _enum(cls: type[E], value: int) -> E:
     try:
         return cls(value)
     except ValueError as e:
@@ -297,6 +314,7 @@ def _put_process_data(w: _Writer, data: ProcessData) -> None:
             w.fmt(f"{len(rk.completed)}Q", *rk.completed)
             w.fmt("I", min(rk.idle_ms, 0xFFFFFFFF))
     _put_restart(w, data.restart)
+    w.fmt("B", data.waiting)
 
 
 def _put_restart(w: _Writer, restart: RestartRecord | None) -> None:
@@ -318,11 +336,15 @@ def _get_restart(r: _Reader) -> RestartRecord | None:
     cause = r.text()
     terminated = r.fmt(f"{r.count('I', 4)}i")
     # What ``comms.next_restart`` makes: a finite time lost, ranks non-negative, unique and ascending.
-    if not 0 <= seconds_lost < float("inf") or any(rank < 0 for rank in terminated) \
-            or list(terminated) != sorted(set(terminated)):
+    if (
+        not 0 <= seconds_lost < float("inf")
+        or any(rank < 0 for rank in terminated)
+        or list(terminated) != sorted(set(terminated))
+    ):
         raise ProtocolError("bad restart record")
-    return RestartRecord(iteration=iteration, restarts=restarts, cause=cause, terminated=terminated,
-                         seconds_lost=seconds_lost)
+    return RestartRecord(
+        iteration=iteration, restarts=restarts, cause=cause, terminated=terminated, seconds_lost=seconds_lost
+    )
 
 
 _RANK_HEAD = struct.calcsize("!IBBBhB")
@@ -341,12 +363,23 @@ def _get_process_data(r: _Reader) -> ProcessData:
             launched = r.fmt(f"{nops}Q")
             completed = r.fmt(f"{nops}Q")
             idle_ms = r.one("I")
-            ranks.append(RankRecord(idle_ms=idle_ms, 
-                comm_rank=comm_rank, init_state=init_state, async_error=async_error,
-                finalize_called=bool(flags & 1), destroy_flag=bool(flags & 2), abort_flag=bool(flags & 4),
-                device=device, launched=launched, completed=completed))
+            ranks.append(
+                RankRecord(
+                    idle_ms=idle_ms,
+                    comm_rank=comm_rank,
+                    init_state=init_state,
+                    async_error=async_error,
+                    finalize_called=bool(flags & 1),
+                    destroy_flag=bool(flags & 2),
+                    abort_flag=bool(flags & 4),
+                    device=device,
+                    launched=launched,
+                    completed=completed,
+                )
+            )
         comms.append(CommRecord(comm_hash=comm_hash, size=size, ranks=tuple(ranks), rank_map=runs))
-    return ProcessData(comms=tuple(comms), restart=_get_restart(r))
+    restart = _get_restart(r)
+    return ProcessData(comms=tuple(comms), restart=restart, waiting=r.boolean())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -410,10 +443,10 @@ def encode(msg: Message) -> bytes:
         t = MsgType.COMMVERDICT
         w.addr(msg.origin)
         w.fmt("QBQBQ", msg.flood_id, int(msg.stuck), msg.comm_hash, msg.op, msg.seq)
-        for group, fmt in ((msg.behind, "I"), (msg.inside, "I"), (msg.global_behind, "i"), (msg.global_inside, "i")):
-            w.fmt("I", len(group))
-            if group:
-                w.fmt(f"{len(group)}{fmt}", *group)
+        for ranks, fmt in ((msg.behind, "I"), (msg.inside, "I"), (msg.global_behind, "i"), (msg.global_inside, "i")):
+            w.fmt("I", len(ranks))
+            if ranks:
+                w.fmt(f"{len(ranks)}{fmt}", *ranks)
     else:  # pragma: no cover - a programming error, not bad input
         raise TypeError(f"not a message: {msg!r}")
     body = bytes([VERSION, int(t)]) + w.getvalue()
@@ -501,8 +534,8 @@ class FrameReader:
                 raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self.max_frame}")
             if len(self._buf) < 4 + length:
                 return
-            body = bytes(self._buf[4:4 + length])
-            del self._buf[:4 + length]
+            body = bytes(self._buf[4 : 4 + length])
+            del self._buf[: 4 + length]
             yield decode_body(body)
 
     @property

@@ -3,12 +3,13 @@
 What happens per client is decided by ``core.client_session``; this module binds the port, moves bytes, runs a
 gather for each STATUS, renders the report with ``rasd.report`` and pushes MONITOR events.
 
-Binding (DESIGN.md section 4): ``TORCHRAS_ADDR`` (default ``localhost:28028``; ``off`` disables) on 127.0.0.1 and
+Binding (docs/operations.md §2): ``TORCHRAS_ADDR`` (default ``localhost:28028``; ``off`` disables) on 127.0.0.1 and
 ::1 where localhost has both, with SO_REUSEPORT so the processes of one job share the port and any of them
 answers. A different job never shares it: under the registry's lock, a process joins the port its job already
 serves, or takes the first port from the default that no other job holds and that binds. With an explicit
 ``TORCHRAS_ADDR`` only that port is tried. A process that cannot bind carries on without a client port and says
-why in one log line.
+why in one log line; a setting that is not an address is the default, after one log line. Nothing here stops the
+node, let alone training (``ClientPort.open`` never raises).
 
 Clients are independent: every write is asynchronous, a client that stops reading is dropped once it has
 ``MAX_CLIENT_BUFFER`` bytes waiting, and at most ``MAX_CLIENTS`` are connected to one process at a time.
@@ -24,6 +25,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +66,38 @@ def parse_addr(spec: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def client_address_setting(
+    spec: str, environ: Mapping[str, str], warn: Callable[[str], None]
+) -> tuple[bool, str, int] | None:
+    """Where to serve, from ``spec`` (``TORCHRAS_ADDR``) and ``TORCHRAS_DEFAULT_ADDR``: (explicit, host, port), or
+    None when the client port is off (``off``, ``none``, ``0``). A setting that is not an address is passed to
+    ``warn`` and the default is used instead, so a typo moves the client port, never stops the job."""
+    if spec.strip().lower() in ("off", "none", "0"):
+        return None
+    # TORCHRAS_DEFAULT_ADDR moves the default itself (tests, sites that reserve another range); unlike
+    # TORCHRAS_ADDR it keeps the default's behaviour of moving a later job to the next free port.
+    default = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+    moved = environ.get("TORCHRAS_DEFAULT_ADDR", "").strip()
+    if moved:
+        try:
+            parse_addr(moved)
+            default = moved
+        except ValueError as e:
+            warn(f"TORCHRAS_DEFAULT_ADDR: {e}; using the default, {default}")
+    if spec.strip():
+        try:
+            return (True, *parse_addr(spec))
+        except ValueError as e:
+            warn(f"TORCHRAS_ADDR: {e}; serving on the default, {default}")
+    return (False, *parse_addr(default))
+
+
 def bind_addresses(host: str, port: int) -> list[tuple[int, tuple]]:
     """Where to listen: both loopbacks for ``localhost`` (where the host has them), else getaddrinfo's first."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     if host == "localhost":
-        seen, out = set(), []
+        seen: set[int] = set()
+        out: list[tuple[int, tuple[Any, ...]]] = []
         for family, _, _, _, sockaddr in infos:
             if family not in seen:
                 seen.add(family)
@@ -99,14 +128,14 @@ def version_lines() -> tuple[str, str]:
 
 
 class _Client(asyncio.Protocol):
-    def __init__(self, port: "ClientPort") -> None:
+    def __init__(self, port: ClientPort) -> None:
         self.port = port
         self.session = ClientSession()
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.port.runtime._track_fd(transport, add=True)
+        self.port.runtime.own_transport(transport)
         if len(self.port.clients) >= MAX_CLIENTS:
             transport.write(f"ERROR: Too many client connections (limit {MAX_CLIENTS})\n".encode())  # type: ignore[attr-defined]
             transport.close()
@@ -133,7 +162,7 @@ class _Client(asyncio.Protocol):
         return self.session.reporting or self.session.monitoring
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.port.runtime._track_fd(self.transport, add=False)
+        self.port.runtime.disown_transport(self.transport)
         self.session.closed = True
         self.port.clients.discard(self)
 
@@ -170,17 +199,19 @@ class ClientPort:
         self._versions = version_lines()
 
     async def open(self) -> None:
-        if self.spec.strip().lower() in ("off", "none", "0"):
-            return
-        explicit = bool(self.spec.strip())
-        # TORCHRAS_DEFAULT_ADDR moves the default itself (tests, sites that reserve another range); unlike
-        # TORCHRAS_ADDR it keeps the default's behaviour of moving a later job to the next free port.
-        default = os.environ.get("TORCHRAS_DEFAULT_ADDR") or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+        """Bind and serve. Never raises: whatever goes wrong leaves this process without a client port (or on the
+        default address), said in one WARNING line; the mesh runs on either way."""
         try:
-            self.host, base = parse_addr(self.spec if explicit else default)
-        except ValueError as e:
-            log.warning("rasd: no client port: %s", e)
+            await self._open()
+        except Exception as e:  # noqa: BLE001 - the client port is an extra, never a reason to stop the node
+            log.warning("rasd: no client port (%s: %s); the RAS node runs without one", type(e).__name__, e)
+            self.close()
+
+    async def _open(self) -> None:
+        address = client_address_setting(self.spec, os.environ, lambda problem: log.warning("rasd: %s", problem))
+        if address is None:
             return
+        explicit, self.host, base = address
         job = job_id_of(self.runtime.node.secret)
         loop = asyncio.get_running_loop()
         with self.registry.locked():
@@ -198,18 +229,27 @@ class ClientPort:
                 socks, reason = self._bind(port)
                 if socks:
                     for sock in socks:
+                        self.runtime.own_socket(sock)
                         self.servers.append(await loop.create_server(lambda: _Client(self), sock=sock))
-                        self.runtime._fds.add(sock.fileno())
                     self.port = port
                     self._registration = self.registry.register(self.host, port, job)
+                    self.runtime.client_address = (self.host, port)
                     break
         if self.port is None:
-            log.warning("rasd: no client port at %s:%d (%s); the RAS node runs without one", self.host, base,
-                        reason or "no free port")
+            log.warning(
+                "rasd: no client port at %s:%d (%s); the RAS node runs without one",
+                self.host,
+                base,
+                reason or "no free port",
+            )
             return
         if self.port != base:
-            log.warning("rasd: client port %d is held by another job or program; this job serves on %s:%d",
-                        base, self.host, self.port)
+            log.warning(
+                "rasd: client port %d is held by another job or program; this job serves on %s:%d",
+                base,
+                self.host,
+                self.port,
+            )
         else:
             log.info("rasd: client port listening at %s:%d", self.host, self.port)
         self.runtime.event_listeners.append(self.on_event)
@@ -217,7 +257,11 @@ class ClientPort:
     def _bind(self, port: int) -> tuple[list[socket.socket], str]:
         socks: list[socket.socket] = []
         reason = ""
-        for family, sockaddr in bind_addresses(self.host, port):
+        try:
+            addresses = bind_addresses(self.host, port)
+        except OSError as e:  # a host name that does not resolve
+            return [], f"{self.host}: {e.strerror or e}"
+        for family, sockaddr in addresses:
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -242,6 +286,7 @@ class ClientPort:
             server.close()
         for client in list(self.clients):
             client.close()
+        self.runtime.client_address = None
         if self._registration is not None:
             self.registry.unregister(self._registration)
             self._registration = None
@@ -253,8 +298,9 @@ class ClientPort:
         version_line, runtime_line = self._versions
         if req.format is Format.TEXT:
             summary = build_job_summary(node.table, node.left_addresses())
-            client.write(render_head(summary, version_line=version_line, runtime_line=runtime_line,
-                                     verbose=req.verbose))
+            client.write(
+                render_head(summary, version_line=version_line, runtime_line=runtime_line, verbose=req.verbose)
+            )
 
         def done(snapshot: JobSnapshot) -> None:
             if client.session.closed:
@@ -264,9 +310,14 @@ class ClientPort:
                 if req.format is Format.TEXT:
                     client.write(render_tail(report, verbose=req.verbose))
                 else:
-                    client.write(render_json(report, timestamp=time.time(),
-                                             torchras_version=version_line.split()[2],
-                                             torch_version=version_line.split()[-1]))
+                    client.write(
+                        render_json(
+                            report,
+                            timestamp=time.time(),
+                            torchras_version=version_line.split()[2],
+                            torch_version=version_line.split()[-1],
+                        )
+                    )
             except Exception:
                 log.exception("rasd: could not render the report")
                 client.write("ERROR: internal error while building the report\n")
@@ -299,19 +350,17 @@ class ClientPort:
                 c.write(text)
 
 
-def move_nccl_ras_port(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> str | None:
+def move_nccl_ras_port(environ: os._Environ[str] | dict[str, str] = os.environ) -> str | None:
     """NCCL's own RAS also wants localhost:28028. Unless the user set ``NCCL_RAS_ADDR`` or ``NCCL_RAS_ENABLE``,
     point it ``NCCL_PORT_OFFSET`` ports above our default, before NCCL starts (it reads the variable at its first
     communicator). Returns the address given to NCCL, or None when left alone."""
     if "NCCL_RAS_ADDR" in environ or "NCCL_RAS_ENABLE" in environ:
         return None
-    spec = environ.get("TORCHRAS_ADDR") or environ.get("TORCHRAS_DEFAULT_ADDR") or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
-    if spec.strip().lower() in ("off", "none", "0"):
+    # Where our client port will be (a bad setting is logged once, by the client port, when it opens).
+    address = client_address_setting(environ.get("TORCHRAS_ADDR", ""), environ, lambda problem: None)
+    if address is None:
         return None
-    try:
-        host, port = parse_addr(spec)
-    except ValueError:
-        return None
+    _, host, port = address
     moved = f"[{host}]:{port + NCCL_PORT_OFFSET}" if ":" in host else f"{host}:{port + NCCL_PORT_OFFSET}"
     environ["NCCL_RAS_ADDR"] = moved
     log.info("rasd: NCCL's own RAS moved to %s (set NCCL_RAS_ADDR to place it yourself)", moved)

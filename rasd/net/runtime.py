@@ -11,13 +11,16 @@ Thread rules: the node and every socket belong to the RAS thread. Other threads 
 from __future__ import annotations
 
 import asyncio
+import functools
+import ipaddress
 import logging
 import os
 import random
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -42,28 +45,25 @@ STOP_DRAIN_S = 0.5
 class _MeshProtocol(asyncio.Protocol):
     """One mesh connection: hands bytes and closure to the runtime."""
 
-    def __init__(self, runtime: "Runtime", conn_id: int | None) -> None:
+    def __init__(self, runtime: Runtime, conn_id: int | None) -> None:
         self.runtime = runtime
         self.conn_id = conn_id
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.runtime._track_fd(transport, add=True)
+        self.runtime.own_transport(transport)
         if self.conn_id is None:  # accepted
-            self.conn_id = self.runtime._new_accept_id()
-            self.runtime._transports[self.conn_id] = self
-            self.runtime._feed(lambda now: self.runtime.node.accepted(self.conn_id, now))
+            self.conn_id = self.runtime.accepted(self)
 
     def data_received(self, data: bytes) -> None:
         cid = self.conn_id
-        self.runtime._feed(lambda now: self.runtime.node.received(cid, data, now))
+        if cid is not None:  # set by connection_made, which asyncio always calls first
+            self.runtime.feed(lambda now: self.runtime.node.received(cid, data, now))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.runtime._track_fd(self.transport, add=False)
-        cid = self.conn_id
-        if self.runtime._transports.pop(cid, None) is not None:
-            self.runtime._feed(lambda now: self.runtime.node.closed(cid, now))
+        self.runtime.disown_transport(self.transport)
+        self.runtime.lost(self.conn_id)
 
 
 class Runtime:
@@ -77,7 +77,7 @@ class Runtime:
         timers: Timers,
         bootstrap: StoreBootstrap | None = None,
         local_data: Callable[[], ProcessData] = ProcessData,
-        services: list[Callable[["Runtime"], Any]] | None = None,
+        services: list[Callable[[Runtime], Any]] | None = None,
     ) -> None:
         self._info_factory = info_factory
         self._secret = secret
@@ -100,7 +100,8 @@ class Runtime:
         self._server: asyncio.base_events.Server | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self.start_error: BaseException | None = None
-        self.on_action_hooks: list[Callable[[core.Action], None]] = []
+        #: Where this process serves the client port, once a service opened one (``client_port.ClientPort``).
+        self.client_address: tuple[str, int] | None = None
         #: Called on the RAS thread with every event (our own code only: it must not block).
         self.event_listeners: list[Callable[[Event], None]] = []
         #: Called on the RAS thread when the node stops (after the goodbye is queued).
@@ -136,7 +137,11 @@ class Runtime:
                 log.exception("rasd: error while leaving")
             for fn in self.on_stop:
                 self._guard(fn)
-            loop.call_later(STOP_DRAIN_S, lambda: (loop.stop(), done.set()))
+            loop.call_later(STOP_DRAIN_S, _end)
+
+        def _end() -> None:
+            loop.stop()
+            done.set()
 
         try:
             loop.call_soon_threadsafe(_leave)
@@ -163,12 +168,17 @@ class Runtime:
             except RuntimeError:
                 pass
 
+    def submit(self, step: Callable[[core.Node, float], list[core.Action]]) -> None:
+        """Give the node an input from any thread: ``step(node, now)`` runs on the RAS thread, and the runtime
+        carries out the actions it returns."""
+        self.call(lambda: self.feed(lambda now: step(self.node, now)))
+
     def gather(self, done: Callable[[JobSnapshot], None], timeout: float | None = None) -> None:
         """Start a status gather (from the RAS thread); ``done`` is called in the RAS thread with the snapshot."""
         qid = self._next_query
         self._next_query += 1
         self._gather_waiters[qid] = done
-        self._feed(lambda now: self.node.start_gather(qid, now, timeout))
+        self.feed(lambda now: self.node.start_gather(qid, now, timeout))
 
     # ------------------------------------------------------------------------------------------------------------
     # The thread
@@ -180,10 +190,9 @@ class Runtime:
             loop.run_until_complete(self._open())
         except BaseException as e:  # noqa: BLE001 - the thread must not die loudly
             self.start_error = e
-            log.error("rasd: could not start the RAS node: %s", e)
-            self._ready.set()
-            self._stopped.set()
-            loop.close()
+            what = str(e) if isinstance(e, StartError) else f"could not start the RAS node ({type(e).__name__}: {e})"
+            log.warning("rasd: %s; this process runs without RAS", what)
+            self._abandon_start(loop)
             return
         self._ready.set()
         try:
@@ -203,29 +212,71 @@ class Runtime:
             try:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 loop.run_until_complete(asyncio.sleep(0))
-            except Exception:
+            except Exception:  # noqa: BLE001 - the thread is ending: nothing left to tell anyone
                 pass
             loop.close()
 
+    def _abandon_start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A start that failed half way leaves nothing behind: no listening socket, no client port, no endpoint
+        file (docs/operations.md §2)."""
+        for fn in self.on_stop:
+            self._guard(fn)
+        for proto in list(self._transports.values()):
+            if proto.transport is not None:
+                proto.transport.abort()
+        if self._server is not None:
+            self._server.close()
+        try:
+            loop.run_until_complete(asyncio.sleep(0))
+            loop.run_until_complete(loop.shutdown_default_executor())
+        except Exception:  # noqa: BLE001 - best effort: the store call that failed may still block its thread
+            pass
+        loop.close()
+        self._stopped.set()
+        self._ready.set()  # last: ``start`` returns to a runtime that holds nothing any more
+
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _MeshProtocol(self, None), host=self._host,
-                                                port=mesh_port(), backlog=1024)
+        port = mesh_port()
+        try:
+            self._server = await loop.create_server(
+                lambda: _MeshProtocol(self, None), host=self._host, port=port, backlog=1024
+            )
+        except OSError as e:
+            settings = [
+                name
+                for name, used in (
+                    ("TORCHRAS_MESH_HOST", os.environ.get("TORCHRAS_MESH_HOST")),
+                    ("TORCHRAS_MESH_PORT", port),
+                )
+                if used
+            ]
+            because = f", set by {' and '.join(settings)}" if settings else ""
+            reason = os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0 else (e.strerror or str(e))
+            raise StartError(f"cannot listen for the mesh on {self._host}:{port}{because} ({reason})") from e
         for sock in self._server.sockets:
             self._fds.add(sock.fileno())
         port = self._server.sockets[0].getsockname()[1]
         # The store calls block: they run beside the loop, so the mesh port accepts meanwhile.
         if self._secret is None:
-            self._secret = (await loop.run_in_executor(None, self._bootstrap.secret) if self._bootstrap
-                            else os.urandom(32))
-        self.node = core.Node(self._info_factory(port), self._secret, self.timers, rng=random.SystemRandom(),
-                              local_data=self._local_data)
+            try:
+                self._secret = (
+                    await loop.run_in_executor(None, self._bootstrap.secret) if self._bootstrap else os.urandom(32)
+                )
+            except Exception as e:
+                raise StartError(f"could not read the job's secret from the store ({type(e).__name__}: {e})") from e
+        self.node = core.Node(
+            self._info_factory(port), self._secret, self.timers, rng=random.SystemRandom(), local_data=self._local_data
+        )
         self._carry_out(self.node.start(time.monotonic()))
         self._schedule_tick()
         for service in self._services:
             await service(self)
         if self._bootstrap is not None:
-            seeds = await loop.run_in_executor(None, self._bootstrap.seeds, self.node.me)
+            try:
+                seeds = await loop.run_in_executor(None, self._bootstrap.seeds, self.node.me)
+            except Exception as e:
+                raise StartError(f"could not join the job through the store ({type(e).__name__}: {e})") from e
             self._carry_out(self.node.add_peers(seeds, time.monotonic(), introduce=True))
         # The store is read once: from here on gossip keeps the table, so the mesh outlives whoever hosts the store
         # (docs/architecture.md), and the node keeps no reference to it (nor the executor's thread) once joined.
@@ -237,7 +288,7 @@ class Runtime:
         self._tick_handle = self.loop.call_later(self.timers.tick, self._on_tick)
 
     def _on_tick(self) -> None:
-        self._feed(lambda now: self.node.tick(now))
+        self.feed(lambda now: self.node.tick(now))
         self._schedule_tick()
 
     # ------------------------------------------------------------------------------------------------------------
@@ -249,7 +300,8 @@ class Runtime:
         except Exception:
             log.exception("rasd: internal error (ignored)")
 
-    def _feed(self, step: Callable[[float], list[core.Action]]) -> None:
+    def feed(self, step: Callable[[float], list[core.Action]]) -> None:
+        """Give the node an input on the RAS thread: ``step(now)`` returns the actions to carry out."""
         try:
             self._carry_out(step(time.monotonic()))
         except Exception:
@@ -263,8 +315,6 @@ class Runtime:
                 log.exception("rasd: could not carry out %s", type(a).__name__)
 
     def _act(self, a: core.Action) -> None:
-        for hook in self.on_action_hooks:
-            hook(a)
         if isinstance(a, core.Send):
             proto = self._transports.get(a.conn_id)
             if proto is None or proto.transport is None or proto.transport.is_closing():
@@ -287,7 +337,7 @@ class Runtime:
             self._emit(a.event)
         elif isinstance(a, core.ProbePid):
             if not pid_running(a.pid):
-                self._feed(lambda now: self.node.pid_gone(a.addr, now))
+                self.feed(lambda now: self.node.pid_gone(a.addr, now))
         elif isinstance(a, core.GatherDone):
             done = self._gather_waiters.pop(a.query_id, None)
             if done is not None:
@@ -298,8 +348,9 @@ class Runtime:
         proto = _MeshProtocol(self, a.conn_id)
         self._transports[a.conn_id] = proto
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: proto, a.addr.host, a.addr.port),
-                                   self.timers.handshake)
+            await asyncio.wait_for(
+                loop.create_connection(lambda: proto, a.addr.host, a.addr.port), self.timers.handshake
+            )
         except ConnectionRefusedError:
             log.debug("rasd: connect to %s refused", a.addr)
             self._connect_failed(a.conn_id, refused=True)
@@ -311,42 +362,59 @@ class Runtime:
                 assert proto.transport is not None
                 proto.transport.close()
                 return
-            self._feed(lambda now: self.node.connected(a.conn_id, now))
+            self.feed(lambda now: self.node.connected(a.conn_id, now))
 
     def _connect_failed(self, conn_id: int, refused: bool) -> None:
         if self._transports.pop(conn_id, None) is not None:
-            self._feed(lambda now: self.node.connect_failed(conn_id, now, refused))
+            self.feed(lambda now: self.node.connect_failed(conn_id, now, refused))
 
     def _emit(self, event: Event) -> None:
-        level = logging.WARNING if event.kind in (Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.COMM_STUCK) else (
-            logging.INFO if event.kind in (Kind.PEER_LEFT, Kind.PEER_UNRESPONSIVE, Kind.PEER_RECOVERED,
-                                           Kind.COMM_RECOVERED, Kind.RESTART)
-            else logging.DEBUG)
+        level = (
+            logging.WARNING
+            if event.kind in (Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.COMM_STUCK)
+            else (
+                logging.INFO
+                if event.kind
+                in (Kind.PEER_LEFT, Kind.PEER_UNRESPONSIVE, Kind.PEER_RECOVERED, Kind.COMM_RECOVERED, Kind.RESTART)
+                else logging.DEBUG
+            )
+        )
         if log.isEnabledFor(level):
             who = event.peer.describe() if event.peer else (str(event.addr) if event.addr else "")
             log.log(level, "rasd: %s %s %s", event.kind, who, event.details)
         for listener in self.event_listeners:
-            self._guard(lambda: listener(event))
+            self._guard(functools.partial(listener, event))
         self.subscribers.publish(event)
 
-    def _new_accept_id(self) -> int:
+    def accepted(self, proto: _MeshProtocol) -> int:
+        """A peer connected to the mesh port: the connection's id, given to the node."""
         cid = self._next_accept
         self._next_accept -= 1
+        self._transports[cid] = proto
+        self.feed(lambda now: self.node.accepted(cid, now))
         return cid
 
-    def _track_fd(self, transport: asyncio.BaseTransport | None, add: bool) -> None:
-        if transport is None:
-            return
+    def lost(self, conn_id: int | None) -> None:
+        """A mesh connection closed (either side): the node hears of it unless it closed it itself."""
+        if conn_id is not None and self._transports.pop(conn_id, None) is not None:
+            self.feed(lambda now: self.node.closed(conn_id, now))
+
+    def own_socket(self, sock: socket.socket) -> None:
+        """Count ``sock`` among the node's sockets (``owned_fds``; closed in a forked child)."""
+        if sock.fileno() >= 0:
+            self._fds.add(sock.fileno())
+
+    def own_transport(self, transport: asyncio.BaseTransport) -> None:
+        """Count a connection's socket among the node's sockets, while it is open."""
         sock = transport.get_extra_info("socket")
-        if sock is None:
-            return
-        fd = sock.fileno()
-        if fd < 0:
-            return
-        if add:
-            self._fds.add(fd)
-        else:
-            self._fds.discard(fd)
+        if sock is not None:
+            self.own_socket(sock)
+
+    def disown_transport(self, transport: asyncio.BaseTransport | None) -> None:
+        """The connection closed: its file descriptor is no longer the node's (the number may be reused)."""
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None and sock.fileno() >= 0:
+            self._fds.discard(sock.fileno())
 
     def owned_fds(self) -> set[int]:
         """The file descriptors of every socket this node holds (mesh, client port): code that tears down a
@@ -362,6 +430,10 @@ class Runtime:
             except OSError:
                 pass
         self._fds.clear()
+
+
+class StartError(Exception):
+    """The node cannot start; the message says what was wrong, for the one log line."""
 
 
 def pid_running(pid: int) -> bool:
@@ -392,9 +464,16 @@ def mesh_port() -> int:
 def mesh_host(target: str | None = None) -> str:
     """The local IP to listen on: ``TORCHRAS_MESH_HOST``, else the address this host uses to reach ``target``
     (the store's host), else loopback."""
-    explicit = os.environ.get("TORCHRAS_MESH_HOST")
+    explicit = os.environ.get("TORCHRAS_MESH_HOST", "").strip()
     if explicit:
-        return explicit
+        try:
+            return str(ipaddress.ip_address(explicit.strip("[]")))
+        except ValueError:
+            log.warning(
+                "rasd: TORCHRAS_MESH_HOST=%r is not an IP address; the mesh listens on the address this "
+                "host uses to reach the store",
+                explicit,
+            )
     if target:
         try:
             family = socket.AF_INET6 if ":" in target else socket.AF_INET

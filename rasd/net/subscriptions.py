@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 from rasd.core.events import Event, Kind
 
@@ -28,7 +28,7 @@ HISTORY = 4096
 class Subscription:
     """A queue of the events of the chosen kinds (all kinds when ``kinds`` is None)."""
 
-    def __init__(self, owner: "Subscribers", kinds: Iterable[Kind] | None) -> None:
+    def __init__(self, owner: Subscribers, kinds: Iterable[Kind] | None) -> None:
         self._owner = owner
         self.kinds = frozenset(kinds) if kinds is not None else None
         self._queue: queue.Queue[Event] = queue.Queue()
@@ -37,7 +37,8 @@ class Subscription:
     def wants(self, event: Event) -> bool:
         return self.kinds is None or event.kind in self.kinds
 
-    def _put(self, event: Event) -> None:
+    def deliver(self, event: Event) -> None:
+        """Queue ``event`` (the publisher's side); never blocks."""
         if self._queue.qsize() >= MAX_QUEUED:
             try:
                 self._queue.get_nowait()
@@ -61,16 +62,10 @@ class Subscription:
             except queue.Empty:
                 return out
 
-    def __iter__(self) -> Iterator[Event]:
-        while True:
-            e = self.get()
-            if e is not None:
-                yield e
-
     def close(self) -> None:
         self._owner.remove(self)
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -93,12 +88,13 @@ class Subscribers:
             if replay:
                 for e in self._history:
                     if sub.wants(e):
-                        sub._put(e)
+                        sub.deliver(e)
             self._subs.append(sub)
         return sub
 
-    def on_event(self, callback: Callable[[Event], None], kinds: Iterable[Kind] | None = None,
-                 replay: bool = False) -> Subscription:
+    def on_event(
+        self, callback: Callable[[Event], None], kinds: Iterable[Kind] | None = None, replay: bool = False
+    ) -> Subscription:
         """Call ``callback(event)`` for each event, on the dispatcher thread. Close the returned subscription to
         stop."""
         sub = self.subscribe(kinds, replay)
@@ -123,7 +119,7 @@ class Subscribers:
             has_callbacks = bool(self._callbacks)
         for sub in subs:
             if sub.wants(event):
-                sub._put(event)
+                sub.deliver(event)
         if has_callbacks:
             self._wake.set()
 

@@ -33,8 +33,25 @@ from .text import render_head, render_tail, render_text
 from .timestamps import format_timestamp
 
 __all__ = [
-    "ERRORS_TEXT", "CommErrors", "CommGroup", "Communicator", "JobSummary", "MissingRank", "MissingReason",
-    "PresentRank", "Report", "Status", "SummaryLayout", "build_job_summary", "build_report", "format_event_json",
-    "format_event_text", "format_timestamp", "is_outlier", "render_head", "render_json", "render_tail",
+    "ERRORS_TEXT",
+    "CommErrors",
+    "CommGroup",
+    "Communicator",
+    "JobSummary",
+    "MissingRank",
+    "MissingReason",
+    "PresentRank",
+    "Report",
+    "Status",
+    "SummaryLayout",
+    "build_job_summary",
+    "build_report",
+    "format_event_json",
+    "format_event_text",
+    "format_timestamp",
+    "is_outlier",
+    "render_head",
+    "render_json",
+    "render_tail",
     "render_text",
 ]

@@ -1,4 +1,4 @@
-"""MONITOR mode: one event as the text line or the JSON object a monitoring client receives (reference 2.9).
+"""MONITOR mode: one event as the text line or the JSON object a monitoring client receives (docs/protocol.md §5).
 
 Text: ``[<time>] <EVENT>: <peer> <details>\\n``, where ``<peer>`` is NCCL's process description when the process
 is known, ``IP<port>`` when only its address is, and absent (with its blank) when the event has no peer. The blank
@@ -15,7 +15,7 @@ after ``details``; for RESTART ``iteration``, ``restarts_count``, ``cause``, ``t
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 from rasd.core.events import Event, Group, Kind
 from rasd.core.peers import Addr, PeerInfo
@@ -84,18 +84,22 @@ def format_event_json(event: Event, *, wall_time: float, peers: Mapping[Addr, Pe
         lines += ['  "peer": {\n', f'    "addr": {json.dumps(str(event.addr))}\n', "  },\n"]
     if event.restart is not None:
         restart = event.restart
-        lines += [f'  "details": {json.dumps(event.details)},\n',
-                  f'  "iteration": {restart.iteration},\n',
-                  f'  "restarts_count": {restart.restarts},\n',
-                  f'  "cause": {json.dumps(restart.cause)},\n',
-                  f'  "terminated_ranks": {_devices(restart.terminated)},\n',
-                  f'  "seconds_lost": {restart.seconds_lost:.3f}\n']
+        lines += [
+            f'  "details": {json.dumps(event.details)},\n',
+            f'  "iteration": {restart.iteration},\n',
+            f'  "restarts_count": {restart.restarts},\n',
+            f'  "cause": {json.dumps(restart.cause)},\n',
+            f'  "terminated_ranks": {_devices(restart.terminated)},\n',
+            f'  "seconds_lost": {restart.seconds_lost:.3f}\n',
+        ]
     elif event.kind in _COMM_VERDICTS or event.comm_hash is not None:
         comm_hash = "null" if event.comm_hash is None else f'"0x{event.comm_hash & HASH_MASK:x}"'
         ranks = "[" + ",".join(str(int(r)) for r in event.ranks) + "]"
-        lines += [f'  "details": {json.dumps(event.details)},\n',
-                  f'  "comm_hash": {comm_hash},\n',
-                  f'  "ranks": {ranks}\n']
+        lines += [
+            f'  "details": {json.dumps(event.details)},\n',
+            f'  "comm_hash": {comm_hash},\n',
+            f'  "ranks": {ranks}\n',
+        ]
     else:
         lines.append(f'  "details": {json.dumps(event.details)}\n')
     lines.append("}\n")

@@ -1,4 +1,4 @@
-"""The JSON report: NCCL's document (reference 2.8), made valid and extended.
+"""The JSON report: NCCL's document (docs/protocol.md §4), made valid and extended.
 
 NCCL prints its JSON with printf: 2-space indents, one key per line, empty arrays as ``[`` newline blank line
 ``]``, and strings unescaped. We keep the layout and escape every string, so the document always parses. Our
@@ -8,7 +8,8 @@ additions (an NCCL client ignores unknown keys; none is removed or renamed):
 - ``collective_counts`` lists all 11 op types, NCCL's five first;
 - per rank: ``hostname``, ``incarnation`` (null when the process is unknown) and ``completed_counts``;
 - per missing rank: ``hostname``, ``incarnation`` and ``status.left`` (its process left the job cleanly);
-- in ``ras``: ``dead_count``, ``left_count`` and ``missing_processes_count``;
+- in ``ras``: ``dead_count``, ``left_count``, ``waiting_count`` (processes that joined and wait to be admitted)
+  and ``missing_processes_count``;
 - top level, before ``ras``: ``restarts``, the job's in-process restarts (``null`` until a process restarted):
   ``iteration``, ``restarts_count``, ``last_cause``, ``last_terminated_ranks``, ``last_seconds_lost`` and
   ``processes_behind`` (host, pid and iteration of each known process at an older iteration).
@@ -24,6 +25,7 @@ import json
 
 from rasd.core.comms import N_OPS, OP_TYPES
 from rasd.core.peers import PeerInfo
+from rasd.core.stuck import StuckVerdict
 
 from .model import HASH_MASK, Communicator, MissingRank, MissingReason, PresentRank, Report
 from .restarts import RestartSummary
@@ -47,7 +49,7 @@ def _array(items: list[str], indent: str) -> str:
 
 
 def _counts(counts: list[int], indent: str) -> str:
-    lines = [f'{indent}  {_str(OP_TYPES[op])}: {int(counts[op])}' for op in range(N_OPS)]
+    lines = [f"{indent}  {_str(OP_TYPES[op])}: {int(counts[op])}" for op in range(N_OPS)]
     return "{\n" + ",\n".join(lines) + f"\n{indent}}}"
 
 
@@ -107,7 +109,25 @@ def _missing_rank(rank: MissingRank) -> str:
     )
 
 
-def _communicator(comm: Communicator, stuck: str | None) -> str:
+def _stuck(verdict: StuckVerdict | None, indent: str) -> str:
+    """A standing COMM_STUCK verdict as data (docs/protocol.md): the op, its operation number, and the ranks behind
+    it and inside it (communicator ranks, and global ranks where the rank map tells); ``null`` when none stands."""
+    if verdict is None:
+        return "null"
+    i = indent + "  "
+    return (
+        "{\n"
+        f'{i}"op": {_str(OP_TYPES[verdict.op])},\n'
+        f'{i}"sequence": {verdict.seq},\n'
+        f'{i}"ranks_behind": {_int_list(verdict.behind)},\n'
+        f'{i}"ranks_inside": {_int_list(verdict.inside)},\n'
+        f'{i}"global_ranks_behind": {_int_list(verdict.global_behind)},\n'
+        f'{i}"global_ranks_inside": {_int_list(verdict.global_inside)}\n'
+        f"{indent}}}"
+    )
+
+
+def _communicator(comm: Communicator, stuck: StuckVerdict | None) -> str:
     i = " " * 6
     return (
         "    {\n"
@@ -118,7 +138,7 @@ def _communicator(comm: Communicator, stuck: str | None) -> str:
         f'{i}"missing_ranks_count": {len(comm.missing)},\n'
         f'{i}"ranks": {_array([_rank(r) for r in comm.ranks], i)},\n'
         f'{i}"missing_ranks": {_array([_missing_rank(m) for m in comm.missing], i)},\n'
-        f'{i}"stuck": {_str(stuck) if stuck is not None else "null"}\n'
+        f'{i}"stuck": {_stuck(stuck, i)}\n'
         "    }"
     )
 
@@ -181,6 +201,7 @@ def render_json(
         f'    "timeouts_count": {report.timeouts},\n'
         f'    "dead_count": {report.dead_count},\n'
         f'    "left_count": {report.left_count},\n'
+        f'    "waiting_count": {len(report.waiting_processes)},\n'
         f'    "missing_processes_count": {len(report.missing_processes)}\n'
         "  }\n"
         "}\n"

@@ -1,10 +1,11 @@
 """The status report as data: every communicator of the job, merged across its processes, classified and grouped.
 
-Theory of operation (reference sections 2.3 and 5)
---------------------------------------------------
+Theory of operation (docs/protocol.md §3, docs/architecture.md §4)
+-------------------------------------------------------------------
 Each responding process reports the communicators it holds ranks of. The root merges them by (hash, size): two
 communicators with one hash but different sizes are a hash collision and are kept apart. A rank reported twice
 is taken from the first process in process order (peer-table order, then any process the table does not know).
+That merge is ``rasd.core.snapshot.merge_communicators``, the one the stuck sweeper uses too.
 
 A rank nobody reported is *missing*. Its process is found through the communicator's rank map (communicator rank
 -> global rank) and the peers' global ranks, and decides what the absence means::
@@ -41,17 +42,23 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from rasd.core.comms import N_OPS, RESULT_IN_PROGRESS, RESULT_SUCCESS, CommRecord, RankRecord
 from rasd.core.peers import Addr, PeerInfo
-from rasd.core.snapshot import JobSnapshot
+from rasd.core.snapshot import (  # HASH_MASK: re-exported, the renderers print hashes with it
+    HASH_MASK as HASH_MASK,
+    JobSnapshot,
+    ProcessOrder,
+    merge_communicators,
+    process_order,
+)
+from rasd.core.stuck import StuckVerdict
 
 from .ordering import addr_key, process_key
 from .restarts import RestartSummary, build_restart_summary
 from .summary import JobSummary, build_job_summary
-
-HASH_MASK = (1 << 64) - 1
 
 
 class Status(enum.IntFlag):
@@ -72,8 +79,14 @@ class CommErrors(enum.IntFlag):
 
 #: How the report prints each combination of error bits.
 ERRORS_TEXT: tuple[str, ...] = (
-    "OK", "MISMATCH", "ERROR", "ERROR,MISMATCH",
-    "INCOMPLETE", "INCOMPLETE,MISMATCH", "INCOMPLETE,ERROR", "INCOMPLETE,ERROR,MISMATCH",
+    "OK",
+    "MISMATCH",
+    "ERROR",
+    "ERROR,MISMATCH",
+    "INCOMPLETE",
+    "INCOMPLETE,MISMATCH",
+    "INCOMPLETE,ERROR",
+    "INCOMPLETE,ERROR,MISMATCH",
 )
 
 
@@ -222,10 +235,13 @@ class Report:
     left_count: int
     timeouts: int
     collection_time: float
-    #: Standing COMM_STUCK verdicts: communicator hash -> their attribution (behind / inside).
-    stuck: dict[int, str] = field(default_factory=dict)
+    #: Standing COMM_STUCK verdicts: communicator hash -> what is stuck and who is to blame (behind / inside).
+    stuck: dict[int, StuckVerdict] = field(default_factory=dict)
     #: The job's in-process restarts (restarts.py); None when no process has reported one.
     restarts: RestartSummary | None = None
+    #: Processes that joined the running job and wait to be admitted at its next rendezvous round, in (host, pid)
+    #: order: in the mesh and counted in the job summary, not yet training (docs/elastic.md §5).
+    waiting_processes: tuple[PeerInfo, ...] = ()
 
     @property
     def collection_seconds(self) -> float:
@@ -256,7 +272,8 @@ class _Context:
     """What classifying a communicator needs to know about the job."""
 
     table: dict[Addr, PeerInfo]
-    process_order: dict[Addr, tuple]
+    #: The key of process order (``rasd.core.snapshot.process_order``).
+    order: Callable[[Addr], ProcessOrder]
     peers_by_global_rank: dict[int, tuple[PeerInfo, ...]]
     responders: frozenset[Addr]
     dead: frozenset[Addr]
@@ -266,26 +283,21 @@ class _Context:
     #: The gather's own duration (``JobSnapshot.collection_time``): the processes' data were taken within it.
     gather_window: float = 0.0
 
-    def order(self, addr: Addr) -> tuple:
-        known = self.process_order.get(addr)
-        return known if known is not None else (1, addr_key(addr))
-
 
 def _merge(snapshot: JobSnapshot, context: _Context) -> list[_MergedComm]:
-    merged: dict[tuple[int, int], _MergedComm] = {}
-    for addr in sorted(snapshot.responses, key=context.order):
-        for comm in snapshot.responses[addr].comms:
-            if comm.size <= 0:
-                continue
-            key = (comm.comm_hash & HASH_MASK, comm.size)
-            for rank in comm.ranks:
-                if not 0 <= rank.comm_rank < comm.size:
-                    continue  # a malformed record; the communicator cannot hold it
-                entry = merged.setdefault(key, _MergedComm(*key))
-                entry.ranks.setdefault(rank.comm_rank, PresentRank(rank.comm_rank, rank, addr, context.table.get(addr)))
-            if comm.rank_map and key in merged:
-                merged[key].mapped.append(comm)
-    return [merged[key] for key in sorted(merged)]
+    """The snapshot's communicators (``merge_communicators``), each rank with its process's table entry."""
+    return [
+        _MergedComm(
+            comm.comm_hash,
+            comm.size,
+            {
+                r: PresentRank(r, reported.record, reported.addr, context.table.get(reported.addr))
+                for r, reported in comm.ranks.items()
+            },
+            comm.mapped,
+        )
+        for comm in merge_communicators(snapshot)
+    ]
 
 
 def _process_of(comm: _MergedComm, comm_rank: int, context: _Context) -> tuple[int | None, PeerInfo | None]:
@@ -351,8 +363,10 @@ def _in_flight(ranks: tuple[PresentRank, ...], op: int, grace: float, window: fl
         if launched == low:
             if not (completed == low or (window > 0 and completed == low - 1 and recent)):
                 return False
-        elif not ((launched == low + 1 and completed == launched - 1 and recent)
-                  or (window > 0 and completed >= launched - 1 and idle_ms <= window * 1000 + 1)):
+        elif not (
+            (launched == low + 1 and completed == launched - 1 and recent)
+            or (window > 0 and completed >= launched - 1 and idle_ms <= window * 1000 + 1)
+        ):
             return False
     return top > low
 
@@ -371,7 +385,8 @@ def _classify(comm: _MergedComm, context: _Context) -> Communicator:
         status_bits |= Status.NOCOMM
 
     mismatched_ops = tuple(
-        op for op in range(N_OPS)
+        op
+        for op in range(N_OPS)
         if any(r.launched(op) != reference.launched(op) for r in ranks)
         and not _in_flight(ranks, op, context.in_flight_grace, context.gather_window)
     )
@@ -399,8 +414,15 @@ def _classify(comm: _MergedComm, context: _Context) -> Communicator:
 
 
 def _table_order(comm: Communicator) -> tuple:
-    return (-comm.size, -comm.node_count, -int(comm.status), -int(comm.errors), len(comm.ranks),
-            comm.comm_hash, comm.size)
+    return (
+        -comm.size,
+        -comm.node_count,
+        -int(comm.status),
+        -int(comm.errors),
+        len(comm.ranks),
+        comm.comm_hash,
+        comm.size,
+    )
 
 
 def _group_key(comm: Communicator) -> tuple:
@@ -418,13 +440,15 @@ def _group(communicators: list[Communicator]) -> tuple[CommGroup, ...]:
     for number, run in enumerate(runs):
         named = tuple(replace(c, group=number, index_in_group=i) for i, c in enumerate(run))
         devices = {(r.addr, r.record.device) for c in named for r in c.ranks}
-        groups.append(CommGroup(
-            number=number,
-            communicators=named,
-            ranks_per_node_min=min(c.ranks_per_node_min for c in named),
-            ranks_per_node_max=max(c.ranks_per_node_max for c in named),
-            ranks_in_group=len(devices),
-        ))
+        groups.append(
+            CommGroup(
+                number=number,
+                communicators=named,
+                ranks_per_node_min=min(c.ranks_per_node_min for c in named),
+                ranks_per_node_max=max(c.ranks_per_node_max for c in named),
+                ranks_in_group=len(devices),
+            )
+        )
     return tuple(groups)
 
 
@@ -443,7 +467,7 @@ def build_report(snapshot: JobSnapshot) -> Report:
 
     context = _Context(
         table=table,
-        process_order={p.addr: (0, i) for i, p in enumerate(table_order)},
+        order=process_order(snapshot),
         peers_by_global_rank={g: tuple(peers) for g, peers in by_global_rank.items()},
         responders=frozenset(snapshot.responses),
         dead=dead,
@@ -471,4 +495,7 @@ def build_report(snapshot: JobSnapshot) -> Report:
         collection_time=snapshot.collection_time,
         stuck=dict(snapshot.stuck),
         restarts=build_restart_summary(snapshot.responses, table, context.order),
+        waiting_processes=tuple(
+            sorted((table[a] for a, data in snapshot.responses.items() if data.waiting and a in table), key=process_key)
+        ),
     )

@@ -7,26 +7,12 @@ is not a numeric IP (it sorts after every IP, by its text) so that a malformed e
 
 from __future__ import annotations
 
-import ipaddress
+from rasd.core.peers import PeerInfo, addr_order, host_order
 
-from rasd.core.peers import Addr, PeerInfo
-
-#: Sorts hosts that are not numeric IPs after IPv4 (4) and IPv6 (6) ones.
-_NOT_AN_IP = 99
-
-
-def host_key(host: str) -> tuple[int, bytes]:
-    """Order of hosts: IPv4, then IPv6, then anything else; within a family, by address bytes."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return (_NOT_AN_IP, host.encode("utf-8", "surrogatepass"))
-    return (ip.version, ip.packed)
-
-
-def addr_key(addr: Addr) -> tuple[int, bytes, int]:
-    """Order of the peer table: host, then port."""
-    return (*host_key(addr.host), addr.port)
+#: Order of hosts: IPv4, then IPv6, then anything else; within a family, by address bytes (one rule, in the core).
+host_key = host_order
+#: Order of the peer table: host, then port.
+addr_key = addr_order
 
 
 def process_key(peer: PeerInfo) -> tuple[int, bytes, int]:

@@ -16,8 +16,8 @@ one, the report has no restart summary at all (and the text report no Restarts s
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from rasd.core.comms import ProcessData, RestartRecord
 from rasd.core.peers import Addr, PeerInfo
@@ -38,11 +38,14 @@ class RestartSummary:
     behind_count: int
 
 
-def build_restart_summary(responses: Mapping[Addr, ProcessData], table: Mapping[Addr, PeerInfo],
-                          order: Callable[[Addr], tuple]) -> RestartSummary | None:
+def build_restart_summary(
+    responses: Mapping[Addr, ProcessData], table: Mapping[Addr, PeerInfo], order: Callable[[Addr], tuple]
+) -> RestartSummary | None:
     """The summary of a gather's restart records; None when no process reported one."""
-    records = sorted(((addr, data.restart) for addr, data in responses.items() if data.restart is not None),
-                     key=lambda item: order(item[0]))
+    records = sorted(
+        ((addr, data.restart) for addr, data in responses.items() if data.restart is not None),
+        key=lambda item: order(item[0]),
+    )
     if not records:
         return None
     iteration = max(record.iteration for _, record in records)

@@ -5,7 +5,7 @@ of the mesh addresses (the port is ignored); the devices of a process are its CU
 Dead processes are still counted (a dead process is part of the job, and its absence is the news); processes that
 *left* the job cleanly are not: they finished, and the job is now smaller.
 
-Three consistency checks choose one of NCCL's three layouts (reference 2.2)::
+Three consistency checks choose one of NCCL's three layouts (docs/protocol.md §3.2)::
 
     A  devices per process equal on every node      B  devices per process equal job-wide
     C  processes per node equal on every node
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Collection, Iterable
 
 from rasd.core.peers import Addr, PeerInfo
 

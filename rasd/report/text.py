@@ -1,4 +1,4 @@
-"""The text report: NCCL's layout byte for byte (reference 2.1-2.5), with our version lines.
+"""The text report: NCCL's layout byte for byte (docs/protocol.md §3), with our version lines.
 
 The server sends it in two parts, as NCCL does. The head (version lines, job summary and ``\\nCommunicators...``)
 needs only the peer table and goes out as soon as the query arrives; the tail (the collection time, the
@@ -20,8 +20,10 @@ from .text_restarts import render_restarts
 from .text_summary import render_job_summary
 from .text_warnings import render_warnings
 
-_TABLE_HEADER = ("Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
-                 "    #  in group  per comm  per node  per comm  in group\n")
+_TABLE_HEADER = (
+    "Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
+    "    #  in group  per comm  per node  per comm  in group\n"
+)
 NO_COMMUNICATORS = "No communicator data collected!\n"
 
 
@@ -34,11 +36,13 @@ def render_head(summary: JobSummary, *, version_line: str, runtime_line: str, ve
 
 def render_tail(report: Report, *, verbose: bool = False) -> str:
     """Everything from the collection time on."""
-    return (f" ({report.collection_seconds:.3f}s)\n=============\n\n"
-            f"{render_table(report)}"
-            f"{render_restarts(report.restarts, verbose)}"
-            f"\nErrors\n======\n\n{render_errors(report, verbose)}"
-            f"Warnings\n========\n\n{render_warnings(report, verbose)}")
+    return (
+        f" ({report.collection_seconds:.3f}s)\n=============\n\n"
+        f"{render_table(report)}"
+        f"{render_restarts(report.restarts, verbose)}"
+        f"\nErrors\n======\n\n{render_errors(report, verbose)}"
+        f"Warnings\n========\n\n{render_warnings(report, verbose)}"
+    )
 
 
 def render_text(report: Report, *, version_line: str, runtime_line: str, verbose: bool = False) -> str:
@@ -53,9 +57,22 @@ def render_table(report: Report) -> str:
         return NO_COMMUNICATORS
     rows = [_TABLE_HEADER]
     for group in report.groups:
-        per_node = (str(group.ranks_per_node_min) if group.ranks_per_node_min == group.ranks_per_node_max
-                    else f"{group.ranks_per_node_min}-{group.ranks_per_node_max}")
-        rows.append("%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s\n" % (
-            group.number, len(group.communicators), group.node_count, per_node, group.size,
-            group.ranks_in_group, group.status.name, ERRORS_TEXT[int(group.errors)]))
+        per_node = (
+            str(group.ranks_per_node_min)
+            if group.ranks_per_node_min == group.ranks_per_node_max
+            else f"{group.ranks_per_node_min}-{group.ranks_per_node_max}"
+        )
+        rows.append(
+            "%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s\n"
+            % (
+                group.number,
+                len(group.communicators),
+                group.node_count,
+                per_node,
+                group.size,
+                group.ranks_in_group,
+                group.status.name,
+                ERRORS_TEXT[int(group.errors)],
+            )
+        )
     return "".join(rows)

@@ -1,4 +1,4 @@
-"""The ``Errors`` section of the text report (reference 2.4).
+"""The ``Errors`` section of the text report (docs/protocol.md §3.2, the Errors rule; examples in §3.3).
 
 Items, each ending with a blank line, in this order: processes that did not answer (INCOMPLETE), dead processes
 (DEAD), then for every communicator in table order its missing ranks (INCOMPLETE) and its rank errors (ERROR).

@@ -1,4 +1,4 @@
-"""The small strings every section of the text report is made of (reference 2.6).
+"""The small strings every section of the text report is made of (docs/protocol.md §3.2).
 
 A rank is located as ``GPU <n> managed by process <pid> on node <ip>``; a rank on the CPU shows ``CPU`` where NCCL
 shows ``GPU <n>``. A missing rank did not report its device, so it shows its process's devices (``GPU 3``,
@@ -21,8 +21,7 @@ def rank_device_text(device: int) -> str:
 def present_rank_location(rank: PresentRank) -> str | None:
     if rank.process is None:
         return None
-    return (f"{rank_device_text(rank.record.device)} managed by process {rank.process.pid} "
-            f"on node {rank.process.host}")
+    return f"{rank_device_text(rank.record.device)} managed by process {rank.process.pid} on node {rank.process.host}"
 
 
 def missing_rank_location(rank: MissingRank) -> str | None:

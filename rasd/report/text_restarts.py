@@ -31,9 +31,11 @@ def render_restarts(summary: RestartSummary | None, verbose: bool) -> str:
     last = summary.last
     noun = "restart" if summary.restarts == 1 else "restarts"
     cause = " ".join(last.cause.split())  # one line, whatever a peer sent
-    out = [HEADER,
-           f"  Iteration {summary.iteration} after {summary.restarts} {noun}\n",
-           f"  Last restart: {cause + '; ' if cause else ''}{last.outcome()}\n"]
+    out = [
+        HEADER,
+        f"  Iteration {summary.iteration} after {summary.restarts} {noun}\n",
+        f"  Last restart: {cause + '; ' if cause else ''}{last.outcome()}\n",
+    ]
     count = summary.behind_count
     if count:
         out.append(f"  {count} job process{' is' if count == 1 else 'es are'} at an older iteration\n")

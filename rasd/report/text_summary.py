@@ -1,4 +1,4 @@
-"""The ``Job summary`` section of the text report, in NCCL's three layouts (reference 2.2)."""
+"""The ``Job summary`` section of the text report, in NCCL's three layouts (docs/protocol.md §3.2)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,13 @@ from .outliers import is_outlier
 from .summary import JobSummary, SummaryLayout
 from .text_lines import plural_es, plural_s
 
-_UNIFORM_HEADER = ("  Nodes  Processes         GPUs  Processes     GPUs\n"
-                   "(total)   per node  per process    (total)  (total)\n")
-_NODES_HEADER = ("  Nodes  Processes         GPUs\n"
-                 "          per node  per process\n")
-_NODES_ONLY_HEADER = ("  Nodes  Processes\n"
-                      "          per node\n")
-_DEVICES_HEADER = ("\n"
-                   "         Processes         GPUs\n"
-                   "                    per process\n")
-_TOTALS_HEADER = ("\n"
-                  "  Nodes  Processes         GPUs\n"
-                  "(total)    (total)      (total)\n")
+_UNIFORM_HEADER = (
+    "  Nodes  Processes         GPUs  Processes     GPUs\n(total)   per node  per process    (total)  (total)\n"
+)
+_NODES_HEADER = "  Nodes  Processes         GPUs\n          per node  per process\n"
+_NODES_ONLY_HEADER = "  Nodes  Processes\n          per node\n"
+_DEVICES_HEADER = "\n         Processes         GPUs\n                    per process\n"
+_TOTALS_HEADER = "\n  Nodes  Processes         GPUs\n(total)    (total)      (total)\n"
 
 
 def render_job_summary(summary: JobSummary, verbose: bool) -> str:
@@ -25,9 +20,16 @@ def render_job_summary(summary: JobSummary, verbose: bool) -> str:
     layout = summary.layout
     if layout is SummaryLayout.UNIFORM:
         out.append(_UNIFORM_HEADER)
-        out.append("%7d  %9d  %11d  %9d  %7d\n" % (summary.node_count, summary.processes_per_node,
-                                                  summary.devices_per_process, summary.process_count,
-                                                  summary.device_count))
+        out.append(
+            "%7d  %9d  %11d  %9d  %7d\n"
+            % (
+                summary.node_count,
+                summary.processes_per_node,
+                summary.devices_per_process,
+                summary.process_count,
+                summary.device_count,
+            )
+        )
         return "".join(out)
 
     if layout is SummaryLayout.UNEVEN_NODES:

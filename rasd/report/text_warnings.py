@@ -1,9 +1,10 @@
-"""The ``Warnings`` section of the text report (reference 2.5, plus our LEFT item).
+"""The ``Warnings`` section of the text report (docs/protocol.md §3.2: NCCL's items plus our LEFT, WAITING, STUCK).
 
 Items, each ending with a blank line: TIMEOUT (legs of the gather that went quiet), LEFT (processes that finished
-and left the job cleanly: not a fault, but the job is smaller than it was), then for every communicator in table
-order its STUCK item (a standing COMM_STUCK verdict: ours), then its MISMATCH item: a status part (ranks disagree on their status) and, per op type, a count part (ranks
-launched different numbers of operations).
+and left the job cleanly: not a fault, but the job is smaller than it was), WAITING (processes that joined the
+running job and wait to be admitted at its next rendezvous round), then for every communicator in table
+order its STUCK item (a standing COMM_STUCK verdict: ours), then its MISMATCH item: a status part (ranks
+disagree on their status) and, per op type, a count part (ranks launched different numbers of operations).
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ def render_warnings(report: Report, verbose: bool) -> str:
     """The body of the section (the caller prints the ``Warnings`` header)."""
     out: list[str] = []
     if report.timeouts > 0:
-        out.append(f"TIMEOUT\n  Encountered {report.timeouts} communication timeout{plural_s(report.timeouts)} "
-                   "while gathering communicator data\n\n")
+        out.append(
+            f"TIMEOUT\n  Encountered {report.timeouts} communication timeout{plural_s(report.timeouts)} "
+            "while gathering communicator data\n\n"
+        )
     out += _left_processes(report, verbose)
+    out += _waiting_processes(report)
     for comm in report.communicators:
         if comm.comm_hash in report.stuck:
             # torchras: a COMM_STUCK verdict, with who is behind and who is inside the stuck operation.
-            out.append(f"{comm.label} STUCK\n  {report.stuck[comm.comm_hash]}\n\n")
+            out.append(f"{comm.label} STUCK\n  {report.stuck[comm.comm_hash].describe()}\n\n")
     for comm in report.communicators:
         if comm.errors & CommErrors.MISMATCH:
             out += _mismatch(comm, verbose)
@@ -51,6 +55,21 @@ def _left_processes(report: Report, verbose: bool) -> list[str]:
         unknown = count - len(report.left_processes)
         if unknown > 0:
             out.append(unknown_processes_line(unknown))
+    out.append("\n")
+    return out
+
+
+def _waiting_processes(report: Report) -> list[str]:
+    """torchras: processes that joined the running job and wait for its next rendezvous round (always listed:
+    there are few, and an operator starting replacements wants to see each one arrive)."""
+    count = len(report.waiting_processes)
+    if count == 0:
+        return []
+    verb = "waits" if count == 1 else "wait"
+    out = [
+        f"WAITING\n  {count} job process{plural_es(count)} joined the job and {verb} to be admitted at its next round\n"
+    ]
+    out += [process_line(p) for p in report.waiting_processes]
     out.append("\n")
     return out
 
@@ -84,8 +103,7 @@ def _status_part(comm: Communicator, verbose: bool) -> list[str]:
 def _count_part(comm: Communicator, op: int, verbose: bool) -> list[str]:
     out = [f"  Communicator ranks have different {OP_TYPES[op]} operation counts\n"]
     for group in launch_count_groups(comm, op):
-        launched = (f"launched up to operation {group.value}" if group.value > 0
-                    else "not launched any operations")
+        launched = f"launched up to operation {group.value}" if group.value > 0 else "not launched any operations"
         if group.count > 1:
             out.append(f"  {group.count} ranks have {launched}\n")
         if is_outlier(group.count, verbose, comm.size):

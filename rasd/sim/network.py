@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from rasd.core import node as core
 from rasd.core.comms import ProcessData
@@ -83,7 +83,10 @@ class Simulation:
         self.loss = loss
         self.retransmit = retransmit
         self.hop_cost = hop_cost
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        # (when, sequence, function, arguments): the sequence number keeps events of one instant in the order they
+        # were scheduled, and the function is called with the arguments (no closure per message: the simulator
+        # handles millions of them, docs/architecture.md §9).
+        self._heap: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._seq = 0
         self.partitions: list[tuple[frozenset[int], frozenset[int]]] = []
         self._pipes: dict[tuple[int, int], _Pipe] = {}  # (node, conn id) -> the pipe *from* that end
@@ -96,15 +99,26 @@ class Simulation:
         self._express_links = express_links
         for i in range(n):
             host = f"10.{(i // procs_per_host) // 256 % 256}.{(i // procs_per_host) % 256}.1"
-            info = PeerInfo(addr=Addr(host, 20000 + i % procs_per_host), pid=1000 + i, hostname=f"host{i // procs_per_host}",
-                            incarnation=new_incarnation(EPOCH, self.rng), rank=i)
+            info = PeerInfo(
+                addr=Addr(host, 20000 + i % procs_per_host),
+                pid=1000 + i,
+                hostname=f"host{i // procs_per_host}",
+                incarnation=new_incarnation(EPOCH, self.rng),
+                rank=i,
+            )
             self._add_node(info)
 
     def _add_node(self, info: PeerInfo) -> SimNode:
         i = len(self.nodes)
         data = (lambda i=i: self._local_data(i)) if self._local_data else ProcessData
-        node = core.Node(info, SECRET, self.timers, rng=random.Random(self.rng.getrandbits(64)), local_data=data,
-                         express_links=self._express_links)
+        node = core.Node(
+            info,
+            SECRET,
+            self.timers,
+            rng=random.Random(self.rng.getrandbits(64)),
+            local_data=data,
+            express_links=self._express_links,
+        )
         s = SimNode(i, node)
         self.nodes.append(s)
         self.addr_index[info.addr] = i
@@ -123,19 +137,23 @@ class Simulation:
             shared.merge(infos)
         for s in self.nodes:
             phase = self.rng.uniform(0, self.timers.tick)
-            self._run(s, lambda s=s: s.node.start(self.now))
-            if bootstrap == "quiet":
-                self._run(s, lambda s=s: s.node.adopt_table(shared.copy(), self.now))
-            else:
-                peers = infos if bootstrap == "full" else [infos[(s.index + 1) // 2 - 1]] if s.index else []
-                self._run(s, lambda s=s, peers=peers: s.node.add_peers(peers, self.now, introduce=bootstrap == "seed"))
-            self._at(self.now + phase, lambda s=s: self._tick(s))
+            self._start_node(s, bootstrap, infos, shared)
+            self._at(self.now + phase, self._tick, s)
+
+    def _start_node(self, s: SimNode, bootstrap: str, infos: list[PeerInfo], shared: PeerTable) -> None:
+        """One node of ``start``: its inputs read the clock when they run (a paused node runs them later)."""
+        self._run(s, lambda: s.node.start(self.now))
+        if bootstrap == "quiet":
+            self._run(s, lambda: s.node.adopt_table(shared.copy(), self.now))
+        else:
+            peers = infos if bootstrap == "full" else [infos[(s.index + 1) // 2 - 1]] if s.index else []
+            self._run(s, lambda: s.node.add_peers(peers, self.now, introduce=bootstrap == "seed"))
 
     def kill(self, i: int) -> None:
         s = self.nodes[i]
         s.alive = False
         s.backlog.clear()
-        for (n, cid), pipe in list(self._pipes.items()):
+        for (n, _), pipe in list(self._pipes.items()):
             if n == i and pipe.open:
                 self._close_pipe(pipe)
 
@@ -149,8 +167,14 @@ class Simulation:
             raise ValueError(f"node {i} still holds its address")
         me = old.node.me
         known = seed if seed is not None else next(s.index for s in self.nodes if s.alive)
-        info = PeerInfo(addr=me.addr, pid=me.pid + 100_000, hostname=me.hostname, devices=me.devices, rank=me.rank,
-                        incarnation=new_incarnation(EPOCH + self.now, self.rng))
+        info = PeerInfo(
+            addr=me.addr,
+            pid=me.pid + 100_000,
+            hostname=me.hostname,
+            devices=me.devices,
+            rank=me.rank,
+            incarnation=new_incarnation(EPOCH + self.now, self.rng),
+        )
         s = self._add_node(info)
         seeds = [self.nodes[known].node.me]
         self._run(s, lambda: s.node.start(self.now))
@@ -195,10 +219,11 @@ class Simulation:
     # Running
 
     def run_until(self, t: float) -> None:
-        while self._heap and self._heap[0][0] <= t:
-            when, _, fn = heapq.heappop(self._heap)
+        heap, pop = self._heap, heapq.heappop
+        while heap and heap[0][0] <= t:
+            when, _, fn, args = pop(heap)
             self.now = when
-            fn()
+            fn(*args)
         self.now = t
 
     def run_while(self, condition: Callable[[], bool], limit: float, step: float = 0.05) -> bool:
@@ -229,15 +254,15 @@ class Simulation:
     # ------------------------------------------------------------------------------------------------------------
     # Internals
 
-    def _at(self, when: float, fn: Callable[[], None]) -> None:
+    def _at(self, when: float, fn: Callable[..., None], *args: object) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, fn))
+        heapq.heappush(self._heap, (when, self._seq, fn, args))
 
     def _tick(self, s: SimNode) -> None:
         if not s.alive:
             return
         self._run(s, lambda: s.node.tick(self.now))
-        self._at(self.now + self.timers.tick, lambda: self._tick(s))
+        self._at(self.now + self.timers.tick, self._tick, s)
 
     def _run(self, s: SimNode, step: Callable[[], list[core.Action]]) -> None:
         """Feed one input to a node (queued while it is paused) and carry out its actions."""
@@ -255,26 +280,36 @@ class Simulation:
         for a in actions:
             self._act(s, a)
 
+    def _receive(self, s: SimNode, conn_id: int, data: bytes) -> None:
+        """Bytes arrive at node ``s``: ``_run`` with the common case (a running node) taken without a closure."""
+        if not s.alive:
+            return
+        if s.paused or self.hop_cost:
+            self._run(s, lambda: s.node.received(conn_id, data, self.now))
+            return
+        for a in s.node.received(conn_id, data, self.now):
+            self._act(s, a)
+
     def _act(self, s: SimNode, a: core.Action) -> None:
-        delay = self.hop_cost
+        # The action types are disjoint: tested in the order of their frequency (sends, then events).
         if isinstance(a, core.Send):
             pipe = self._pipes.get((s.index, a.conn_id))
             if pipe is not None and pipe.open:
                 self.messages_sent += 1
                 pipe.bytes_sent += len(a.data)
-                if self._cut(pipe.src, pipe.dst):
+                if self.partitions and self._cut(pipe.src, pipe.dst):
                     pipe.held.append(a.data)
                 else:
-                    self._deliver(pipe, a.data, delay)
+                    self._deliver(pipe, a.data, self.hop_cost)
+        elif isinstance(a, core.Emit):
+            if self.record is None or a.event.kind in self.record:
+                s.events.append((self.now, a.event))
         elif isinstance(a, core.Connect):
             self._connect(s, a)
         elif isinstance(a, core.Close):
             pipe = self._pipes.get((s.index, a.conn_id))
             if pipe is not None:
                 self._close_pipe(pipe)
-        elif isinstance(a, core.Emit):
-            if self.record is None or a.event.kind in self.record:
-                s.events.append((self.now, a.event))
         elif isinstance(a, core.ProbePid):
             j = self.addr_index.get(a.addr)
             if j is not None and (not self.nodes[j].alive or self.nodes[j].node.me.pid != a.pid):
@@ -286,9 +321,12 @@ class Simulation:
         return any((a in x and b in y) or (a in y and b in x) for x, y in self.partitions)
 
     def _lat(self) -> float:
-        lat = self.rng.uniform(*self.latency)
-        while self.loss and self.rng.random() < self.loss:
-            lat += self.retransmit
+        rng = self.rng
+        low, high = self.latency
+        lat = low + (high - low) * rng.random()  # what ``rng.uniform(low, high)`` computes, from the same draw
+        if self.loss:
+            while rng.random() < self.loss:
+                lat += self.retransmit
         return lat
 
     def _deliver(self, pipe: _Pipe, data: bytes, extra: float = 0.0) -> None:
@@ -297,7 +335,7 @@ class Simulation:
         dst = self.nodes[pipe.dst]
         # Bytes already sent arrive even if the sender closed since (TCP delivers data before the FIN); a node
         # ignores bytes for a connection it closed itself.
-        self._at(when, lambda: self._run(dst, lambda: dst.node.received(pipe.dst_conn, data, self.now)))
+        self._at(when, self._receive, dst, pipe.dst_conn, data)
 
     def _connect(self, s: SimNode, a: core.Connect) -> None:
         j = self.addr_index.get(a.addr)
@@ -307,8 +345,10 @@ class Simulation:
             return
         if self._cut(s.index, j):
             # The SYN goes nowhere; the runtime gives up on a connect after the handshake time.
-            self._at(self.now + self.timers.handshake,
-                     lambda: self._run(s, lambda: s.node.connect_failed(a.conn_id, self.now, False)))
+            self._at(
+                self.now + self.timers.handshake,
+                lambda: self._run(s, lambda: s.node.connect_failed(a.conn_id, self.now, False)),
+            )
             return
         remote_id = self._next_accept_id
         self._next_accept_id -= 1

@@ -15,10 +15,10 @@ if TYPE_CHECKING:  # importing torch costs seconds: only install() does it
     from .hooks import TorchHooks
 
 # The hooks of this process (one RAS node per process, one set of hooks feeding it).
-_hooks: "TorchHooks | None" = None
+_hooks: TorchHooks | None = None
 
 
-def install(start_mesh: bool = True) -> "TorchHooks":
+def install(start_mesh: bool = True) -> TorchHooks:
     """Hook torch.distributed (idempotent). Call before ``init_process_group``; called after it, the default group
     is adopted (groups created before the call are not counted). ``start_mesh=False`` counts without starting the
     RAS node."""
@@ -39,7 +39,7 @@ def uninstall() -> None:
         _hooks = None
 
 
-def installed() -> "TorchHooks | None":
+def installed() -> TorchHooks | None:
     """The hooks installed in this process (their ``registry`` holds the communicators and counters), or None."""
     return _hooks
 

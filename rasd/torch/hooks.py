@@ -7,6 +7,14 @@ calls from inside torch, such as ``all_gather_object``'s, are counted too) with 
     dist.all_reduce(t, group=g)  ->  comm(g).launch(AllReduce); original(...); comm(g).complete(AllReduce)
     dist.all_reduce(t, async_op=True)  ->  ... the completion is counted by a callback on the Work's future
 
+On a CUDA (NCCL) group a collective returns as soon as its kernel is queued, long before it completes, so there
+"completed" means completed on the GPU. After a synchronous call torch has made the caller's stream wait for the
+collective, so a CUDA event recorded on that stream marks its end; an asynchronous call's ``Work`` marks its own.
+Each goes into the communicator's queue of GPU work until a query (``Event.query()``, ``Work.is_completed()``:
+never a wait) says it is done. The queue is drained before every snapshot (and by the training thread when it
+grows long), so a rank stuck inside an NCCL kernel shows as launched and not
+completed, as NCCL's own RAS counts it (docs/operations.md, "Counting on GPUs").
+
 The cost per call is a dict lookup and two list increments (about a microsecond). A call on a group this process
 does not belong to, or before ``init_process_group``, goes straight through. ``uninstall()`` puts the originals
 back. Collectives that torch issues from C++ without passing through these functions (DDP's gradient buckets) are
@@ -17,19 +25,22 @@ The first ``init_process_group`` also starts this process's RAS node from the de
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import inspect
 import logging
 import os
 import threading
+from collections.abc import Callable
 from time import monotonic
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from rasd.api import RasHandle
 from rasd.core.comms import OP_TYPES, RESULT_IN_PROGRESS, runs_of
 from rasd.core.registry import CommRegistry, LocalComm
 
@@ -37,14 +48,30 @@ log = logging.getLogger("rasd")
 
 #: Public function -> op type. Wrapped under the same name in torch.distributed and distributed_c10d.
 COUNTED: dict[str, str] = {
-    "all_reduce": "AllReduce", "broadcast": "Broadcast", "reduce": "Reduce",
-    "all_gather": "AllGather", "all_gather_into_tensor": "AllGather", "all_gather_coalesced": "AllGather",
-    "reduce_scatter": "ReduceScatter", "reduce_scatter_tensor": "ReduceScatter",
-    "all_to_all": "AllToAll", "all_to_all_single": "AllToAll",
-    "gather": "Gather", "scatter": "Scatter", "barrier": "Barrier", "monitored_barrier": "Barrier",
-    "send": "Send", "recv": "Recv", "isend": "Send", "irecv": "Recv",
+    "all_reduce": "AllReduce",
+    "broadcast": "Broadcast",
+    "reduce": "Reduce",
+    "all_gather": "AllGather",
+    "all_gather_into_tensor": "AllGather",
+    "all_gather_coalesced": "AllGather",
+    "reduce_scatter": "ReduceScatter",
+    "reduce_scatter_tensor": "ReduceScatter",
+    "all_to_all": "AllToAll",
+    "all_to_all_single": "AllToAll",
+    "gather": "Gather",
+    "scatter": "Scatter",
+    "barrier": "Barrier",
+    "monitored_barrier": "Barrier",
+    "send": "Send",
+    "recv": "Recv",
+    "isend": "Send",
+    "irecv": "Recv",
 }
-#: NCCL's ncclResult_t codes used for a failed operation (reference 2.4).
+#: The training thread counts finished GPU work only when a communicator has this many works queued (bounding the
+#: Works it holds); the RAS thread counts it before every snapshot. Querying CUDA events at every launch would cost
+#: a few microseconds per collective (bench/nccl_overhead.py).
+GPU_QUEUE_DRAIN_AT = 64
+#: NCCL's ncclResult_t codes for a failed operation, as the report breaks them down (docs/protocol.md §3.2, §4.1).
 SYSTEM_ERROR = 2
 REMOTE_ERROR = 6
 
@@ -65,6 +92,11 @@ class TorchHooks:
         self.by_group: dict[int, LocalComm] = {}  # id(ProcessGroup) -> its communicator
         self.originals: dict[tuple[Any, str], Callable] = {}
         self.groups_created = 0
+        #: id(LocalComm) -> the CUDA works of that communicator not yet completed on the GPU, oldest first.
+        self.gpu_pending: dict[int, collections.deque[tuple[Any, LocalComm, int]]] = {}
+        self._gpu_lock = threading.Lock()
+        self._events: list[Any] = []  # finished CUDA events, reused (creating one costs microseconds)
+        self._streams: dict[int, tuple[int, Any]] = {}  # device -> (raw current stream, its Stream object)
         #: The in-process restart iteration whose groups are being created (inprocess.Wrapper sets it): part of
         #: every communicator hash, so a group of iteration 3 is never mistaken for its twin of iteration 2.
         self.epoch = 0
@@ -124,13 +156,65 @@ class TorchHooks:
                 raise
             finally:
                 _nested.inside = False
-            if isinstance(result, dist.Work):
+            if comm.device >= 0:
+                self._queue_gpu_work(result if isinstance(result, dist.Work) else None, comm, op)
+            elif isinstance(result, dist.Work):
                 _on_completion(result, comm, op)  # async: counted when its future completes
             else:
                 comm.complete(op, monotonic())
             return result
 
         return counted
+
+    def _queue_gpu_work(self, work: Any, comm: LocalComm, op: int) -> None:
+        """Queue the end of a GPU collective: its ``Work``, or an event on the caller's current stream."""
+        marker: Any = work
+        if marker is None:
+            try:
+                raw = torch._C._cuda_getCurrentRawStream(comm.device)  # cheap; a Stream object costs ~10 us
+                cached = self._streams.get(comm.device)
+                if cached is None or cached[0] != raw:
+                    cached = self._streams[comm.device] = (raw, torch.cuda.current_stream(comm.device))
+                try:
+                    marker = self._events.pop()
+                except IndexError:
+                    marker = torch.cuda.Event()
+                cached[1].record_event(marker)
+            except Exception:  # noqa: BLE001 - no usable CUDA context: count it at once, as on the CPU
+                comm.complete(op, monotonic())
+                return
+        with self._gpu_lock:
+            queue = self.gpu_pending.setdefault(id(comm), collections.deque())
+            queue.append((marker, comm, op))
+            long = len(queue) > GPU_QUEUE_DRAIN_AT
+        if long:
+            self.drain_gpu_work()
+
+    def drain_gpu_work(self) -> None:
+        """Count the GPU work that has completed, oldest first per communicator (a stream completes in order).
+        Called by the training thread at each launch and by the RAS thread before a snapshot; never blocks on
+        the GPU. A work whose query fails is counted as completed with the communicator's error set."""
+        with self._gpu_lock:
+            for key, queue in list(self.gpu_pending.items()):
+                while queue:
+                    marker, comm, op = queue[0]
+                    is_event = isinstance(marker, torch.cuda.Event)
+                    try:
+                        if not (marker.query() if is_event else marker.is_completed()):
+                            break
+                    except Exception:  # noqa: BLE001 - an aborted or failed communicator: recorded, not raised
+                        comm.async_error = SYSTEM_ERROR
+                    queue.popleft()
+                    if is_event and len(self._events) < GPU_QUEUE_DRAIN_AT:
+                        self._events.append(marker)
+                    comm.complete(op, monotonic())
+                if not queue:
+                    del self.gpu_pending[key]
+
+    def snapshot(self) -> Any:
+        """This process's communicators for a report: the registry's counters after counting finished GPU work."""
+        self.drain_gpu_work()
+        return self.registry.snapshot(monotonic())
 
     def begin_epoch(self, epoch: int) -> None:
         """Groups created from now on belong to restart iteration ``epoch`` (every rank numbers them afresh)."""
@@ -157,9 +241,15 @@ class TorchHooks:
 
     def _register_default(self) -> None:
         pg = c10d._get_default_group()
-        self.by_group[id(pg)] = self.registry.register(LocalComm(
-            comm_hash=_hash(self.epoch, "world", dist.get_world_size()), size=dist.get_world_size(), rank=dist.get_rank(),
-            rank_map=((0, dist.get_world_size(), 1),), device=_device_of(pg)))
+        self.by_group[id(pg)] = self.registry.register(
+            LocalComm(
+                comm_hash=_hash(self.epoch, "world", dist.get_world_size()),
+                size=dist.get_world_size(),
+                rank=dist.get_rank(),
+                rank_map=((0, dist.get_world_size(), 1),),
+                device=_device_of(pg),
+            )
+        )
 
     def _wrap_new_group(self, fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -172,9 +262,15 @@ class TorchHooks:
             pending = None
             if me in members:
                 # Visible as INIT while torch builds it; all members count new_group calls alike.
-                pending = self.registry.register(LocalComm(
-                    comm_hash=_hash(self.epoch, "new_group", self.groups_created, *members), size=len(members),
-                    rank=members.index(me), rank_map=runs_of(members), init_state=RESULT_IN_PROGRESS))
+                pending = self.registry.register(
+                    LocalComm(
+                        comm_hash=_hash(self.epoch, "new_group", self.groups_created, *members),
+                        size=len(members),
+                        rank=members.index(me),
+                        rank_map=runs_of(members),
+                        init_state=RESULT_IN_PROGRESS,
+                    )
+                )
             try:
                 pg = fn(*args, **kwargs)
             except Exception:
@@ -204,6 +300,9 @@ class TorchHooks:
             try:
                 return fn(group, *args, **kwargs)
             finally:
+                with self._gpu_lock:
+                    for comm in doomed:
+                        self.gpu_pending.pop(id(comm), None)
                 for comm in doomed:
                     self.registry.unregister(comm)
                 ids = {id(c) for c in doomed}
@@ -266,12 +365,15 @@ def _start_mesh(hooks: TorchHooks) -> None:
     start_node(hooks, store, rank=dist.get_rank(), devices=() if device < 0 else (device,))
 
 
-def start_node(hooks: TorchHooks, store: Any, *, rank: int, devices: tuple[int, ...] = (),
-               prefix: str | None = None) -> Any:
+def start_node(
+    hooks: TorchHooks, store: Any, *, rank: int, devices: tuple[int, ...] = (), prefix: str | None = None
+) -> RasHandle | None:
     """Start this process's RAS node (once) from ``store``, reporting the communicators that ``hooks`` count and
-    serving the client port. Returns the running node's runtime, or None when rasd is off or cannot start."""
+    serving the client port. Returns the running node's handle, or None when rasd is off or cannot start (it
+    never raises: rasd.start logs why)."""
     import rasd
     from rasd.net import client_port
 
-    return rasd.start(store, rank=rank, devices=devices, prefix=prefix,
-                      local_data=lambda: hooks.registry.snapshot(monotonic()), services=[client_port.serve])
+    return rasd.start(
+        store, rank=rank, devices=devices, prefix=prefix, local_data=hooks.snapshot, services=[client_port.serve]
+    )

@@ -28,19 +28,40 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_the_demo_restarts_in_place_after_a_kill_of_rank_0_and_an_exception():
-    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+    )
     env.pop("TORCHRAS_LOG_LEVEL", None)
     completed = subprocess.run(
-        [sys.executable, "-m", "rasd.cli", "demo", "--steps", "60", "--step-time", "0.05",
-         "--addr", f"localhost:{free_port()}",
-         "--inject", "kill:rank=0,step=20", "--inject", "exception:rank=1,step=45"],
-        env=env, cwd=REPOSITORY, capture_output=True, text=True, timeout=400,
+        [
+            sys.executable,
+            "-m",
+            "rasd.cli",
+            "demo",
+            "--steps",
+            "60",
+            "--step-time",
+            "0.05",
+            "--addr",
+            f"localhost:{free_port()}",
+            "--inject",
+            "kill:rank=0,step=20",
+            "--inject",
+            "exception:rank=1,step=45",
+        ],
+        env=env,
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     out = completed.stdout
     assert completed.returncode == 0, f"{out}\n{completed.stderr[-3000:]}"
-    restarts = re.findall(r"^restart (\d+) after (.*): (\d+) ranks continue from step (\d+), [\d.]+ s lost$", out,
-                          re.MULTILINE)
+    restarts = re.findall(
+        r"^restart (\d+) after (.*): (\d+) ranks continue from step (\d+), [\d.]+ s lost$", out, re.MULTILINE
+    )
     assert [(count, world) for count, _, world, _ in restarts] == [("1", "3"), ("2", "3")], out
     assert restarts[0][1].startswith("PEER_DEAD of rank 0"), out
     assert restarts[1][1].startswith("RuntimeError on rank 1: injected exception"), out

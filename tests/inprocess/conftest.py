@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from inprocess_jobs import Job  # noqa: E402
+from inprocess_jobs import Job
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 Spawn = Callable[..., subprocess.Popen]
 
 
-def etcd_binary() -> Optional[str]:
+def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
@@ -70,7 +70,7 @@ class Cluster:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def start(members: Sequence[Member], spawns: Optional[Sequence[Spawn]] = None, timeout: float = 60.0) -> Cluster:
+def start(members: Sequence[Member], spawns: Sequence[Spawn] | None = None, timeout: float = 60.0) -> Cluster:
     """Start ``members`` as one cluster (``spawns[i]`` starts member i, default ``subprocess.Popen``), healthy."""
     binary = require_etcd()
     data = tempfile.mkdtemp(prefix="inprocess-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -80,16 +80,37 @@ def start(members: Sequence[Member], spawns: Optional[Sequence[Spawn]] = None, t
     try:
         for index, member in enumerate(members):
             spawn = spawns[index] if spawns else subprocess.Popen
-            log = open(os.path.join(data, f"{member.name}.log"), "w")
-            processes.append(spawn(
-                [binary, "--name", member.name, "--data-dir", os.path.join(data, member.name),
-                 "--listen-client-urls", f"http://{member.ip}:{member.client_port}",
-                 "--advertise-client-urls", f"http://{member.ip}:{member.client_port}",
-                 "--listen-peer-urls", member.peer_url, "--initial-advertise-peer-urls", member.peer_url,
-                 "--initial-cluster", initial, "--initial-cluster-state", "new",
-                 "--heartbeat-interval", "100", "--election-timeout", "1000"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            ))
+            with open(os.path.join(data, f"{member.name}.log"), "w") as log:  # the member writes to its own copy
+                processes.append(
+                    spawn(
+                        [
+                            binary,
+                            "--name",
+                            member.name,
+                            "--data-dir",
+                            os.path.join(data, member.name),
+                            "--listen-client-urls",
+                            f"http://{member.ip}:{member.client_port}",
+                            "--advertise-client-urls",
+                            f"http://{member.ip}:{member.client_port}",
+                            "--listen-peer-urls",
+                            member.peer_url,
+                            "--initial-advertise-peer-urls",
+                            member.peer_url,
+                            "--initial-cluster",
+                            initial,
+                            "--initial-cluster-state",
+                            "new",
+                            "--heartbeat-interval",
+                            "100",
+                            "--election-timeout",
+                            "1000",
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         deadline = time.monotonic() + timeout
         for member in members if spawns is None else []:
             wait_healthy(member.endpoint, deadline)

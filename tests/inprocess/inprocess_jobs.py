@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 WORKLOAD = Path(__file__).with_name("inprocess_workload.py")
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -38,10 +37,10 @@ class Job:
     scenario: dict
     processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
     #: Per rank, the tests/netns.py host it runs in (``.popen``, ``.ip``); None: this machine, on loopback.
-    hosts: Optional[list] = None
+    hosts: list | None = None
     environment: dict = dataclasses.field(default_factory=dict)
 
-    def start(self) -> "Job":
+    def start(self) -> Job:
         master_port, wrapper_port = free_ports(2)
         self.scenario = dict(
             self.scenario,
@@ -63,17 +62,18 @@ class Job:
                 TORCH_CPP_LOG_LEVEL="ERROR",
             )
             env.update(self.scenario.get("env", {}))  # e.g. TORCHRAS_TIMEOUT_FACTOR for the rasd mesh
-            log = open(self.directory / f"rank{rank}.stderr", "w")
             popen = self.hosts[rank].popen if self.hosts else subprocess.Popen
-            self.processes.append(
-                popen([sys.executable, *([os.environ["INPROCESS_TEST_DEBUG"]] if os.environ.get("INPROCESS_TEST_DEBUG") else []), str(WORKLOAD)], env=env, stdout=log, stderr=subprocess.STDOUT)
-            )
+            debug = [os.environ["INPROCESS_TEST_DEBUG"]] if os.environ.get("INPROCESS_TEST_DEBUG") else []
+            with open(self.directory / f"rank{rank}.stderr", "w") as log:  # the rank writes to its own copy
+                self.processes.append(
+                    popen([sys.executable, *debug, str(WORKLOAD)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                )
         return self
 
-    def wait(self, timeout: float, ranks: Optional[list[int]] = None) -> list[Optional[int]]:
+    def wait(self, timeout: float, ranks: list[int] | None = None) -> list[int | None]:
         """Exit codes of ``ranks`` (default: all; None: still running at the deadline)."""
         deadline = time.monotonic() + timeout
-        codes: list[Optional[int]] = []
+        codes: list[int | None] = []
         for rank, process in enumerate(self.processes):
             if ranks is not None and rank not in ranks:
                 continue
@@ -92,7 +92,7 @@ class Job:
     def all_events(self) -> dict[int, list[dict]]:
         return {rank: self.events(rank) for rank in range(self.world_size)}
 
-    def wait_for_event(self, rank: int, event: str, timeout: float) -> Optional[dict]:
+    def wait_for_event(self, rank: int, event: str, timeout: float) -> dict | None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for item in self.events(rank):

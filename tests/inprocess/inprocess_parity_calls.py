@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import inprocess
 from inprocess.rank_assignment import RankAssignment, RankAssignmentCtx
@@ -37,9 +37,15 @@ class Records(logging.Handler):
 
 def fast(port: int, **kwargs: Any) -> dict:
     settings: dict[str, Any] = dict(
-        store_kwargs={"port": port}, monitor_thread_interval=0.1 * SECONDS, monitor_process_interval=0.1 * SECONDS,
-        progress_watchdog_interval=0.1 * SECONDS, last_call_wait=0.05 * SECONDS, soft_timeout=20 * SECONDS,
-        hard_timeout=40 * SECONDS, heartbeat_timeout=30 * SECONDS, barrier_timeout=60 * SECONDS,
+        store_kwargs={"port": port},
+        monitor_thread_interval=0.1 * SECONDS,
+        monitor_process_interval=0.1 * SECONDS,
+        progress_watchdog_interval=0.1 * SECONDS,
+        last_call_wait=0.05 * SECONDS,
+        soft_timeout=20 * SECONDS,
+        hard_timeout=40 * SECONDS,
+        heartbeat_timeout=30 * SECONDS,
+        barrier_timeout=60 * SECONDS,
     )
     settings.update(kwargs)
     return settings
@@ -61,9 +67,15 @@ def nothing_outlives_a_call(port: int, out: Path) -> dict:
     """Calls that return and calls that raise, many in a row: stores, threads, handlers and fds stay flat."""
     logfile, pidfile = str(out / "monitor{rank}.log"), str(out / "monitor{rank}.pid")
 
-    @inprocess.Wrapper(**fast(port, monitor_process_logfile=logfile, monitor_process_pidfile=pidfile,
-                              initialize=inprocess.initialize.RetryController(max_iterations=2)))
-    def train(fail: bool, call_wrapper: Optional[inprocess.CallWrapper] = None) -> int:
+    @inprocess.Wrapper(
+        **fast(
+            port,
+            monitor_process_logfile=logfile,
+            monitor_process_pidfile=pidfile,
+            initialize=inprocess.initialize.RetryController(max_iterations=2),
+        )
+    )
+    def train(fail: bool, call_wrapper: inprocess.CallWrapper | None = None) -> int:
         if fail:
             raise ValueError("every iteration fails")
         if call_wrapper.iteration == 0:
@@ -81,8 +93,13 @@ def nothing_outlives_a_call(port: int, out: Path) -> dict:
         after.append(footprint())
     pid = Path(pidfile.format(rank=0))
     log_lines = Path(logfile.format(rank=0)).read_text().splitlines()
-    return dict(before=before, after=after, raised=len(kept), log_lines=log_lines,
-                pidfile=pid.read_text() if pid.exists() else None)
+    return dict(
+        before=before,
+        after=after,
+        raised=len(kept),
+        log_lines=log_lines,
+        pidfile=pid.read_text() if pid.exists() else None,
+    )
 
 
 class ActivateLate(RankAssignment):
@@ -105,7 +122,7 @@ def initialized_then_rank_should_restart(port: int, records: Records) -> dict:
     assignment = ActivateLate()
 
     @inprocess.Wrapper(**fast(port, rank_assignment=assignment))
-    def train(call_wrapper: Optional[inprocess.CallWrapper] = None) -> str:
+    def train(call_wrapper: inprocess.CallWrapper | None = None) -> str:
         seen.append(call_wrapper.iteration)
         if call_wrapper.iteration == 1:
             raise inprocess.monitor_thread.RankShouldRestart("the workload asks for a restart")
@@ -119,12 +136,17 @@ def initialized_then_rank_should_restart(port: int, records: Records) -> dict:
 def hang_protection_holds_under_tight_timeouts(port: int, records: Records) -> dict:
     """The reference's own tests: soft 1.25 s, hard 1.5 s, default 1 s intervals; a 2 s sleep inside
     ``disable_hang_protection()`` times nothing out, an exception inside it still restarts."""
-    tight = dict(store_kwargs={"port": port}, soft_timeout=1.25 * SECONDS, hard_timeout=1.5 * SECONDS,
-                 heartbeat_timeout=1.75 * SECONDS, barrier_timeout=3 * SECONDS)
+    tight = dict(
+        store_kwargs={"port": port},
+        soft_timeout=1.25 * SECONDS,
+        hard_timeout=1.5 * SECONDS,
+        heartbeat_timeout=1.75 * SECONDS,
+        barrier_timeout=3 * SECONDS,
+    )
     calls = []
 
     @inprocess.Wrapper(**tight)
-    def sleeper(call_wrapper: Optional[inprocess.CallWrapper] = None) -> str:
+    def sleeper(call_wrapper: inprocess.CallWrapper | None = None) -> str:
         calls.append(call_wrapper.iteration)
         if call_wrapper.iteration == 0:
             with call_wrapper.disable_hang_protection():
@@ -146,8 +168,10 @@ def main(argv: list[str]) -> int:
     scenarios = [
         ("nothing_outlives_a_call", lambda: nothing_outlives_a_call(ports[0], out)),
         ("initialized_then_rank_should_restart", lambda: initialized_then_rank_should_restart(ports[1], records)),
-        ("hang_protection_holds_under_tight_timeouts",
-         lambda: hang_protection_holds_under_tight_timeouts(ports[2], records)),
+        (
+            "hang_protection_holds_under_tight_timeouts",
+            lambda: hang_protection_holds_under_tight_timeouts(ports[2], records),
+        ),
     ]
     only = set(argv[3].split(",")) if len(argv) > 3 else None
     for name, scenario in scenarios:

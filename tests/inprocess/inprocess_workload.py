@@ -6,6 +6,7 @@ Not a test module itself: ``tests/inprocess/inprocess_jobs.py`` launches it.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
@@ -16,7 +17,7 @@ import time
 
 SCENARIO = json.loads(os.environ["INPROCESS_TEST_SCENARIO"])
 INITIAL_RANK = int(os.environ["RANK"])
-OUT = open(SCENARIO["out"].format(rank=INITIAL_RANK), "a", buffering=1)
+OUT = open(SCENARIO["out"].format(rank=INITIAL_RANK), "a", buffering=1)  # noqa: SIM115 - one line per event until exit
 
 
 def emit(**fields: object) -> None:
@@ -32,16 +33,17 @@ if os.environ.get("INPROCESS_TEST_LOG"):
 elif SCENARIO.get("log_levels"):  # {"logger name": "LEVEL"}: what a test reads back from the rank's stderr
     import logging
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s.%(msecs)03d %(name)s %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s.%(msecs)03d %(name)s %(message)s", datefmt="%H:%M:%S"
+    )
     for name, level in SCENARIO["log_levels"].items():
         logging.getLogger(name).setLevel(level)
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch  # noqa: E402 - after the logging set-up
+import torch.distributed as dist  # noqa: E402 - after the logging set-up
 
-import inprocess  # noqa: E402
-from inprocess import rank_assignment as ra  # noqa: E402
+import inprocess  # noqa: E402 - after the logging set-up
+from inprocess import rank_assignment as ra  # noqa: E402 - after the logging set-up
 
 
 def wrapper_kwargs() -> dict:
@@ -80,7 +82,9 @@ def faults_now(call: int, iteration: int, step: int) -> list[dict]:
     return [
         fault
         for fault in SCENARIO.get("faults", [])
-        if fault["iteration"] == iteration and fault["rank"] == INITIAL_RANK and fault["step"] == step
+        if fault["iteration"] == iteration
+        and fault["rank"] == INITIAL_RANK
+        and fault["step"] == step
         and fault.get("call", 0) == call
     ]
 
@@ -89,8 +93,12 @@ def report_verdicts(call_wrapper: inprocess.CallWrapper, fault: dict) -> None:
     from inprocess.fault_source import ExternalVerdict, report_fault
 
     time.sleep(fault.get("delay", 0.5))
-    verdict = ExternalVerdict(iteration=call_wrapper.iteration, ranks=frozenset(fault["victims"]),
-                              reason="injected by the test", kind=fault.get("verdict_kind", "PEER_HUNG"))
+    verdict = ExternalVerdict(
+        iteration=call_wrapper.iteration,
+        ranks=frozenset(fault["victims"]),
+        reason="injected by the test",
+        kind=fault.get("verdict_kind", "PEER_HUNG"),
+    )
     first = report_fault(verdict)
     again = report_fault(verdict)  # idempotent
     emit(event="verdict", first=first, again=again, iteration=verdict.iteration)
@@ -101,8 +109,12 @@ def report_verdicts(call_wrapper: inprocess.CallWrapper, fault: dict) -> None:
     future = ExternalVerdict(iteration=call_wrapper.iteration + 5, ranks=frozenset(fault["stale_victims"]))
     emit(event="future_verdict", applied=report_fault(future))
     time.sleep(0.3)
-    stuck = ExternalVerdict(iteration=call_wrapper.iteration, ranks=frozenset(fault["stale_victims"]),
-                            kind="COMM_STUCK", reason="injected by the test")
+    stuck = ExternalVerdict(
+        iteration=call_wrapper.iteration,
+        ranks=frozenset(fault["stale_victims"]),
+        kind="COMM_STUCK",
+        reason="injected by the test",
+    )
     emit(event="stuck_verdict", applied=report_fault(stuck), iteration=stuck.iteration)
 
 
@@ -153,6 +165,7 @@ def inject(fault: dict, call_wrapper: inprocess.CallWrapper) -> None:
         time.sleep(fault.get("gap", 0.08))
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "kill_in_restart":  # this rank dies in the middle of the next restart (after its abort)
+
         def die() -> None:
             emit(event="dying_in_restart", iteration=call_wrapper.iteration)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -170,8 +183,12 @@ def inject(fault: dict, call_wrapper: inprocess.CallWrapper) -> None:
         deadline = time.monotonic() + fault.get("timeout", 20)
         while not reported(fault["target"], fault["what"]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        emit(event="awaited", what=fault["what"], seen=reported(fault["target"], fault["what"]),
-             iteration=call_wrapper.iteration)
+        emit(
+            event="awaited",
+            what=fault["what"],
+            seen=reported(fault["target"], fault["what"]),
+            iteration=call_wrapper.iteration,
+        )
     if kind == "late_verdicts":
         replay_late_verdicts(call_wrapper, fault.get("expect", 1))
 
@@ -211,35 +228,63 @@ def replay_late_verdicts(call_wrapper: inprocess.CallWrapper, expect: int) -> No
     source = mesh_source.MeshFaultSource(call_wrapper, call_wrapper._new_connection(), INITIAL_RANK)
     for event in verdicts:
         peer = None if event.peer is None else [event.peer.addr.host, event.peer.addr.port]
-        emit(event="late_verdict", kind=str(event.kind), peer=peer, comm_hash=event.comm_hash,
-             applied=source.handle(event), iteration=call_wrapper.iteration)
+        emit(
+            event="late_verdict",
+            kind=str(event.kind),
+            peer=peer,
+            comm_hash=event.comm_hash,
+            applied=source.handle(event),
+            iteration=call_wrapper.iteration,
+        )
 
 
 def main() -> None:
     # "user_store": the process group's store is the Wrapper's per-iteration store (no process hosts it);
     # otherwise the classic pattern: an application TCPStore hosted by initial rank 0.
     user_store = SCENARIO.get("user_store", False)
-    app_store = None if user_store else dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
-        INITIAL_RANK == 0, timeout=datetime.timedelta(seconds=60), wait_for_workers=False,
+    app_store = (
+        None
+        if user_store
+        else dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            int(os.environ["WORLD_SIZE"]),
+            INITIAL_RANK == 0,
+            timeout=datetime.timedelta(seconds=60),
+            wait_for_workers=False,
+        )
     )
     steps = SCENARIO.get("steps", 20)
     call = 0
 
     @inprocess.Wrapper(**wrapper_kwargs())
-    def train(call_wrapper: inprocess.CallWrapper, sizes: list[int] = [1], note: "str" = "") -> int:
+    def train(call_wrapper: inprocess.CallWrapper, sizes: tuple[int, ...] = (1,), note: str = "") -> int:
         iteration = call_wrapper.iteration
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group(
-            "gloo", store=call_wrapper.store if user_store else dist.PrefixStore(f"call{call}pg{iteration}", app_store),
-            rank=rank, world_size=world_size,
+            "gloo",
+            store=call_wrapper.store if user_store else dist.PrefixStore(f"call{call}pg{iteration}", app_store),
+            rank=rank,
+            world_size=world_size,
             timeout=datetime.timedelta(seconds=SCENARIO.get("pg_timeout", 120)),
         )
         restart = call_wrapper.last_restart
-        emit(event="start", iteration=iteration, rank=rank, world_size=world_size, call=call, pid=os.getpid(),
-             mesh=call_wrapper.mesh is not None,
-             restart=None if restart is None else {"count": restart.count, "cause": "; ".join(restart.reasons),
-                                                   "terminated": list(restart.terminated_ranks)})
+        emit(
+            event="start",
+            iteration=iteration,
+            rank=rank,
+            world_size=world_size,
+            call=call,
+            pid=os.getpid(),
+            mesh=call_wrapper.mesh is not None,
+            restart=None
+            if restart is None
+            else {
+                "count": restart.count,
+                "cause": "; ".join(restart.reasons),
+                "terminated": list(restart.terminated_ranks),
+            },
+        )
         tensor = torch.ones(sizes[0])
         for step in range(steps):
             tensor.fill_(1.0)
@@ -256,13 +301,37 @@ def main() -> None:
     for call in range(SCENARIO.get("calls", 1)):
         try:
             result = train()
-            emit(event="return", value=result, env_rank=os.environ.get("RANK"), env_world=os.environ.get("WORLD_SIZE"),
-                 call=call)
-        except BaseException as error:  # noqa: BLE001 - reported to the test
+            emit(
+                event="return",
+                value=result,
+                env_rank=os.environ.get("RANK"),
+                env_world=os.environ.get("WORLD_SIZE"),
+                call=call,
+            )
+        except BaseException as error:  # reported to the test
             emit(event="raised", type=type(error).__name__, message=str(error), call=call)
-            raise SystemExit(3)
+            raise SystemExit(3) from error
+
+
+def end(code: int) -> None:
+    """End the process as the interpreter does, less its last step.
+
+    The interpreter's exit waits for the non-daemon threads and runs the exit handlers (rasd says goodbye there:
+    a finished rank is LEFT, not DEAD); then it tears down every module, which with torch loaded is seconds of
+    garbage collection per rank on a busy machine and writes nothing a test reads. So: the first two, then
+    ``os._exit`` with the code the interpreter would have given."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (OUT, sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    try:
+        main()
+    except SystemExit as stop:
+        end(stop.code if isinstance(stop.code, int) else 1)
+    end(0)

@@ -7,12 +7,11 @@ killed. tests/inprocess/test_inprocess_mesh_bootstrap.py kills member 0 and quer
 from __future__ import annotations
 
 import datetime
+import logging
 import sys
 import time
 
 import torch.distributed
-
-import logging
 
 import rasd
 from rasd.net import client_port
@@ -20,8 +19,9 @@ from rasd.net import client_port
 logging.basicConfig(level=logging.WARNING, format="member %(process)d %(name)s %(message)s")
 
 index, port, count = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-store = torch.distributed.TCPStore("127.0.0.1", port, count, index == 0, timeout=datetime.timedelta(seconds=60),
-                                   wait_for_workers=False)
+store = torch.distributed.TCPStore(
+    "127.0.0.1", port, count, index == 0, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
+)
 rasd.start(store, rank=index, services=[client_port.serve])  # the job's client port, as rasd.torch serves it
 print("started", flush=True)
 while True:

@@ -43,7 +43,7 @@ def assert_trees_equal(left, right) -> None:
             assert_trees_equal(left[key], right[key])
     elif isinstance(left, (list, tuple)):
         assert type(left) is type(right) and len(left) == len(right)
-        for mine, theirs in zip(left, right):
+        for mine, theirs in zip(left, right, strict=True):
             assert_trees_equal(mine, theirs)
     else:
         assert left == right
@@ -122,7 +122,7 @@ class FailingValue:
     def __init__(self) -> None:
         self.fail = False
 
-    def __deepcopy__(self, memo: dict) -> "FailingValue":
+    def __deepcopy__(self, memo: dict) -> FailingValue:
         if self.fail:
             raise RuntimeError("fault during the commit")
         return FailingValue()
@@ -252,8 +252,12 @@ Point = collections.namedtuple("Point", "x y")
 
 
 def test_trees_keep_their_shape_metadata_and_split_and_join_back() -> None:
-    tree = collections.OrderedDict(a=torch.arange(6.0).view(2, 3), b=[torch.tensor([1, 2]), 3, "x"],
-                                   c=Point(torch.ones(2, dtype=torch.float64), None), d={"e": torch.zeros(0)})
+    tree = collections.OrderedDict(
+        a=torch.arange(6.0).view(2, 3),
+        b=[torch.tensor([1, 2]), 3, "x"],
+        c=Point(torch.ones(2, dtype=torch.float64), None),
+        d={"e": torch.zeros(0)},
+    )
     tree._metadata = {"": {"version": 2}}
     copied = snapshot.copy_tree(tree)
     assert type(copied) is collections.OrderedDict and copied._metadata == {"": {"version": 2}}

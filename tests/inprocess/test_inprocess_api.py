@@ -7,14 +7,12 @@ import datetime
 import os
 import threading
 import time
-from typing import Optional, Union
 
 import pytest
 import torch.distributed as dist
 
 import inprocess
-from inprocess import Compose, FrozenState, Mode, State
-from inprocess import exception, health_check, initialize, param_utils
+from inprocess import Compose, FrozenState, Mode, State, exception, health_check, initialize, param_utils
 from inprocess.attribution import Interruption, InterruptionRecord, format_interruption_records, format_rank_set
 from inprocess.fault_source import ExternalVerdict, VerdictKind, report_fault
 from inprocess.monitor_thread import MonitorThread, RankShouldRestart
@@ -30,14 +28,41 @@ SECONDS = datetime.timedelta(seconds=1)
 def test_package_surface_matches_the_reference():
     for name in ("Wrapper", "CallWrapper", "State", "FrozenState", "Mode", "Compose"):
         assert hasattr(inprocess, name)
-    for module in ("abort", "completion", "compose", "exception", "finalize", "health_check", "initialize",
-                   "monitor_process", "monitor_thread", "progress_watchdog", "rank_assignment", "state", "store",
-                   "terminate", "wrap", "fault_source"):
+    for module in (
+        "abort",
+        "completion",
+        "compose",
+        "exception",
+        "finalize",
+        "health_check",
+        "initialize",
+        "monitor_process",
+        "monitor_thread",
+        "progress_watchdog",
+        "rank_assignment",
+        "state",
+        "store",
+        "terminate",
+        "wrap",
+        "fault_source",
+    ):
         assert hasattr(inprocess, module)
     ra = inprocess.rank_assignment
-    for name in ("RankAssignment", "RankAssignmentCtx", "RankDiscarded", "Layer", "LayerFlag", "Tree", "FillGaps",
-                 "ShiftRanks", "FilterCountGroupedByKey", "RankFilter", "ActivateAllRanks", "MaxActiveWorldSize",
-                 "ActiveWorldSizeDivisibleBy"):
+    for name in (
+        "RankAssignment",
+        "RankAssignmentCtx",
+        "RankDiscarded",
+        "Layer",
+        "LayerFlag",
+        "Tree",
+        "FillGaps",
+        "ShiftRanks",
+        "FilterCountGroupedByKey",
+        "RankFilter",
+        "ActivateAllRanks",
+        "MaxActiveWorldSize",
+        "ActiveWorldSizeDivisibleBy",
+    ):
         assert hasattr(ra, name)
     assert issubclass(exception.RestartAbort, BaseException) and not issubclass(exception.RestartAbort, Exception)
     assert issubclass(RankShouldRestart, BaseException) and not issubclass(RankShouldRestart, Exception)
@@ -66,8 +91,10 @@ def test_wrapper_defaults():
         (dict(hard_timeout=200 * SECONDS), "soft_timeout < hard_timeout < barrier_timeout"),
         (dict(heartbeat_timeout=150 * SECONDS), "heartbeat_timeout < barrier_timeout"),
         (dict(heartbeat_interval=31 * SECONDS), "heartbeat_interval < heartbeat_timeout"),
-        (dict(monitor_process_interval=61 * SECONDS, heartbeat_timeout=100 * SECONDS, hard_timeout=110 * SECONDS),
-         "monitor_process_interval < soft_timeout"),
+        (
+            dict(monitor_process_interval=61 * SECONDS, heartbeat_timeout=100 * SECONDS, hard_timeout=110 * SECONDS),
+            "monitor_process_interval < soft_timeout",
+        ),
         (dict(monitor_thread_interval=60 * SECONDS), "monitor_thread_interval < soft_timeout"),
         (dict(progress_watchdog_interval=61 * SECONDS), "progress_watchdog_interval < soft_timeout"),
         (dict(monitor_process_logfile="relative.log"), "monitor_process_logfile is None"),
@@ -121,6 +148,8 @@ def test_state_positional_and_defaults(monkeypatch):
 def test_frozen_state_is_read_only():
     frozen = State(1, 2).freeze()
     assert isinstance(frozen, FrozenState)
+    fields = [(field.name, field.type, field.default) for field in dataclasses.fields(State)]
+    assert [(field.name, field.type, field.default) for field in dataclasses.fields(FrozenState)] == fields
     with pytest.raises(dataclasses.FrozenInstanceError):
         frozen.rank = 0
 
@@ -200,13 +229,13 @@ def test_abort_without_a_process_group_is_a_no_op():
 def test_injection_finds_the_call_wrapper_in_any_annotation_style():
     CallWrapper = inprocess.CallWrapper
 
-    def plain(a: list[int], cw: CallWrapper, b: "int" = 1): ...
-    def optional(cw: Optional[CallWrapper] = None, d: dict[str, list[int]] = None): ...
-    def union(cw: Union[int, CallWrapper]): ...
-    def strings(x: "list[int]", cw: "inprocess.CallWrapper"): ...
-    def unknown(x: "NotDefinedAnywhere", cw: "Optional[CallWrapper]"): ...
+    def plain(a: list[int], cw: CallWrapper, b: int = 1): ...
+    def optional(cw: CallWrapper | None = None, d: dict[str, list[int]] = None): ...
+    def union(cw: int | CallWrapper): ...
+    def strings(x: list[int], cw: inprocess.CallWrapper): ...
+    def unknown(x: NotDefinedAnywhere, cw: CallWrapper | None): ...  # noqa: F821 - an annotation that cannot resolve
     def pep604(cw: CallWrapper | None): ...
-    def none(a: int, b: "list[str]"): ...
+    def none(a: int, b: list[str]): ...
 
     for fn in (plain, optional, union, strings, unknown, pep604):
         assert param_utils.injected_parameters(fn, CallWrapper) == ["cw"], fn.__name__
@@ -306,8 +335,14 @@ def test_external_verdict_normalises_and_needs_an_active_call():
 
 def _monitor_thread(store, aborts: list, lock: threading.RLock) -> MonitorThread:
     return MonitorThread(
-        state_fn=lambda: State(0, 1).freeze(), store=store, abort=lambda state: aborts.append(state),
-        last_call_wait=0.0, soft_timeout=5.0, atomic_lock=lock, main_thread_id=threading.get_ident(), rank=0,
+        state_fn=lambda: State(0, 1).freeze(),
+        store=store,
+        abort=lambda state: aborts.append(state),
+        last_call_wait=0.0,
+        soft_timeout=5.0,
+        atomic_lock=lock,
+        main_thread_id=threading.get_ident(),
+        rank=0,
     )
 
 

@@ -11,6 +11,8 @@ import pytest
 import inprocess
 from inprocess_jobs import free_ports
 
+pytestmark = pytest.mark.slow  # every test runs a real call in a process of its own
+
 SECONDS = datetime.timedelta(seconds=1)
 HERE = Path(__file__).parent
 
@@ -26,9 +28,13 @@ def single_rank(monkeypatch):
 
 def fast(**kwargs):
     settings = dict(
-        monitor_thread_interval=0.1 * SECONDS, monitor_process_interval=0.1 * SECONDS,
-        progress_watchdog_interval=0.1 * SECONDS, last_call_wait=0.05 * SECONDS,
-        soft_timeout=10 * SECONDS, hard_timeout=20 * SECONDS, heartbeat_timeout=15 * SECONDS,
+        monitor_thread_interval=0.1 * SECONDS,
+        monitor_process_interval=0.1 * SECONDS,
+        progress_watchdog_interval=0.1 * SECONDS,
+        last_call_wait=0.05 * SECONDS,
+        soft_timeout=10 * SECONDS,
+        hard_timeout=20 * SECONDS,
+        heartbeat_timeout=15 * SECONDS,
         barrier_timeout=30 * SECONDS,
     )
     settings.update(kwargs)
@@ -44,7 +50,7 @@ def test_a_call_restarts_in_place_and_restores_the_environment(single_rank):
             return state
 
     @inprocess.Wrapper(store_kwargs={"port": single_rank}, initialize=Count(), **fast())
-    def train(values: list[int], call_wrapper: "inprocess.CallWrapper", scale: "float" = 2.0) -> float:
+    def train(values: list[int], call_wrapper: inprocess.CallWrapper, scale: float = 2.0) -> float:
         seen.append(("train", call_wrapper.iteration, os.environ["RANK"], os.environ["WORLD_SIZE"]))
         call_wrapper.ping()
         if call_wrapper.iteration == 0:
@@ -60,8 +66,9 @@ def test_a_call_restarts_in_place_and_restores_the_environment(single_rank):
 
 
 def test_retry_controller_ends_the_call_with_restart_abort(single_rank):
-    @inprocess.Wrapper(store_kwargs={"port": single_rank},
-                       initialize=inprocess.initialize.RetryController(max_iterations=2), **fast())
+    @inprocess.Wrapper(
+        store_kwargs={"port": single_rank}, initialize=inprocess.initialize.RetryController(max_iterations=2), **fast()
+    )
     def train() -> None:
         raise ValueError("always")
 
@@ -73,9 +80,14 @@ def test_the_monitor_hand_shake_has_a_timeout(single_rank):
     from inprocess_stores import MonitorNeverConnects
 
     wrapper = inprocess.Wrapper(
-        store_factory=MonitorNeverConnects, store_kwargs={"port": single_rank},
-        **fast(soft_timeout=1 * SECONDS, hard_timeout=2 * SECONDS, heartbeat_timeout=2.5 * SECONDS,
-               barrier_timeout=3 * SECONDS),
+        store_factory=MonitorNeverConnects,
+        store_kwargs={"port": single_rank},
+        **fast(
+            soft_timeout=1 * SECONDS,
+            hard_timeout=2 * SECONDS,
+            heartbeat_timeout=2.5 * SECONDS,
+            barrier_timeout=3 * SECONDS,
+        ),
     )
     with pytest.raises(inprocess.exception.TimeoutError, match="monitor process"):
         wrapper(lambda: None)()

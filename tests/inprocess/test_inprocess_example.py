@@ -24,13 +24,41 @@ def test_the_reference_example_restarts_and_finishes(tmp_path):
     # 4 steps bounds the work a restart repeats; a small model keeps the steps short on 2 CPU cores.
     (master_port,) = free_ports(1)
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(master_port), str(EXAMPLE),
-        "--device", "cpu", "--size", "16", "--layers", "2", "--total-iterations", "40", "--fault-prob", "0.06",
-        "--chkpt-interval", "4", "--log-interval", "4", "--path", str(tmp_path), "--nested-restarter",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(master_port),
+        str(EXAMPLE),
+        "--device",
+        "cpu",
+        "--size",
+        "16",
+        "--layers",
+        "2",
+        "--total-iterations",
+        "40",
+        "--fault-prob",
+        "0.06",
+        "--chkpt-interval",
+        "4",
+        "--log-interval",
+        "4",
+        "--path",
+        str(tmp_path),
+        "--nested-restarter",
     ]
-    env = dict(os.environ, TORCHRAS_ENABLE="0",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        TORCHRAS_ENABLE="0",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+    )
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540, cwd=tmp_path)
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output[-6000:]

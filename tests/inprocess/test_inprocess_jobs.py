@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+
 from inprocess_jobs import events, iterations, started
 
 JOB_DEADLINE = 120  # seconds for a whole job, start-up (torch imports on 2 busy cores) included
@@ -22,17 +23,18 @@ def finish(job, ranks=None, deadline: float = JOB_DEADLINE) -> list:
     return codes
 
 
-
 def test_an_exception_restarts_every_rank_and_atomic_holds_the_restart_back(launch):
     # Two calls of the wrapped function in a row; the faults are in the first one.
-    job = launch({
-        "steps": 10,
-        "calls": 2,
-        "faults": [
-            {"iteration": 0, "rank": 2, "step": 4, "kind": "exception", "delay": 0.5},
-            {"iteration": 0, "rank": 1, "step": 4, "kind": "atomic", "hold": 1.5},
-        ],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "calls": 2,
+            "faults": [
+                {"iteration": 0, "rank": 2, "step": 4, "kind": "exception", "delay": 0.5},
+                {"iteration": 0, "rank": 1, "step": 4, "kind": "atomic", "hold": 1.5},
+            ],
+        }
+    )
     assert finish(job) == [0, 0, 0, 0], job.diagnostics()
     for rank in range(4):
         assert [(e["call"], e["iteration"]) for e in events(job, rank, "start")] == [(0, 0), (0, 1), (1, 0)]
@@ -56,14 +58,16 @@ def test_kill_9_of_a_rank_continues_on_three(launch):
 
 
 def test_sigstop_and_a_gil_holding_hang_are_killed_by_the_hard_timeout(launch):
-    job = launch({
-        "steps": 10,
-        "wrapper": {"soft_timeout": 2, "hard_timeout": 4},
-        "faults": [
-            {"iteration": 0, "rank": 3, "step": 4, "kind": "stop"},
-            {"iteration": 0, "rank": 2, "step": 4, "kind": "gil"},
-        ],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "wrapper": {"soft_timeout": 2, "hard_timeout": 4},
+            "faults": [
+                {"iteration": 0, "rank": 3, "step": 4, "kind": "stop"},
+                {"iteration": 0, "rank": 2, "step": 4, "kind": "gil"},
+            ],
+        }
+    )
     codes = finish(job)
     assert codes[:2] == [0, 0] and codes[2] < 0 and codes[3] < 0, job.diagnostics()
     for rank in (0, 1):
@@ -79,15 +83,21 @@ def test_a_soft_timeout_restarts_a_livelock_whatever_the_intervals(launch):
     # in this configuration (its loop `continue`s on every stamp); deadlines here are checked on every turn.
     # In iteration 1, after its last collective, rank 2 sleeps past the soft timeout inside
     # disable_hang_protection() while the others wait at the completion barrier: no restart.
-    job = launch({
-        "steps": 10,
-        "wrapper": {"soft_timeout": 2, "hard_timeout": 10, "progress_watchdog_interval": 0.01,
-                    "monitor_process_interval": 0.5},
-        "faults": [
-            {"iteration": 0, "rank": 1, "step": 4, "kind": "livelock"},
-            {"iteration": 1, "rank": 2, "step": 9, "kind": "quiet_sleep", "seconds": 3},
-        ],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "wrapper": {
+                "soft_timeout": 2,
+                "hard_timeout": 10,
+                "progress_watchdog_interval": 0.01,
+                "monitor_process_interval": 0.5,
+            },
+            "faults": [
+                {"iteration": 0, "rank": 1, "step": 4, "kind": "livelock"},
+                {"iteration": 1, "rank": 2, "step": 9, "kind": "quiet_sleep", "seconds": 3},
+            ],
+        }
+    )
     assert finish(job) == [0, 0, 0, 0], job.diagnostics()
     for rank in range(4):
         assert started(job, rank, 1)["world_size"] == 4
@@ -101,12 +111,14 @@ def test_a_dead_node_is_found_by_its_sibling_heartbeat(launch):
     # Trainer and monitor of rank 2 die together: nobody on its "node" is left to report it. Rank 1's monitor
     # watches rank 2's heartbeat counter and declares it unresponsive. The rasd mesh would find the death first
     # (tests/inprocess/test_mesh_restarts.py): off here, so that the heartbeat path is what is tested.
-    job = launch({
-        "env": {"TORCHRAS_ENABLE": "0"},
-        "steps": 10,
-        "wrapper": {"heartbeat_interval": 0.3, "heartbeat_timeout": 5},
-        "faults": [{"iteration": 0, "rank": 2, "step": 4, "kind": "node"}],
-    })
+    job = launch(
+        {
+            "env": {"TORCHRAS_ENABLE": "0"},
+            "steps": 10,
+            "wrapper": {"heartbeat_interval": 0.3, "heartbeat_timeout": 5},
+            "faults": [{"iteration": 0, "rank": 2, "step": 4, "kind": "node"}],
+        }
+    )
     assert finish(job) == [0, 0, -signal.SIGKILL, 0], job.diagnostics()
     assert [started(job, rank, 1)["world_size"] for rank in (0, 1, 3)] == [3, 3, 3]
     assert all(iterations(job, rank, "done") == [1] for rank in (0, 1, 3))
@@ -114,11 +126,13 @@ def test_a_dead_node_is_found_by_its_sibling_heartbeat(launch):
 
 
 def test_a_reserve_rank_replaces_a_dead_active_rank(launch):
-    job = launch({
-        "steps": 10,
-        "wrapper": {"max_active": 3},
-        "faults": [{"iteration": 0, "rank": 1, "step": 4, "kind": "kill"}],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "wrapper": {"max_active": 3},
+            "faults": [{"iteration": 0, "rank": 1, "step": 4, "kind": "kill"}],
+        }
+    )
     assert finish(job) == [0, -signal.SIGKILL, 0, 0], job.diagnostics()
     assert iterations(job, 3, "start") == [1]  # idle in iteration 0
     assert started(job, 3, 1)["rank"] == 2 and started(job, 3, 1)["world_size"] == 3
@@ -126,14 +140,16 @@ def test_a_reserve_rank_replaces_a_dead_active_rank(launch):
 
 
 def test_retry_controller_stops_after_its_limit(launch):
-    job = launch({
-        "steps": 10,
-        "wrapper": {"max_iterations": 2},
-        "faults": [
-            {"iteration": 0, "rank": 0, "step": 3, "kind": "exception"},
-            {"iteration": 1, "rank": 0, "step": 3, "kind": "exception"},
-        ],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "wrapper": {"max_iterations": 2},
+            "faults": [
+                {"iteration": 0, "rank": 0, "step": 3, "kind": "exception"},
+                {"iteration": 1, "rank": 0, "step": 3, "kind": "exception"},
+            ],
+        }
+    )
     assert finish(job) == [3, 3, 3, 3], job.diagnostics()
     for rank in range(4):
         assert iterations(job, rank, "start") == [0, 1]
@@ -146,14 +162,16 @@ def test_an_external_verdict_restarts_without_the_hung_rank(launch):
     test injects through rank 0 (PEER_HUNG for initial rank 3, reported twice) can restart the job. After the
     restart, verdicts naming rank 1 for the old iteration and for a future one are ignored, and a COMM_STUCK
     verdict for the current iteration restarts everyone once more without terminating anybody."""
-    job = launch({
-        "steps": 40,  # long enough that the COMM_STUCK verdict lands inside iteration 1
-        "wrapper": {"soft_timeout": 100, "hard_timeout": 110, "barrier_timeout": 200},
-        "faults": [
-            {"iteration": 0, "rank": 3, "step": 4, "kind": "stop"},
-            {"iteration": 0, "rank": 0, "step": 4, "kind": "verdict", "victims": [3], "stale_victims": [1]},
-        ],
-    })
+    job = launch(
+        {
+            "steps": 40,  # long enough that the COMM_STUCK verdict lands inside iteration 1
+            "wrapper": {"soft_timeout": 100, "hard_timeout": 110, "barrier_timeout": 200},
+            "faults": [
+                {"iteration": 0, "rank": 3, "step": 4, "kind": "stop"},
+                {"iteration": 0, "rank": 0, "step": 4, "kind": "verdict", "victims": [3], "stale_victims": [1]},
+            ],
+        }
+    )
     assert finish(job, ranks=[0, 1, 2]) == [0, 0, 0], job.diagnostics()
     verdict = events(job, 0, "verdict")[0]
     assert verdict["first"] is True and verdict["again"] is True

@@ -19,7 +19,7 @@ from inprocess_jobs import REPOSITORY, free_ports
 
 sys.path.insert(0, str(REPOSITORY / "tests" / "integration"))
 
-from ras_client import ask  # noqa: E402
+from ras_client import ask
 
 pytestmark = pytest.mark.slow
 
@@ -46,12 +46,24 @@ THREE_PROCESSES = "      1          3            0          3        0"  # the j
 
 def test_the_mesh_answers_status_after_the_store_host_is_gone(tmp_path):
     store_port, client_port = free_ports(2)
-    env = dict(os.environ, TORCHRAS_ADDR=f"localhost:{client_port}", TORCHRAS_RUN_DIR=str(tmp_path / "run"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
-               TORCH_CPP_LOG_LEVEL="ERROR")
-    logs = [open(tmp_path / f"member{index}.log", "w") for index in range(3)]
-    members = [subprocess.Popen([sys.executable, str(MEMBER), str(index), str(store_port), "3"], env=env,
-                                stdout=logs[index], stderr=subprocess.STDOUT) for index in range(3)]
+    env = dict(
+        os.environ,
+        TORCHRAS_ADDR=f"localhost:{client_port}",
+        TORCHRAS_RUN_DIR=str(tmp_path / "run"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+        TORCH_CPP_LOG_LEVEL="ERROR",
+    )
+    members = []
+    for index in range(3):
+        with open(tmp_path / f"member{index}.log", "w") as log:  # the member writes to its own copy
+            members.append(
+                subprocess.Popen(
+                    [sys.executable, str(MEMBER), str(index), str(store_port), "3"],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     try:
         deadline = time.monotonic() + DEADLINE
         status(client_port, deadline, lambda report: THREE_PROCESSES in report)
@@ -70,5 +82,3 @@ def test_the_mesh_answers_status_after_the_store_host_is_gone(tmp_path):
             if member.poll() is None:
                 member.kill()
             member.wait(10)
-        for log in logs:
-            log.close()

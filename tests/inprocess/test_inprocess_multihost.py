@@ -23,13 +23,15 @@ from test_inprocess_jobs import events, started
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the namespace fixture
 
-from netns import Network, require_namespaces  # noqa: E402
+from netns import Network, require_namespaces
 
 pytestmark = pytest.mark.slow
 
 JOB_DEADLINE = 300  # seconds: 6 trainers and 6 monitor processes import torch on 2 busy cores
-PROBE = ("import sys, time; sys.path.insert(0, {path!r}); import etcd_cluster; "
-         "etcd_cluster.wait_healthy({endpoint!r}, time.monotonic() + 60)")
+PROBE = (
+    "import sys, time; sys.path.insert(0, {path!r}); import etcd_cluster; "
+    "etcd_cluster.wait_healthy({endpoint!r}, time.monotonic() + 60)"
+)
 
 
 def test_losing_the_host_of_rank_0_leaves_four_ranks_training(tmp_path):
@@ -39,16 +41,29 @@ def test_losing_the_host_of_rank_0_leaves_four_ranks_training(tmp_path):
         members = [etcd_cluster.Member(f"m{host.index}", host.ip, 2379, 2380) for host in net.hosts]
         cluster = etcd_cluster.start(members, spawns=[host.popen for host in net.hosts])
         try:
-            for host, member in zip(net.hosts, members):
+            for host, member in zip(net.hosts, members, strict=True):
                 probe = PROBE.format(path=str(Path(__file__).parent), endpoint=member.endpoint)
                 host.run([sys.executable, "-c", probe], timeout=90)
             h0, h1, h2 = net.hosts
-            job = Job(6, tmp_path, {
-                "steps": 150, "step_sleep": 0.05, "user_store": True,
-                "etcd": {"endpoints": cluster.endpoints, "prefix": f"/multihost/{time.monotonic_ns()}"},
-                "wrapper": {"heartbeat_interval": 0.5, "heartbeat_timeout": 10, "soft_timeout": 15, "hard_timeout": 30,
-                            "barrier_timeout": 120},
-            }, hosts=[h0, h0, h1, h1, h2, h2], environment={"GLOO_SOCKET_IFNAME": "eth0"}).start()
+            job = Job(
+                6,
+                tmp_path,
+                {
+                    "steps": 150,
+                    "step_sleep": 0.05,
+                    "user_store": True,
+                    "etcd": {"endpoints": cluster.endpoints, "prefix": f"/multihost/{time.monotonic_ns()}"},
+                    "wrapper": {
+                        "heartbeat_interval": 0.5,
+                        "heartbeat_timeout": 10,
+                        "soft_timeout": 15,
+                        "hard_timeout": 30,
+                        "barrier_timeout": 120,
+                    },
+                },
+                hosts=[h0, h0, h1, h1, h2, h2],
+                environment={"GLOO_SOCKET_IFNAME": "eth0"},
+            ).start()
             try:
                 deadline = time.monotonic() + JOB_DEADLINE
                 while not all(any(e["event"] == "start" for e in job.events(rank)) for rank in range(6)):

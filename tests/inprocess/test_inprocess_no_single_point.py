@@ -27,10 +27,15 @@ def test_kill_9_of_rank_0_continues_on_three(launch):
 
 
 def test_a_stopped_rank_0_is_killed_by_its_hard_timeout_and_the_others_continue(launch):
-    job = launch({
-        "steps": 10, "user_store": True, "wrapper": {"soft_timeout": 10, "hard_timeout": 20},
-        "faults": [{"iteration": 0, "rank": 0, "step": 4, "kind": "stop"}],
-    })
+    job = launch(
+        {
+            # Below the mesh's hang limit (10 s at default timers), so the hard timeout is what ends rank 0.
+            "steps": 10,
+            "user_store": True,
+            "wrapper": {"soft_timeout": 4, "hard_timeout": 8},
+            "faults": [{"iteration": 0, "rank": 0, "step": 4, "kind": "stop"}],
+        }
+    )
     codes = finish(job, deadline=DEADLINE)
     assert codes[0] < 0 and codes[1:] == [0, 0, 0], job.diagnostics()
     assert {started(job, rank, 1)["world_size"] for rank in (1, 2, 3)} == {3}
@@ -40,13 +45,16 @@ def test_a_stopped_rank_0_is_killed_by_its_hard_timeout_and_the_others_continue(
 def test_an_exception_in_rank_0_restarts_all_and_its_departure_leaves_three(launch):
     # Iteration 0: rank 0 raises, all four restart. Iteration 1: rank 0 leaves the wrapper (SystemExit) and its
     # process exits; the other three restart once more, on three ranks, and finish.
-    job = launch({
-        "steps": 10, "user_store": True,
-        "faults": [
-            {"iteration": 0, "rank": 0, "step": 3, "kind": "exception"},
-            {"iteration": 1, "rank": 0, "step": 3, "kind": "leave"},
-        ],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "user_store": True,
+            "faults": [
+                {"iteration": 0, "rank": 0, "step": 3, "kind": "exception"},
+                {"iteration": 1, "rank": 0, "step": 3, "kind": "leave"},
+            ],
+        }
+    )
     assert finish(job, deadline=DEADLINE) == [3, 0, 0, 0], job.diagnostics()
     assert [event["type"] for event in events(job, 0, "raised")] == ["SystemExit"]
     assert [started(job, rank, 1)["world_size"] for rank in range(4)] == [4, 4, 4, 4]
@@ -57,8 +65,13 @@ def test_an_exception_in_rank_0_restarts_all_and_its_departure_leaves_three(laun
 def test_the_death_of_the_store_server_ends_the_call_on_every_rank_with_a_clear_error(launch):
     # Rare (the server runs no user code), but never a silent hang: every rank's monitor thread sees the store
     # connection drop, logs it and leaves the call with inprocess.store.StoreUnavailable.
-    job = launch({"steps": 200, "user_store": True,
-                  "faults": [{"iteration": 0, "rank": 1, "step": 4, "kind": "kill_store_server"}]})
+    job = launch(
+        {
+            "steps": 200,
+            "user_store": True,
+            "faults": [{"iteration": 0, "rank": 1, "step": 4, "kind": "kill_store_server"}],
+        }
+    )
     assert finish(job, deadline=DEADLINE) == [3, 3, 3, 3], job.diagnostics()
     for rank in range(4):
         raised = events(job, rank, "raised")

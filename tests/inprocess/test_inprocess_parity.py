@@ -181,9 +181,11 @@ def test_nested_restarter_lines_match_the_outer_restarters_patterns(restarter_li
     assert last() == ("initialize", None)
     completed(FROZEN)
     assert last() == ("handling", "completed")
-    for callback, expected in ((NestedRestarterHandlingStarting(), ("handling", "starting")),
-                               (NestedRestarterFinalized(), ("finalized", None)),
-                               (NestedRestarterAborted(), ("aborted", None))):
+    for callback, expected in (
+        (NestedRestarterHandlingStarting(), ("handling", "starting")),
+        (NestedRestarterFinalized(), ("finalized", None)),
+        (NestedRestarterAborted(), ("aborted", None)),
+    ):
         callback.logger = logger
         assert callback(FROZEN) is FROZEN
         assert last() == expected
@@ -302,14 +304,21 @@ def test_dead_helpers_are_gone():
 @pytest.mark.slow
 def test_real_calls_leave_nothing_behind_and_restart_as_the_reference(tmp_path):
     env = dict(
-        os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", TORCHRAS_ENABLE="0",
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        TORCHRAS_ENABLE="0",
         TORCH_CPP_LOG_LEVEL="ERROR",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), str(HERE), os.environ.get("PYTHONPATH")])),
     )
     ports = ",".join(map(str, free_ports(3)))
     completed = subprocess.run(
         [sys.executable, str(HERE / "inprocess_parity_calls.py"), str(tmp_path), ports],
-        env=env, capture_output=True, text=True, timeout=480,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
     )
     results = {line["scenario"]: line for line in map(json.loads, completed.stdout.splitlines())}
     assert len(results) == 3, f"{completed.returncode}\n{completed.stdout}\n{completed.stderr[-3000:]}"

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from inprocess import Compose, Mode, State
-from inprocess import rank_assignment as ra
+from inprocess import Compose, Mode, State, rank_assignment as ra
 from inprocess.store import HashStore
 
 

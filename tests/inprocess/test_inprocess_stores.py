@@ -17,8 +17,7 @@ import pytest
 import torch.distributed
 
 import etcd_cluster
-from inprocess import store as store_module
-from inprocess import store_server
+from inprocess import store as store_module, store_server
 from inprocess.monitor_process import _factory_by_reference
 from inprocess_jobs import free_ports
 
@@ -82,7 +81,10 @@ def test_etcd_endpoints_on_this_host_come_first():
     from inprocess.etcd_store import parse_endpoints
 
     assert parse_endpoints("198.51.100.1:2379, http://127.0.0.1:2380/,198.51.100.2") == [
-        ("127.0.0.1", 2380), ("198.51.100.1", 2379), ("198.51.100.2", 2379)]
+        ("127.0.0.1", 2380),
+        ("198.51.100.1", 2379),
+        ("198.51.100.2", 2379),
+    ]
     with pytest.raises(ValueError, match="INPROCESS_ETCD_ENDPOINTS"):
         parse_endpoints("")
 
@@ -142,12 +144,23 @@ def test_etcd_store_answers_like_torch_own_store(etcd):
 
     def script(store):
         store.set("a", "1")
-        return [store.get("a"), store.add("n", 3), store.add("n", -1), store.add("zero", 0), store.check(["a"]),
-                store.check(["a", "missing"]), store.compare_set("c", "", "v1"), store.compare_set("c", "x", "v2"),
-                store.compare_set("c", "v1", "v2"), store.compare_set("absent", "x", "y"),
-                (store.append("l", "a,"), store.append("l", "b,"), store.get("l"))[-1],
-                (store.multi_set(["m1", "m2"], ["x", "y"]), store.multi_get(["m1", "m2"]))[-1],
-                store.delete_key("a"), store.delete_key("a"), store.check(["a"])]
+        return [
+            store.get("a"),
+            store.add("n", 3),
+            store.add("n", -1),
+            store.add("zero", 0),
+            store.check(["a"]),
+            store.check(["a", "missing"]),
+            store.compare_set("c", "", "v1"),
+            store.compare_set("c", "x", "v2"),
+            store.compare_set("c", "v1", "v2"),
+            store.compare_set("absent", "x", "y"),
+            (store.append("l", "a,"), store.append("l", "b,"), store.get("l"))[-1],
+            (store.multi_set(["m1", "m2"], ["x", "y"]), store.multi_get(["m1", "m2"]))[-1],
+            store.delete_key("a"),
+            store.delete_key("a"),
+            store.check(["a"]),
+        ]
 
     assert script(ours) == script(baseline)
     namespaced = store_module.NamespaceStore("ns", ours)  # through torch's C++ PrefixStore and the trampoline
@@ -215,10 +228,15 @@ def test_a_store_factory_defined_inside_a_function_works(monkeypatch, tmp_path):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     calls = []
 
-    @inprocess.Wrapper(store_factory=LocalStore, store_kwargs={"port": free_ports(1)[0]},
-                       monitor_process_logfile=str(tmp_path / "monitor.log"),
-                       monitor_thread_interval=0.1 * SECONDS, monitor_process_interval=0.1 * SECONDS,
-                       progress_watchdog_interval=0.1 * SECONDS, last_call_wait=0.05 * SECONDS)
+    @inprocess.Wrapper(
+        store_factory=LocalStore,
+        store_kwargs={"port": free_ports(1)[0]},
+        monitor_process_logfile=str(tmp_path / "monitor.log"),
+        monitor_thread_interval=0.1 * SECONDS,
+        monitor_process_interval=0.1 * SECONDS,
+        progress_watchdog_interval=0.1 * SECONDS,
+        last_call_wait=0.05 * SECONDS,
+    )
     def train(call_wrapper: inprocess.CallWrapper) -> str:
         calls.append(call_wrapper.iteration)
         if call_wrapper.iteration == 0:

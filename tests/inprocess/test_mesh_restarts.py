@@ -18,6 +18,7 @@ import re
 import signal
 
 import pytest
+
 from inprocess_jobs import events, iterations, started
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,6 @@ def finish(job, ranks=None, deadline: float = JOB_DEADLINE) -> list:
     codes = job.wait(deadline, ranks)
     assert None not in codes, f"job did not finish: {codes}\n{job.diagnostics()}"
     return codes
-
 
 
 def restart_of(job, rank: int, iteration: int) -> dict:
@@ -63,18 +63,20 @@ def test_crashes_restart_through_the_mesh(launch):
     The monitor processes (polling every second here) may win the race with the mesh for a kill -9: then the
     mesh's verdict is recognised as done. Either way every verdict reached the Wrapper, and it is logged with its
     reason ("PEER_DEAD of rank N (Process ...)")."""
-    job = launch({
-        "steps": 10,
-        "env": MESH_ENV,
-        "log_levels": LOGS,
-        "wrapper": {**SLOW_LOCAL, "monitor_process_interval": 1.0, "last_call_wait": 0.3},
-        "faults": [
-            {"iteration": 0, "rank": 3, "step": 1, "kind": "kill_in_restart"},
-            {"iteration": 0, "rank": 1, "step": 3, "kind": "exception"},
-            {"iteration": 1, "rank": 2, "step": 3, "kind": "kill_with", "victims": [1], "gap": 0.08},
-            {"iteration": 2, "rank": 0, "step": 1, "kind": "late_verdicts", "expect": 3},  # alone: waiting is free
-        ],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "env": MESH_ENV,
+            "log_levels": LOGS,
+            "wrapper": {**SLOW_LOCAL, "monitor_process_interval": 1.0, "last_call_wait": 0.3},
+            "faults": [
+                {"iteration": 0, "rank": 3, "step": 1, "kind": "kill_in_restart"},
+                {"iteration": 0, "rank": 1, "step": 3, "kind": "exception"},
+                {"iteration": 1, "rank": 2, "step": 3, "kind": "kill_with", "victims": [1], "gap": 0.08},
+                {"iteration": 2, "rank": 0, "step": 1, "kind": "late_verdicts", "expect": 3},  # alone: waiting is free
+            ],
+        }
+    )
     assert finish(job) == [0, -signal.SIGKILL, -signal.SIGKILL, -signal.SIGKILL], job.diagnostics()
     assert all(started(job, rank, 0)["mesh"] for rank in range(4)), job.diagnostics()
 
@@ -113,22 +115,24 @@ def test_hangs_and_a_stuck_collective_restart_through_the_mesh(launch):
     stopped (PEER_HUNG); in iteration 3 rank 0 resumes it: it finds itself terminated and leaves, while ranks 0
     and 1 finish undisturbed. In iteration 3 rank 0 also hands every verdict of the earlier iterations to a mesh
     fault source again (late verdicts): all are ignored. No soft or hard timeout fires anywhere."""
-    job = launch({
-        "steps": 10,
-        "env": MESH_ENV,
-        "log_levels": LOGS,
-        "wrapper": SLOW_LOCAL,
-        "faults": [
-            {"iteration": 0, "rank": 3, "step": 3, "kind": "stop"},
-            {"iteration": 1, "rank": 2, "step": 2, "kind": "stall"},
-            {"iteration": 2, "rank": 2, "step": 3, "kind": "stop"},
-            {"iteration": 3, "rank": 0, "step": 1, "kind": "cont", "target": 2},
-            {"iteration": 3, "rank": 0, "step": 2, "kind": "late_verdicts", "expect": 2},
-            # Both survivors wait (at the same step: nothing is stuck) until the resumed rank has left.
-            {"iteration": 3, "rank": 0, "step": 3, "kind": "await", "target": 2, "what": "raised"},
-            {"iteration": 3, "rank": 1, "step": 3, "kind": "await", "target": 2, "what": "raised"},
-        ],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "env": MESH_ENV,
+            "log_levels": LOGS,
+            "wrapper": SLOW_LOCAL,
+            "faults": [
+                {"iteration": 0, "rank": 3, "step": 3, "kind": "stop"},
+                {"iteration": 1, "rank": 2, "step": 2, "kind": "stall"},
+                {"iteration": 2, "rank": 2, "step": 3, "kind": "stop"},
+                {"iteration": 3, "rank": 0, "step": 1, "kind": "cont", "target": 2},
+                {"iteration": 3, "rank": 0, "step": 2, "kind": "late_verdicts", "expect": 2},
+                # Both survivors wait (at the same step: nothing is stuck) until the resumed rank has left.
+                {"iteration": 3, "rank": 0, "step": 3, "kind": "await", "target": 2, "what": "raised"},
+                {"iteration": 3, "rank": 1, "step": 3, "kind": "await", "target": 2, "what": "raised"},
+            ],
+        }
+    )
     assert finish(job, ranks=[0, 1, 2]) == [0, 0, 3], job.diagnostics()
     assert job.processes[3].poll() is None, "rank 3 was stopped for good: only its own hard timeout (90 s) ends it"
 
@@ -146,12 +150,16 @@ def test_hangs_and_a_stuck_collective_restart_through_the_mesh(launch):
         assert started(job, rank, 2)["world_size"] == 3
         restart = restart_of(job, rank, 2)
         assert restart["terminated"] == [], restart
-        assert re.search(r"COMM_STUCK on communicator [0-9a-f]{16}: AllReduce operation \d+ stuck; rank 2 behind",
-                         restart["cause"]), restart
+        assert re.search(
+            r"COMM_STUCK on communicator [0-9a-f]{16}: AllReduce operation \d+ stuck; rank 2 behind", restart["cause"]
+        ), restart
         log = job.stderr(rank)
         assert re.search(r"external verdict COMM_STUCK \[[0-9, ]+\] applied to iteration 1", log), log
-        assert re.search(r"restarts as rank .* iteration 2, terminated initial ranks \[\], after COMM_STUCK .*"
-                         r"AllReduce operation \d+ stuck; rank 2 behind", log), log
+        assert re.search(
+            r"restarts as rank .* iteration 2, terminated initial ranks \[\], after COMM_STUCK .*"
+            r"AllReduce operation \d+ stuck; rank 2 behind",
+            log,
+        ), log
 
     # SIGSTOP, then SIGCONT after the restart: the resumed rank finds itself terminated and leaves.
     for rank in (0, 1):
@@ -178,17 +186,19 @@ def test_a_gil_holding_rank_is_left_behind_and_a_clean_exit_restarts_nobody(laun
     others restart without it; rank 2's own monitor process ends it at its hard timeout (short on that rank
     only). Iteration 1: at the end of training rank 3 leaves the mesh as a clean exit does (PEER_LEFT): no
     restart."""
-    job = launch({
-        "steps": 10,
-        "env": MESH_ENV,
-        "log_levels": LOGS,
-        "wrapper": SLOW_LOCAL,
-        "wrapper_by_rank": {"2": {"soft_timeout": 6, "hard_timeout": 8}},
-        "faults": [
-            {"iteration": 0, "rank": 2, "step": 3, "kind": "gil"},
-            {"iteration": 1, "rank": 3, "step": 9, "kind": "exit", "linger": 1.5},
-        ],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "env": MESH_ENV,
+            "log_levels": LOGS,
+            "wrapper": SLOW_LOCAL,
+            "wrapper_by_rank": {"2": {"soft_timeout": 6, "hard_timeout": 8}},
+            "faults": [
+                {"iteration": 0, "rank": 2, "step": 3, "kind": "gil"},
+                {"iteration": 1, "rank": 3, "step": 9, "kind": "exit", "linger": 1.5},
+            ],
+        }
+    )
     codes = finish(job)
     assert codes[0] == codes[1] == codes[3] == 0 and codes[2] < 0, job.diagnostics()
 
@@ -216,13 +226,15 @@ def test_with_the_wiring_off_a_stopped_rank_waits_for_the_soft_timeout(launch):
     """``TORCHRAS_ENABLE=0``: no node, no mesh verdicts. A stopped rank is then found only by the Wrapper's own
     soft timeout (3 s here), never sooner: the mesh wiring is what makes the other tests' restarts fast."""
     soft_timeout = 3
-    job = launch({
-        "steps": 10,
-        "env": {**MESH_ENV, "TORCHRAS_ENABLE": "0"},
-        "log_levels": LOGS,
-        "wrapper": {"soft_timeout": soft_timeout, "hard_timeout": 5, "barrier_timeout": 60},
-        "faults": [{"iteration": 0, "rank": 3, "step": 3, "kind": "stop"}],
-    })
+    job = launch(
+        {
+            "steps": 10,
+            "env": {**MESH_ENV, "TORCHRAS_ENABLE": "0"},
+            "log_levels": LOGS,
+            "wrapper": {"soft_timeout": soft_timeout, "hard_timeout": 5, "barrier_timeout": 60},
+            "faults": [{"iteration": 0, "rank": 3, "step": 3, "kind": "stop"}],
+        }
+    )
     codes = finish(job)
     assert codes[:3] == [0, 0, 0] and codes[3] < 0, job.diagnostics()
     assert not any(started(job, rank, 0)["mesh"] for rank in range(4))

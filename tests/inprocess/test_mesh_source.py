@@ -9,8 +9,8 @@ a training process. tests/inprocess/test_mesh_restarts.py runs the same path end
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -51,8 +51,13 @@ def verdict(kind: Kind, about: PeerInfo | None, details: str = "peer silent for 
 
 
 def stuck(comm_hash: int, ranks: tuple[int, ...] = (2,)) -> Event:
-    return Event(kind=Kind.COMM_STUCK, at=1.0, comm_hash=comm_hash, ranks=ranks,
-                 details="AllReduce operation 7 stuck; rank 2 behind (not launched); ranks 0,1,3 inside it")
+    return Event(
+        kind=Kind.COMM_STUCK,
+        at=1.0,
+        comm_hash=comm_hash,
+        ranks=ranks,
+        details="AllReduce operation 7 stuck; rank 2 behind (not launched); ranks 0,1,3 inside it",
+    )
 
 
 @pytest.fixture
@@ -144,8 +149,9 @@ def test_a_clean_exit_never_restarts(source, sink, store):
     assert sink.verdicts == []
 
 
-@pytest.mark.parametrize("kind", [Kind.PEER_NEW, Kind.PEER_UNRESPONSIVE, Kind.PEER_RECOVERED, Kind.COMM_RECOVERED,
-                                  Kind.RESTART])
+@pytest.mark.parametrize(
+    "kind", [Kind.PEER_NEW, Kind.PEER_UNRESPONSIVE, Kind.PEER_RECOVERED, Kind.COMM_RECOVERED, Kind.RESTART]
+)
 def test_events_that_are_no_verdicts_do_nothing(source, sink, store, kind):
     other = peer(41000, incarnation=17)
     publish(store, other, initial_rank=2)

@@ -49,7 +49,7 @@ def server_pid(sock: socket.socket) -> int:
 
 
 def free_port_from(start: int) -> int:
-    """The first port from ``start`` on that is free on 127.0.0.1 (a fixed range below 32768: machine-facts.md)."""
+    """The first port from ``start`` on that is free on 127.0.0.1 (a fixed range below Linux's ephemeral ports)."""
     import socket
 
     for port in range(start, start + 200):

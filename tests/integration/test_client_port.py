@@ -12,15 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
-from ras_client import ask, connect, server_pid
 
+from ras_client import ask, connect, server_pid
 from rasd.swarm import Swarm
+
+pytestmark = pytest.mark.slow  # every test starts a swarm of real processes
 
 _next_port = [29300]
 
 
 def _free_base() -> int:
-    """A base port with a few free ports after it (fixed ports stay below 32768: machine-facts.md)."""
+    """A base port with a few free ports after it (below Linux's ephemeral ports, 32768 on)."""
     while True:
         _next_port[0] += 8
         base = _next_port[0]
@@ -36,8 +38,12 @@ def _free_base() -> int:
 @pytest.fixture
 def port_env(tmp_path: Path) -> dict[str, str]:
     base = _free_base()
-    return {"TORCHRAS_DEFAULT_ADDR": f"localhost:{base}", "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
-            "TORCHRAS_SWARM_STEP_S": "0", "TORCHRAS_TIMEOUT_FACTOR": "0.2"}
+    return {
+        "TORCHRAS_DEFAULT_ADDR": f"localhost:{base}",
+        "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
+        "TORCHRAS_SWARM_STEP_S": "0",
+        "TORCHRAS_TIMEOUT_FACTOR": "0.2",
+    }
 
 
 def base_port(env: dict[str, str]) -> int:
@@ -190,7 +196,8 @@ def test_monitor_pushes_events_as_they_happen(port_env):
         while b"PEER_DEAD" not in got:
             got += text.recv(4096)
         line = got.decode().splitlines()[-1]
-        assert line.startswith("[") and f"PEER_DEAD: Process {sw.members[victim].pid} on node 127.0.0.1 managing CPU" in line
+        gone = f"PEER_DEAD: Process {sw.members[victim].pid} on node 127.0.0.1 managing CPU"
+        assert line.startswith("[") and gone in line
         raw = b""
         events: list[dict] = []
         while not any(e["event"] == "PEER_DEAD" for e in events):

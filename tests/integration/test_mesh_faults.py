@@ -10,9 +10,13 @@ import socket
 import struct
 import time
 
+import pytest
 
 from rasd.core import wire
 from rasd.swarm import Swarm
+from swarm_ring import wait_for_ring
+
+pytestmark = pytest.mark.slow  # every test starts a swarm of real processes
 
 FAST = {"TORCHRAS_TIMEOUT_FACTOR": "0.2"}  # unresponsive 1 s, hang 2 s, reset 4 s, dead 12 s
 
@@ -34,6 +38,7 @@ def test_kill_9_is_known_dead_by_every_survivor_at_once():
 
 def test_sigstop_then_sigcont_before_the_dead_limit_recovers():
     with Swarm(5, env=FAST) as sw:
+        wait_for_ring(sw)  # a process stopped before its neighbours ever heard it is never UNRESPONSIVE
         sw.pause(1)
         sw.wait_for(lambda: any(sw.saw(i, "PEER_UNRESPONSIVE", 1) for i in survivors(sw, 1)), 10, "UNRESPONSIVE")
         sw.wait_for(lambda: all(sw.saw(i, "PEER_HUNG", 1) for i in survivors(sw, 1)), 10, "PEER_HUNG everywhere")
@@ -155,12 +160,11 @@ def test_another_jobs_processes_cannot_join(tmp_path):
     # Two jobs share a bootstrap store by mistake, each with its own secret: job b's members are handed job a's
     # members as seeds and try to connect. The handshake fails both ways and job a never hears of job b.
     store = str(tmp_path / "shared-store")
-    with Swarm(3, env=FAST, store_dir=store) as a:
-        with Swarm(3, env=FAST, store_dir=store).start(wait_mesh=False) as b:
-            time.sleep(3.0)
-            a_addrs = {m.addr for m in a.members}
-            for i in range(a.n):
-                seen = {e["addr"] for e in a.events(i)}
-                assert seen <= a_addrs, f"job a member {i} heard of {seen - a_addrs}"
-                assert not a.events(i, "PEER_DEAD")
-            assert all(b.alive(i) for i in range(b.n))
+    with Swarm(3, env=FAST, store_dir=store) as a, Swarm(3, env=FAST, store_dir=store).start(wait_mesh=False) as b:
+        time.sleep(3.0)
+        a_addrs = {m.addr for m in a.members}
+        for i in range(a.n):
+            seen = {e["addr"] for e in a.events(i)}
+            assert seen <= a_addrs, f"job a member {i} heard of {seen - a_addrs}"
+            assert not a.events(i, "PEER_DEAD")
+        assert all(b.alive(i) for i in range(b.n))

@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-from ras_client import ask
 
+from ras_client import ask
 from rasd.swarm import Member, Swarm
 
 _next_port = [29700]
 
 
 def _free_base() -> int:
-    """A client port with a few free ports after it (fixed ports stay below 32768: machine-facts.md)."""
+    """A client port with a few free ports after it (below Linux's ephemeral ports, 32768 on)."""
     while True:
         _next_port[0] += 8
         base = _next_port[0]
@@ -44,8 +44,12 @@ def _restart_member(sw: Swarm, i: int) -> Member:
     info.unlink()
     (sw.dir / f"events-{i}.jsonl").unlink(missing_ok=True)  # the new process's events only
     env = {**sw.env, "TORCHRAS_MESH_PORT": str(old.port)}
-    proc = subprocess.Popen([sys.executable, "-m", "rasd.swarm", "--dir", str(sw.dir), "--index", str(i)],
-                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rasd.swarm", "--dir", str(sw.dir), "--index", str(i)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     new = Member(i, proc)
     sw.members[i] = new  # the swarm's close() kills it
     sw.wait_for(lambda: info.exists() or proc.poll() is not None, 30, "the restarted member to start")
@@ -83,8 +87,12 @@ def _section(text: str, head: str) -> str:
 @pytest.mark.slow
 def test_a_process_restarted_on_a_dead_predecessors_port_is_alive_and_the_predecessor_dead(tmp_path: Path):
     base = _free_base()
-    env = {"TORCHRAS_DEFAULT_ADDR": f"localhost:{base}", "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
-           "TORCHRAS_SWARM_STEP_S": "0", "TORCHRAS_TIMEOUT_FACTOR": "0.2"}
+    env = {
+        "TORCHRAS_DEFAULT_ADDR": f"localhost:{base}",
+        "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
+        "TORCHRAS_SWARM_STEP_S": "0",
+        "TORCHRAS_TIMEOUT_FACTOR": "0.2",
+    }
     with Swarm(4, env=env) as sw:
         victim = 2
         old = sw.members[victim]
@@ -95,8 +103,11 @@ def test_a_process_restarted_on_a_dead_predecessors_port_is_alive_and_the_predec
 
         new = _restart_member(sw, victim)
         assert (new.host, new.port) == (old.host, old.port) and new.pid != old.pid
-        sw.wait_for(lambda: all(any(e["pid"] == new.pid for e in sw.events(i, "PEER_NEW")) for i in survivors),
-                    20, "every survivor to meet the new process")
+        sw.wait_for(
+            lambda: all(any(e["pid"] == new.pid for e in sw.events(i, "PEER_NEW")) for i in survivors),
+            20,
+            "every survivor to meet the new process",
+        )
 
         def settled(text: str, doc: dict) -> bool:
             pids = {r["pid"] for c in doc.get("communicators", []) for r in c["ranks"]}

@@ -23,13 +23,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
-from ras_client import ask, connect
 
+from ras_client import ask, connect
 from rasd.core.comms import OP_TYPES
+
+pytestmark = pytest.mark.slow  # every test starts torch processes
 
 WORKER = Path(__file__).with_name("torch_worker.py")
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -42,15 +44,26 @@ SWEEP = 5.0 * FACTOR
 START_DEADLINE = 90.0  # 4 processes importing torch on 2 cores (8 for the pair of jobs)
 
 #: What one ``ops`` command issues on the world group, per rank (the pair group gets one AllReduce more).
-OPS_WORLD = {"Broadcast": 2, "Reduce": 1, "AllGather": 2, "ReduceScatter": 1, "AllReduce": 4, "AllToAll": 1,
-             "Gather": 1, "Scatter": 1, "Barrier": 1, "Send": 2, "Recv": 2}
+OPS_WORLD = {
+    "Broadcast": 2,
+    "Reduce": 1,
+    "AllGather": 2,
+    "ReduceScatter": 1,
+    "AllReduce": 4,
+    "AllToAll": 1,
+    "Gather": 1,
+    "Scatter": 1,
+    "Barrier": 1,
+    "Send": 2,
+    "Recv": 2,
+}
 OPS_PAIR = {op: (1 if op == "AllReduce" else 0) for op in OP_TYPES}
 
 _next_port = [30700]
 
 
 def client_port() -> int:
-    """A free fixed port for TORCHRAS_ADDR (below 32768: machine-facts.md), different for every job."""
+    """A free fixed port for TORCHRAS_ADDR (below Linux's ephemeral ports, 32768 on), different for every job."""
     while True:
         _next_port[0] += 1 + (os.getpid() % 7)
         with socket.socket() as s:
@@ -85,17 +98,32 @@ class TorchJob:
         launcher = [sys.executable, "-m", "rasd.run"] if run_module else [sys.executable]
         for rank in range(WORLD):
             penv = dict(
-                os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(master), TORCHRAS_ADDR=f"localhost:{self.port}",
-                TORCHRAS_RUN_DIR=str(directory / "endpoints"), TORCHRAS_TIMEOUT_FACTOR=str(FACTOR),
+                os.environ,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(WORLD),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(master),
+                TORCHRAS_ADDR=f"localhost:{self.port}",
+                TORCHRAS_RUN_DIR=str(directory / "endpoints"),
+                TORCHRAS_TIMEOUT_FACTOR=str(FACTOR),
                 TORCHRAS_STUCK_LIMIT=str(STUCK_LIMIT / FACTOR),
                 PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
-                PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR", **(env or {}))
+                PYTHONUNBUFFERED="1",
+                TORCH_CPP_LOG_LEVEL="ERROR",
+                **(env or {}),
+            )
             penv.pop("TORCHRAS_DEFAULT_ADDR", None)
-            stderr = open(directory / f"rank{rank}.stderr", "w")
-            proc = subprocess.Popen([*launcher, str(WORKER), str(self.out), mode], env=penv, cwd=REPOSITORY,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
-            stderr.close()
+            with open(directory / f"rank{rank}.stderr", "w") as stderr:  # the rank writes to its own copy
+                proc = subprocess.Popen(
+                    [*launcher, str(WORKER), str(self.out), mode],
+                    env=penv,
+                    cwd=REPOSITORY,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    text=True,
+                )
             self.procs.append(proc)
             threading.Thread(target=self._read, args=(rank, proc), daemon=True).start()
 
@@ -303,8 +331,13 @@ def test_every_op_type_is_counted_launched_and_completed_in_the_registry_and_the
             assert entry["pid"] == job.pids[rank]
             assert entry["collective_counts"] == local["launched"]
             assert entry["completed_counts"] == local["completed"]
-            assert entry["status"] == {"init_state": 0, "async_error": 0, "finalize_called": False,
-                                       "destroy_flag": False, "abort_flag": False}
+            assert entry["status"] == {
+                "init_state": 0,
+                "async_error": 0,
+                "finalize_called": False,
+                "destroy_flag": False,
+                "abort_flag": False,
+            }
 
     # The text report: the world group, then the two 2-rank groups as one row.
     report = wait_for_report(job.port, lambda r: "INCOMPLETE" not in r)
@@ -327,19 +360,23 @@ def test_a_rank_that_skips_an_all_reduce_is_a_mismatch_then_stuck_then_recovers(
         # Once ranks 0, 1 and 3 have all launched it (each of them is inside it until rank 2 comes).
         report = wait_for_report(job.port, lambda r: f"  3 ranks have launched up to operation {behind + 1}\n" in r)
         assert "Communicator ranks have different AllReduce operation counts\n" in report
-        assert (f"  Rank 2 has launched up to operation {behind} -- CPU managed by process {job.pids[2]} on node "
-                "127.0.0.1\n") in report
+        assert (
+            f"  Rank 2 has launched up to operation {behind} -- CPU managed by process {job.pids[2]} on node "
+            "127.0.0.1\n"
+        ) in report
         assert "    0         1         1         4         4         4   RUNNING  MISMATCH\n" in report
 
         # The sweeper's verdict reaches every process's subscribers (and the monitor client) after the limit.
-        details = (f"AllReduce operation {behind + 1} stuck; rank 2 behind (not launched); ranks 0,1,3 inside it "
-                   "(launched, not completed)")
+        details = (
+            f"AllReduce operation {behind + 1} stuck; rank 2 behind (not launched); ranks 0,1,3 inside it "
+            "(launched, not completed)"
+        )
         deadline = STUCK_LIMIT + 4 * SWEEP + 30.0
         seen: dict[int, dict] = {}
         while len(seen) < WORLD:
             rank, event = job.wait_event(
-                lambda r, e: e["kind"] == "COMM_STUCK" and e["comm_hash"] == world_hash and r not in seen,
-                deadline)
+                lambda r, e: e["kind"] == "COMM_STUCK" and e["comm_hash"] == world_hash and r not in seen, deadline
+            )
             seen[rank] = event
         for event in seen.values():
             assert event["details"] == details
@@ -388,7 +425,8 @@ def test_a_failed_async_op_is_launched_then_completed_with_an_async_error(job: T
     assert f"  Rank 0 has launched up to operation 1 -- CPU managed by process {job.pids[0]}" in report
     assert f"  Rank 1 has not launched any operations -- CPU managed by process {job.pids[1]}" in report
     reported = by_hash(wait_for_json(job.port, lambda d: by_hash(d).get(fail["hash"], {}).get("ranks_count") == 2))[
-        fail["hash"]]
+        fail["hash"]
+    ]
     statuses = {r["rank"]: r["status"]["async_error"] for r in reported["ranks"]}
     assert statuses[0] == fail["async_error"] and statuses[1] == 0
 
@@ -408,7 +446,8 @@ def test_a_group_destroyed_on_one_rank_is_nocomm_and_a_mismatch(job: TorchJob):
     reported = by_hash(wait_for_json(job.port, lambda d: pair23 in by_hash(d)))[pair23]
     assert reported["ranks_count"] == 1 and [r["rank"] for r in reported["ranks"]] == [0]
     assert [(m["rank"], m["pid"], m["status"]["unresponsive"]) for m in reported["missing_ranks"]] == [
-        (1, job.pids[3], False)]
+        (1, job.pids[3], False)
+    ]
     assert job.exit() == [0] * WORLD
 
 
@@ -435,15 +474,20 @@ def test_a_job_without_hooks_is_untouched_and_rasd_run_reports_an_unchanged_scri
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("localhost", plain.port), 2).close()
 
-        for rank, data in observed.items():
+        for data in observed.values():
             assert delta(comm_of(data["registry"], WORLD)["launched"], {op: 0 for op in OP_TYPES}) == OPS_WORLD
             assert "torchras-rasd" in data["threads"]
         report = wait_for_report(wrapped.port, lambda r: "INCOMPLETE" not in r)
         assert report.startswith("torchras version "), report
         assert "    0         1         1         4         4         4   RUNNING      OK\n" in report
         assert "    1         2         1         2         2         4   RUNNING      OK\n" in report
-        doc = wait_for_json(wrapped.port, lambda d: [c["ranks_count"] for c in d["communicators"]] == [4, 2, 2]
-                            or sorted(c["ranks_count"] for c in d["communicators"]) == [2, 2, 4])
+        doc = wait_for_json(
+            wrapped.port,
+            lambda d: (
+                [c["ranks_count"] for c in d["communicators"]] == [4, 2, 2]
+                or sorted(c["ranks_count"] for c in d["communicators"]) == [2, 2, 4]
+            ),
+        )
         world = next(c for c in doc["communicators"] if c["size"] == WORLD)
         assert sorted(r["pid"] for r in world["ranks"]) == sorted(wrapped.pids)
         assert all(r["collective_counts"] == OPS_WORLD == r["completed_counts"] for r in world["ranks"])

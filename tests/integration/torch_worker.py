@@ -58,15 +58,33 @@ def registry() -> list[dict]:
         return []
     from rasd.core.comms import OP_TYPES
 
-    return [{"hash": c.comm_hash, "size": c.size, "rank": c.rank, "init_state": c.init_state,
-             "async_error": c.async_error,
-             "launched": dict(zip(OP_TYPES, c.launched)), "completed": dict(zip(OP_TYPES, c.completed))}
-            for c in hooks.registry.comms()]
+    return [
+        {
+            "hash": c.comm_hash,
+            "size": c.size,
+            "rank": c.rank,
+            "init_state": c.init_state,
+            "async_error": c.async_error,
+            "launched": dict(zip(OP_TYPES, c.launched, strict=True)),
+            "completed": dict(zip(OP_TYPES, c.completed, strict=True)),
+        }
+        for c in hooks.registry.comms()
+    ]
 
 
-def forward_event(event) -> None:  # noqa: ANN001 - rasd.Event
-    say("EVENT " + json.dumps({"kind": str(event.kind), "details": event.details, "ranks": list(event.ranks),
-                               "comm_hash": event.comm_hash, "wall": time.time()}))
+def forward_event(event) -> None:
+    say(
+        "EVENT "
+        + json.dumps(
+            {
+                "kind": str(event.kind),
+                "details": event.details,
+                "ranks": list(event.ranks),
+                "comm_hash": event.comm_hash,
+                "wall": time.time(),
+            }
+        )
+    )
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """A fake RAS status port for the rascli tests: a threaded TCP server on 127.0.0.1 (a free port) that records
 every byte it receives and answers from a ``Script``.
 
-It speaks just enough of the protocol (reference section 1.3) to be a faithful peer for the client, and its
+It speaks just enough of the protocol (docs/protocol.md §1-2) to be a faithful peer for the client, and its
 script can make it misbehave the ways a real port can: silent, cut off mid-report, stalled mid-report, foreign.
 Run as a program (``python rascli_fake_server.py SCRIPT.json``) it serves in its own process, so a test can kill -9 it.
 """
@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -66,7 +67,7 @@ class FakeServer:
             time.sleep(0.01)
 
     # -- serving -----------------------------------------------------------------------------------------------
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         thread = threading.Thread(target=self._accept, daemon=True)
         thread.start()
         self._threads.append(thread)
@@ -88,7 +89,7 @@ class FakeServer:
         while not self._stop.is_set():
             try:
                 client, _ = self.listener.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             with self._lock:
                 self.received.append(bytearray())
@@ -110,7 +111,7 @@ class FakeServer:
             while not self._stop.is_set():
                 try:
                     data = client.recv(4096)
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 if not data:
                     return
@@ -173,7 +174,7 @@ class FakeServer:
 
 def main() -> None:
     """Serve the script in ``argv[1]`` (JSON: Script's fields, bytes as latin-1 strings); print the port."""
-    raw = json.loads(open(sys.argv[1]).read())
+    raw = json.loads(Path(sys.argv[1]).read_text())
     for key in ("report", "handshake", "greeting"):
         if isinstance(raw.get(key), str):
             raw[key] = raw[key].encode("latin-1")

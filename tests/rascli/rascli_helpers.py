@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from rich.console import Console
 
@@ -43,12 +44,19 @@ class Result:
 
 
 def make_console(width: int = 100) -> Console:
-    return Console(file=io.StringIO(), width=width, record=True, force_terminal=True, color_system="truecolor",
-                   highlight=False)
+    return Console(
+        file=io.StringIO(), width=width, record=True, force_terminal=True, color_system="truecolor", highlight=False
+    )
 
 
-def run_cli(argv: list[str], *, tty: bool = False, width: int = 100, environ: dict[str, str] | None = None,
-            timeouts: Timeouts = PATIENT) -> Result:
+def run_cli(
+    argv: list[str],
+    *,
+    tty: bool = False,
+    width: int = 100,
+    environ: dict[str, str] | None = None,
+    timeouts: Timeouts = PATIENT,
+) -> Result:
     out, err = io.BytesIO(), io.StringIO()
     console = make_console(width) if tty else None
     code = run(argv, Streams(out, err, console), environ or {}, timeouts)
@@ -69,6 +77,10 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def rascli_process(argv: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """rascli as a user runs it, in a pipe. The caller bounds every wait on it; whatever happens, it is killed
@@ -76,8 +88,16 @@ def rascli_process(argv: list[str], env: dict[str, str] | None = None) -> Iterat
     environment = {k: v for k, v in os.environ.items() if k not in ("TORCHRAS_ADDR", "NO_COLOR")}
     environment.update(env or {})
     environment["PYTHONPATH"] = str(REPO) + os.pathsep + environment.get("PYTHONPATH", "")
-    process = subprocess.Popen([sys.executable, "-m", "rascli", *argv], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=environment, cwd=REPO)
+    # Ctrl+C reaches rascli as it does from a terminal even when the suite itself was started in the background,
+    # where the shell sets SIGINT to ignored and every child would inherit that.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rascli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment,
+        cwd=REPO,
+        preexec_fn=_default_sigint,
+    )
     try:
         yield process
     finally:
@@ -96,7 +116,7 @@ def finish(process: subprocess.Popen, timeout: float = 15.0) -> tuple[bytes, byt
     except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()
-        raise AssertionError(f"the process did not end within {timeout} s: {err.decode(errors='replace')}")
+        raise AssertionError(f"the process did not end within {timeout} s: {err.decode(errors='replace')}") from None
 
 
 def rascli_run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -135,8 +155,9 @@ def fake_server_process(tmp_path: Path, **script: object) -> tuple[subprocess.Po
             script[key] = [event.decode("latin-1") for event in value]  # type: ignore[union-attr]
     path = tmp_path / "script.json"
     path.write_text(json.dumps(script))
-    process = subprocess.Popen([sys.executable, str(HERE / "rascli_fake_server.py"), str(path)],
-                               stdout=subprocess.PIPE, cwd=HERE)
+    process = subprocess.Popen(
+        [sys.executable, str(HERE / "rascli_fake_server.py"), str(path)], stdout=subprocess.PIPE, cwd=HERE
+    )
     line = read_until(process.stdout, b"\n", deadline=15.0)
     if not line.strip().isdigit():
         process.kill()
@@ -172,7 +193,7 @@ class RecordingProxy:
         while not self._stop.is_set():
             try:
                 client, _ = self.listener.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             server = socket.create_connection(self.upstream, timeout=5)
             self._sockets += [client, server]
@@ -192,7 +213,7 @@ class RecordingProxy:
             while not self._stop.is_set():
                 try:
                     data = source.recv(65536)  # type: ignore[attr-defined]
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 if not data:
                     break

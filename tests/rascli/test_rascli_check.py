@@ -7,17 +7,28 @@ import pytest
 from rascli_helpers import addr, closed_port, rascli_run, run_cli, sample
 
 
-@pytest.mark.parametrize("name, code, verdict", [
-    ("healthy.txt", 0, "healthy: the job at 127.0.0.1:{port} reports no errors and no warnings"),
-    ("gpus.txt", 0, "healthy:"),
-    ("mismatch.txt", 1, "unhealthy: the job at 127.0.0.1:{port} reports warning #0-0 (27a079b828ff1a75) MISMATCH"),
-    ("dead.txt", 1, "unhealthy: the job at 127.0.0.1:{port} reports error DEAD; error #0-0 (27a079b828ff1a75) "
-                    "INCOMPLETE; error #2-0 (9c41d0e2b7a3f615) INCOMPLETE"),
-    ("outliers.txt", 1, "warning TIMEOUT"),
-    ("rasd_faulty_2x4.txt", 1, "error INCOMPLETE; error DEAD; error #0-0 (27a079b828ff1a75) INCOMPLETE; "
-                               "error #0-0 (27a079b828ff1a75) ERROR; error #1-0 (0000000000001111) INCOMPLETE; "
-                               "and 3 more\n"),
-])
+@pytest.mark.parametrize(
+    "name, code, verdict",
+    [
+        ("healthy.txt", 0, "healthy: the job at 127.0.0.1:{port} reports no errors and no warnings"),
+        ("gpus.txt", 0, "healthy:"),
+        ("mismatch.txt", 1, "unhealthy: the job at 127.0.0.1:{port} reports warning #0-0 (27a079b828ff1a75) MISMATCH"),
+        (
+            "dead.txt",
+            1,
+            "unhealthy: the job at 127.0.0.1:{port} reports error DEAD; error #0-0 (27a079b828ff1a75) "
+            "INCOMPLETE; error #2-0 (9c41d0e2b7a3f615) INCOMPLETE",
+        ),
+        ("outliers.txt", 1, "warning TIMEOUT"),
+        (
+            "rasd_faulty_2x4.txt",
+            1,
+            "error INCOMPLETE; error DEAD; error #0-0 (27a079b828ff1a75) INCOMPLETE; "
+            "error #0-0 (27a079b828ff1a75) ERROR; error #1-0 (0000000000001111) INCOMPLETE; "
+            "and 3 more\n",
+        ),
+    ],
+)
 def test_verdicts(serve, name: str, code: int, verdict: str) -> None:
     server = serve(report=sample(name))
     result = run_cli(["--check"] + addr(server))

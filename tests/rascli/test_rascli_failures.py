@@ -9,8 +9,7 @@ import pytest
 
 from rascli.connection import Connection
 from rascli.errors import RasCliError
-from rascli_helpers import (FAST, addr, closed_port, finish, rascli_process, rascli_run, read_until, run_cli,
-                            sample)
+from rascli_helpers import FAST, addr, closed_port, finish, rascli_process, rascli_run, read_until, run_cli, sample
 
 
 def test_nothing_listening(serve) -> None:
@@ -48,15 +47,22 @@ def test_silent_server_is_retried_a_bounded_number_of_times(serve) -> None:
     assert "may be hung" in result.err
 
 
-@pytest.mark.parametrize("script, expected", [
-    ({"replies": {"CLIENT PROTOCOL 2": b"HTTP/1.1 400 Bad Request\r\n"}},
-     "is not a RAS service: it answered 'HTTP/1.1 400 Bad Request'"),
-    ({"greeting": b"SSH-2.0-OpenSSH_9.6\r\n"}, "is not a RAS service: it answered 'SSH-2.0-OpenSSH_9.6'"),
-    ({"greeting": b"\x00\xff" * 1000}, "is not a RAS service"),
-    ({"replies": {"CLIENT PROTOCOL 2": b"garbage without end"}, "hangup": "reply"},
-     "closed the connection without answering 'CLIENT PROTOCOL 2': it is not a RAS service"),
-    ({"hangup": "connect"}, "closed the connection without answering 'CLIENT PROTOCOL 2'"),
-])
+@pytest.mark.parametrize(
+    "script, expected",
+    [
+        (
+            {"replies": {"CLIENT PROTOCOL 2": b"HTTP/1.1 400 Bad Request\r\n"}},
+            "is not a RAS service: it answered 'HTTP/1.1 400 Bad Request'",
+        ),
+        ({"greeting": b"SSH-2.0-OpenSSH_9.6\r\n"}, "is not a RAS service: it answered 'SSH-2.0-OpenSSH_9.6'"),
+        ({"greeting": b"\x00\xff" * 1000}, "is not a RAS service"),
+        (
+            {"replies": {"CLIENT PROTOCOL 2": b"garbage without end"}, "hangup": "reply"},
+            "closed the connection without answering 'CLIENT PROTOCOL 2': it is not a RAS service",
+        ),
+        ({"hangup": "connect"}, "closed the connection without answering 'CLIENT PROTOCOL 2'"),
+    ],
+)
 def test_foreign_service(serve, script: dict, expected: str) -> None:
     server = serve(**script)
     result = run_cli(addr(server))

@@ -26,9 +26,18 @@ def dead_pid() -> int:
 
 def register(directory: Path, port: int, pid: int, job_id: str, started: float | None = None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{port}-{pid}.json").write_text(json.dumps({
-        "host": "localhost", "port": port, "job_id": job_id, "pid": pid,
-        "started": MY_START + 1 if started is None else started, "hostname": "node7"}))
+    (directory / f"{port}-{pid}.json").write_text(
+        json.dumps(
+            {
+                "host": "localhost",
+                "port": port,
+                "job_id": job_id,
+                "pid": pid,
+                "started": MY_START + 1 if started is None else started,
+                "hostname": "node7",
+            }
+        )
+    )
 
 
 def live_pids(n: int) -> list[int]:
@@ -43,8 +52,10 @@ def test_jobs_are_grouped_by_port_and_job_id(tmp_path: Path) -> None:
     register(tmp_path, 28028, pids[1], "aa11", started=MY_START + 3)
     register(tmp_path, 28029, pids[0], "bb22")
     jobs = group_jobs(read_endpoints(tmp_path))
-    assert [(job.port, job.job_id, len(job.pids)) for job in jobs] == [(28028, "aa11", len(set(pids))),
-                                                                        (28029, "bb22", 1)]
+    assert [(job.port, job.job_id, len(job.pids)) for job in jobs] == [
+        (28028, "aa11", len(set(pids))),
+        (28029, "bb22", 1),
+    ]
     assert jobs[0].started == MY_START + 3
 
 
@@ -64,6 +75,18 @@ def test_process_alive() -> None:
     assert process_alive(ME, MY_START + 1)
     assert not process_alive(dead_pid(), time.time())
     assert not process_alive(ME, MY_START - 100)
+
+
+def test_a_zombie_serves_nothing() -> None:
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert not process_alive(zombie.pid, time.time())
+    finally:
+        zombie.wait()
 
 
 def test_run_dir() -> None:
@@ -88,8 +111,9 @@ def test_list_on_a_terminal_and_as_json(tmp_path: Path) -> None:
     screen = run_cli(["--list"], tty=True, environ={"TORCHRAS_RUN_DIR": str(tmp_path)}).screen
     assert "torchras jobs serving on this node" in screen and "28028" in screen and "3f2a9c" in screen
     result = run_cli(["--list", "-f", "json"], environ={"TORCHRAS_RUN_DIR": str(tmp_path)})
-    assert json.loads(result.out) == [{"host": "localhost", "port": 28028, "job_id": "3f2a9c", "processes": 1,
-                                       "pids": [ME], "started": MY_START + 1}]
+    assert json.loads(result.out) == [
+        {"host": "localhost", "port": 28028, "job_id": "3f2a9c", "processes": 1, "pids": [ME], "started": MY_START + 1}
+    ]
 
 
 def test_list_with_no_jobs(tmp_path: Path) -> None:

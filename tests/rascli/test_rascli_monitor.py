@@ -14,9 +14,11 @@ EVENTS = [
     b"[2026-11-21 11:00:08] COMM_STUCK: #0-0 (27a079b828ff1a75) AllReduce 120 on ranks 0,1,2 waits for rank 3\n",
     b"[2026-11-21 11:00:09] COMM_RECOVERED: #0-0 (27a079b828ff1a75) \n",
 ]
-JSON_EVENT = (b'{\n  "timestamp": "2026-11-21 11:00:07",\n  "group": "LIFECYCLE",\n  "event": "PEER_DEAD",\n'
-              b'  "peer": {\n    "host": "127.0.0.1",\n    "pid": 41874,\n    "cuda_devs": [],\n'
-              b'    "nvml_devs": []\n  },\n  "details": ""\n}\n')
+JSON_EVENT = (
+    b'{\n  "timestamp": "2026-11-21 11:00:07",\n  "group": "LIFECYCLE",\n  "event": "PEER_DEAD",\n'
+    b'  "peer": {\n    "host": "127.0.0.1",\n    "pid": 41874,\n    "cuda_devs": [],\n'
+    b'    "nvml_devs": []\n  },\n  "details": ""\n}\n'
+)
 
 
 def test_events_pass_through_unchanged_in_a_pipe(serve) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from rascli.errors import Exit, RasCliError
 from rascli.options import DEFAULT_PORT, Options, parse, parse_addr
@@ -14,7 +13,13 @@ from rascli_helpers import run_cli
 def test_defaults_are_ncclras_defaults() -> None:
     options = parse([], {})
     assert (options.host, options.port, options.timeout, options.verbose, options.format, options.monitor) == (
-        "localhost", 28028, None, False, None, None)
+        "localhost",
+        28028,
+        None,
+        False,
+        None,
+        None,
+    )
     assert options.default_addr
 
 
@@ -24,54 +29,68 @@ def test_h_is_host_not_help() -> None:
     assert not parse(["-h", "node7"], {}).default_addr
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["-p", "1234"], {"port": 1234}),
-    (["--port", "1234"], {"port": 1234}),
-    (["-p1234"], {"port": 1234}),
-    (["-t", "10"], {"timeout": 10}),
-    (["-t0"], {"timeout": 0}),
-    (["--timeout=7"], {"timeout": 7}),
-    (["-v"], {"verbose": True}),
-    (["-vt10"], {"verbose": True, "timeout": 10}),
-    (["-f", "JSON"], {"format": "JSON"}),
-    (["--format=text"], {"format": "text"}),
-    (["-m"], {"monitor": ""}),
-    (["-mtrace"], {"monitor": "trace"}),
-    (["--monitor"], {"monitor": ""}),
-    (["--monitor=lifecycle,trace"], {"monitor": "lifecycle,trace"}),
-    (["-vmall"], {"verbose": True, "monitor": "all"}),
-    (["--verb", "--watch", "2.5"], {"verbose": True, "watch": 2.5}),
-    (["--check"], {"check": True}),
-    (["--list"], {"list": True}),
-    (["--no-color"], {"no_color": True}),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["-p", "1234"], {"port": 1234}),
+        (["--port", "1234"], {"port": 1234}),
+        (["-p1234"], {"port": 1234}),
+        (["-t", "10"], {"timeout": 10}),
+        (["-t0"], {"timeout": 0}),
+        (["--timeout=7"], {"timeout": 7}),
+        (["-v"], {"verbose": True}),
+        (["-vt10"], {"verbose": True, "timeout": 10}),
+        (["-f", "JSON"], {"format": "JSON"}),
+        (["--format=text"], {"format": "text"}),
+        (["-m"], {"monitor": ""}),
+        (["-mtrace"], {"monitor": "trace"}),
+        (["--monitor"], {"monitor": ""}),
+        (["--monitor=lifecycle,trace"], {"monitor": "lifecycle,trace"}),
+        (["-vmall"], {"verbose": True, "monitor": "all"}),
+        (["--verb", "--watch", "2.5"], {"verbose": True, "watch": 2.5}),
+        (["--watch"], {"watch": 2.0}),  # with no number, every 2 s (as watch(1))
+        (["--watch", "-v"], {"watch": 2.0, "verbose": True}),
+        (["--wat", "--timeout", "3"], {"watch": 2.0, "timeout": 3}),
+        (["--watch=0.5"], {"watch": 0.5}),
+        (["--watch", "10", "-v"], {"watch": 10.0, "verbose": True}),
+        (["--check"], {"check": True}),
+        (["--list"], {"list": True}),
+        (["--no-color"], {"no_color": True}),
+    ],
+)
 def test_options(argv: list[str], expected: dict[str, object]) -> None:
     options = parse(argv, {})
     for name, value in expected.items():
         assert getattr(options, name) == value, name
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["-t", "x"], "invalid timeout 'x'"),
-    (["-t", "-1"], "invalid timeout '-1'"),
-    (["-t", "1.5"], "invalid timeout '1.5'"),
-    (["-f", "xml"], "invalid format 'xml' (must be text or json)"),
-    (["-p", "0"], "invalid port '0'"),
-    (["-p", "http"], "invalid port 'http'"),
-    (["-x"], "invalid option -- 'x'"),
-    (["--bogus"], "unrecognized option '--bogus'"),
-    (["--verbose=yes"], "doesn't allow an argument"),
-    (["-h"], "requires an argument -- 'h'"),
-    (["--port"], "option '--port' requires an argument"),
-    (["-m", "trace"], "monitor groups must be attached: -mtrace or --monitor=trace"),
-    (["stray"], "unexpected argument 'stray'"),
-    (["-m", "--check"], "--monitor and --check cannot be used together"),
-    (["--watch", "0"], "invalid --watch interval '0'"),
-    (["--watch", "nan"], "invalid --watch interval"),
-    (["--check", "-f", "json"], "--check reads the text report"),
-    (["--watch=1", "-fjson"], "--watch reads the text report"),
-    (["--list", "--check"], "--check and --list cannot be used together"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-t", "x"], "invalid timeout 'x'"),
+        (["-t", "-1"], "invalid timeout '-1'"),
+        (["-t", "1.5"], "invalid timeout '1.5'"),
+        (["-f", "xml"], "invalid format 'xml' (must be text or json)"),
+        (["-p", "0"], "invalid port '0'"),
+        (["-p", "http"], "invalid port 'http'"),
+        (["-x"], "invalid option -- 'x'"),
+        (["--bogus"], "unrecognized option '--bogus'"),
+        (["--verbose=yes"], "doesn't allow an argument"),
+        (["-h"], "requires an argument -- 'h'"),
+        (["--port"], "option '--port' requires an argument"),
+        (["-m", "trace"], "monitor groups must be attached: -mtrace or --monitor=trace"),
+        (["stray"], "unexpected argument 'stray'"),
+        (["-m", "--check"], "--monitor and --check cannot be used together"),
+        (["--watch", "0"], "invalid --watch interval '0'"),
+        (["--watch", "nan"], "invalid --watch interval"),
+        (["--watch", "-1"], "invalid --watch interval '-1'"),
+        (["--watch="], "invalid --watch interval ''"),
+        (["--watch", "soon"], "unexpected argument 'soon'"),
+        (["--check", "-f", "json"], "--check reads the text report"),
+        (["--watch=1", "-fjson"], "--watch reads the text report"),
+        (["--list", "--check"], "--check and --list cannot be used together"),
+    ],
+)
 def test_usage_errors(argv: list[str], message: str) -> None:
     with pytest.raises(RasCliError) as caught:
         parse(argv, {})
@@ -109,8 +128,16 @@ def test_help_and_version_go_to_stdout_and_exit_0() -> None:
     result = run_cli(["--help"])
     assert result.code == 0
     text = result.out.decode()
-    for word in ("--host", "--timeout", "--monitor[=GROUPS]", "--watch", "--check", "--list", "Exit codes:",
-                 "TORCHRAS_ADDR"):
+    for word in (
+        "--host",
+        "--timeout",
+        "--monitor[=GROUPS]",
+        "--watch",
+        "--check",
+        "--list",
+        "Exit codes:",
+        "TORCHRAS_ADDR",
+    ):
         assert word in text
     version = run_cli(["--version"])
     assert version.code == 0 and version.out.decode().startswith("rascli (torchras) ")

@@ -19,26 +19,33 @@ from rascli.report import ReportFormatError, parse_report
 from rascli_helpers import addr, closed_port, read_until, run_cli, sample
 
 #: A real event (from a ``rasd swarm``; restarts.txt is the report of the same job).
-RESTART_EVENT = (b"[2026-11-22 22:56:21] RESTART: Process 11850 on node 127.0.0.1 managing CPU restart 2 (iteration 2) "
-                 b"after PEER_HUNG of rank 2 (pid 11852): rank 2 terminated, 0.412s lost\n")
+RESTART_EVENT = (
+    b"[2026-11-22 22:56:21] RESTART: Process 11850 on node 127.0.0.1 managing CPU restart 2 (iteration 2) "
+    b"after PEER_HUNG of rank 2 (pid 11852): rank 2 terminated, 0.412s lost\n"
+)
 
 
 def test_the_restarts_section_parses_and_keeps_the_job_healthy() -> None:
     report = parse_report(sample("restarts.txt").decode())
-    assert report.restarts == ("Iteration 2 after 2 restarts",
-                               "Last restart: PEER_HUNG of rank 2 (pid 11852); rank 2 terminated, 0.412s lost",
-                               "1 job process is at an older iteration",
-                               "Process 11852 on node 127.0.0.1 managing CPU at iteration 1")
+    assert report.restarts == (
+        "Iteration 2 after 2 restarts",
+        "Last restart: PEER_HUNG of rank 2 (pid 11852); rank 2 terminated, 0.412s lost",
+        "1 job process is at an older iteration",
+        "Process 11852 on node 127.0.0.1 managing CPU at iteration 1",
+    )
     assert report.healthy and not report.errors and not report.warnings
     assert [row.errors for row in report.comms or ()] == ["OK", "OK"]
     assert parse_report(sample("healthy.txt").decode()).restarts == ()
 
 
-@pytest.mark.parametrize("section", [
-    "\nRestarts\n========\n\n\nErrors",               # empty
-    "\nRestarts\n========\n\nIteration 2\n\nErrors",   # not indented
-    "\nRestarts\n========\n  Iteration 2\n\nErrors",   # no blank line after the underline
-])
+@pytest.mark.parametrize(
+    "section",
+    [
+        "\nRestarts\n========\n\n\nErrors",  # empty
+        "\nRestarts\n========\n\nIteration 2\n\nErrors",  # not indented
+        "\nRestarts\n========\n  Iteration 2\n\nErrors",  # no blank line after the underline
+    ],
+)
 def test_a_damaged_restarts_section_is_refused(section: str) -> None:
     text = sample("healthy.txt").decode().replace("\nErrors", section, 1)
     with pytest.raises(ReportFormatError):
@@ -51,9 +58,11 @@ def test_terminal_view_shows_the_restarts_after_what_is_wrong(serve) -> None:
     screen = result.screen
     assert screen.splitlines()[0] == "✔ healthy: no errors, no warnings  (iteration 2 after 2 restarts)"
     assert screen.index("Restarts") < screen.index("Communicators") < screen.index("Job summary")
-    for line in ("Iteration 2 after 2 restarts",
-                 "Last restart: PEER_HUNG of rank 2 (pid 11852); rank 2 terminated, 0.412s lost",
-                 "Process 11852 on node 127.0.0.1 managing CPU at iteration 1"):
+    for line in (
+        "Iteration 2 after 2 restarts",
+        "Last restart: PEER_HUNG of rank 2 (pid 11852); rank 2 terminated, 0.412s lost",
+        "Process 11852 on node 127.0.0.1 managing CPU at iteration 1",
+    ):
         assert line in screen
     assert result.console is not None
     assert "\x1b[1;36mRestarts\x1b[0m" in result.console.export_text(styles=True)  # bold cyan: not an error
@@ -68,8 +77,13 @@ def test_check_calls_a_job_that_restarted_healthy(serve) -> None:
     server = serve(report=sample("restarts.txt"))
     result = run_cli(["--check"] + addr(server))
     assert result.code == 0, result.out
-    assert result.out == (f"healthy: the job at 127.0.0.1:{server.port} reports no errors and no warnings "
-                          "(iteration 2 after 2 restarts)\n").encode()
+    assert (
+        result.out
+        == (
+            f"healthy: the job at 127.0.0.1:{server.port} reports no errors and no warnings "
+            "(iteration 2 after 2 restarts)\n"
+        ).encode()
+    )
 
 
 def test_check_names_the_restarts_of_an_unhealthy_job_too(serve) -> None:
@@ -169,8 +183,14 @@ def test_a_real_job_shows_its_restarts(tmp_path) -> None:
     from rasd.swarm import Swarm
 
     port = closed_port()
-    swarm = Swarm(2, env={"TORCHRAS_ADDR": f"127.0.0.1:{port}", "TORCHRAS_RUN_DIR": str(tmp_path / "run"),
-                          "TORCHRAS_SWARM_STEP_S": "0"})
+    swarm = Swarm(
+        2,
+        env={
+            "TORCHRAS_ADDR": f"127.0.0.1:{port}",
+            "TORCHRAS_RUN_DIR": str(tmp_path / "run"),
+            "TORCHRAS_SWARM_STEP_S": "0",
+        },
+    )
     try:
         swarm.start(timeout=60)
         pids = [m.pid for m in swarm.members]
@@ -185,31 +205,45 @@ def test_a_real_job_shows_its_restarts(tmp_path) -> None:
             swarm.command(i, "restart", "1", "3", "0.25", "PEER_HUNG", "of", "rank", "3")
         seen = read_until(text_monitor, b"lost\n", deadline=30).decode()
         line = next((ln + "\n" for ln in seen.splitlines() if " RESTART: " in ln), seen)
-        match = re.fullmatch(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] RESTART: Process (\d+) on node 127\.0\.0\.1 "
-                             r"managing CPU restart 1 \(iteration 1\) after PEER_HUNG of rank 3: rank 3 terminated, "
-                             r"0\.250s lost\n", line)
+        match = re.fullmatch(
+            r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] RESTART: Process (\d+) on node 127\.0\.0\.1 "
+            r"managing CPU restart 1 \(iteration 1\) after PEER_HUNG of rank 3: rank 3 terminated, "
+            r"0\.250s lost\n",
+            line,
+        )
         assert match and int(match.group(1)) in pids, line
         event = _next_json_event(json_monitor, "RESTART")
         assert (event["group"], event["event"]) == ("LIFECYCLE", "RESTART")
         assert event["peer"]["pid"] in pids
         assert {k: event[k] for k in ("iteration", "restarts_count", "cause", "terminated_ranks", "seconds_lost")} == {
-            "iteration": 1, "restarts_count": 1, "cause": "PEER_HUNG of rank 3", "terminated_ranks": [3],
-            "seconds_lost": 0.25}
+            "iteration": 1,
+            "restarts_count": 1,
+            "cause": "PEER_HUNG of rank 3",
+            "terminated_ranks": [3],
+            "seconds_lost": 0.25,
+        }
 
         # Member 0 restarts once more, member 1 has not yet: the job is at iteration 2, member 1 behind.
         swarm.command(0, "restart", "2", "-", "1.5", "COMM_STUCK")
         report = _wait_for_status(port, lambda r: "Iteration 2" in r)
-        block = ("\nRestarts\n========\n\n  Iteration 2 after 2 restarts\n"
-                 "  Last restart: COMM_STUCK; no rank terminated, 1.500s lost\n"
-                 "  1 job process is at an older iteration\n"
-                 f"  Process {pids[1]} on node 127.0.0.1 managing CPU at iteration 1\n\nErrors\n======\n\n")
+        block = (
+            "\nRestarts\n========\n\n  Iteration 2 after 2 restarts\n"
+            "  Last restart: COMM_STUCK; no rank terminated, 1.500s lost\n"
+            "  1 job process is at an older iteration\n"
+            f"  Process {pids[1]} on node 127.0.0.1 managing CPU at iteration 1\n\nErrors\n======\n\n"
+        )
         assert block in report
         parsed = parse_report(report)
         assert parsed.healthy and parsed.restarts[0] == "Iteration 2 after 2 restarts"
         doc = json.loads(_status(port, b"SET FORMAT json\nSTATUS\n").removeprefix("OK\n"))
-        assert doc["restarts"] == {"iteration": 2, "restarts_count": 2, "last_cause": "COMM_STUCK",
-                                   "last_terminated_ranks": [], "last_seconds_lost": 1.5,
-                                   "processes_behind": [{"host": "127.0.0.1", "pid": pids[1], "iteration": 1}]}
+        assert doc["restarts"] == {
+            "iteration": 2,
+            "restarts_count": 2,
+            "last_cause": "COMM_STUCK",
+            "last_terminated_ranks": [],
+            "last_seconds_lost": 1.5,
+            "processes_behind": [{"host": "127.0.0.1", "pid": pids[1], "iteration": 1}],
+        }
         text_monitor.close()
         json_monitor.close()
     finally:

@@ -9,23 +9,26 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest
 
 from rascli.report import parse_report
-from rascli_helpers import (RecordingProxy, closed_port, finish, rascli_process, rascli_run, read_until, run_cli)
+from rascli_helpers import RecordingProxy, closed_port, finish, rascli_process, rascli_run, read_until, run_cli
 from rasd.swarm import Swarm
+
+pytestmark = pytest.mark.slow  # every test starts a swarm of real processes
 
 PEERS = 4
 
 
 def start_swarm(n: int, run_dir: Path) -> tuple[Swarm, int]:
     port = closed_port()
-    swarm = Swarm(n, env={"TORCHRAS_ADDR": f"127.0.0.1:{port}", "TORCHRAS_RUN_DIR": str(run_dir),
-                          "TORCHRAS_SWARM_STEP_S": "0"})
+    swarm = Swarm(
+        n, env={"TORCHRAS_ADDR": f"127.0.0.1:{port}", "TORCHRAS_RUN_DIR": str(run_dir), "TORCHRAS_SWARM_STEP_S": "0"}
+    )
     try:
         swarm.start(timeout=60)
     except BaseException:
@@ -58,21 +61,25 @@ def via(proxy: RecordingProxy) -> list[str]:
     return ["-h", "127.0.0.1", "-p", str(proxy.port)]
 
 
-@pytest.mark.parametrize("argv, wire", [
-    ([], b"CLIENT PROTOCOL 2\nSTATUS\n"),
-    (["-v", "-t", "10"], b"CLIENT PROTOCOL 2\nTIMEOUT 10\nVERBOSE STATUS\n"),
-    (["-t0", "-f", "TEXT"], b"CLIENT PROTOCOL 2\nTIMEOUT 0\nSET FORMAT TEXT\nSTATUS\n"),
-    (["-v", "-f", "json"], b"CLIENT PROTOCOL 2\nSET FORMAT json\nVERBOSE STATUS\n"),
-])
-def test_the_job_accepts_each_sequence_and_rascli_prints_its_bytes(relay: RecordingProxy, argv: list[str],
-                                                                    wire: bytes) -> None:
+@pytest.mark.parametrize(
+    "argv, wire",
+    [
+        ([], b"CLIENT PROTOCOL 2\nSTATUS\n"),
+        (["-v", "-t", "10"], b"CLIENT PROTOCOL 2\nTIMEOUT 10\nVERBOSE STATUS\n"),
+        (["-t0", "-f", "TEXT"], b"CLIENT PROTOCOL 2\nTIMEOUT 0\nSET FORMAT TEXT\nSTATUS\n"),
+        (["-v", "-f", "json"], b"CLIENT PROTOCOL 2\nSET FORMAT json\nVERBOSE STATUS\n"),
+    ],
+)
+def test_the_job_accepts_each_sequence_and_rascli_prints_its_bytes(
+    relay: RecordingProxy, argv: list[str], wire: bytes
+) -> None:
     done = rascli_run(argv + via(relay))
     assert done.returncode == 0, done.stderr
     assert bytes(relay.sent[0]) == wire
     answered = bytes(relay.answered[0])
     handshake = b"SERVER PROTOCOL 2\n" + b"OK\n" * (argv.count("-t") + argv.count("-t0") + argv.count("-f"))
     assert answered.startswith(handshake)
-    assert done.stdout == answered[len(handshake):]  # the report, byte for byte
+    assert done.stdout == answered[len(handshake) :]  # the report, byte for byte
     if "json" in argv:
         report = json.loads(done.stdout)
         assert report["communicators_count"] == len(report["communicators"]) > 0 and report["torchras_version"]

@@ -6,9 +6,9 @@ import io
 import signal
 
 from rascli import watch
+from rascli.changes import diff
 from rascli.options import parse
 from rascli.output import Streams
-from rascli.changes import diff
 from rascli.report import parse_report
 from rascli_helpers import PATIENT, addr, finish, make_console, rascli_process, read_until, sample
 
@@ -43,8 +43,9 @@ def test_diff_names_new_and_resolved_items() -> None:
 
 def test_watch_in_a_pipe(serve) -> None:
     server = serve()
-    code, out, err, _ = rounds(server, [sample("healthy.txt"), sample("healthy.txt"), sample("dead.txt"),
-                                        sample("healthy.txt")])
+    code, out, err, _ = rounds(
+        server, [sample("healthy.txt"), sample("healthy.txt"), sample("dead.txt"), sample("healthy.txt")]
+    )
     assert code == 0
     parts = out.split("=== rascli --watch 2s")
     assert len(parts) == 5
@@ -87,3 +88,15 @@ def test_ctrl_c_ends_the_watch_cleanly(serve) -> None:
         _, err = finish(client)
     assert client.returncode == 0
     assert b"Watching stopped by user." in err and b"Traceback" not in err
+
+
+def test_watch_without_a_number_refreshes_every_two_seconds(serve) -> None:
+    server = serve()
+    server.script.report = sample("healthy.txt")
+    slept: list[float] = []
+    out = io.BytesIO()
+    options = parse(["--watch"] + addr(server), {})
+    code = watch.run(options, PATIENT, Streams(out, io.StringIO(), None), rounds=2, sleep=slept.append)
+    assert code == 0
+    assert slept == [2.0]
+    assert out.getvalue().decode().count("=== rascli --watch 2s") == 2

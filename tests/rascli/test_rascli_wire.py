@@ -15,19 +15,22 @@ from rascli_helpers import PATIENT, addr, run_cli, sample
 EVENT = b"[2026-11-21 11:00:00] PEER_NEW: Process 41871 on node 127.0.0.1 managing CPU \n"
 
 
-@pytest.mark.parametrize("argv, wire", [
-    ([], b"CLIENT PROTOCOL 2\nSTATUS\n"),
-    (["-v"], b"CLIENT PROTOCOL 2\nVERBOSE STATUS\n"),
-    (["-t", "10"], b"CLIENT PROTOCOL 2\nTIMEOUT 10\nSTATUS\n"),
-    (["-v", "-t", "10"], b"CLIENT PROTOCOL 2\nTIMEOUT 10\nVERBOSE STATUS\n"),
-    (["-t0"], b"CLIENT PROTOCOL 2\nTIMEOUT 0\nSTATUS\n"),
-    (["-f", "text"], b"CLIENT PROTOCOL 2\nSET FORMAT text\nSTATUS\n"),
-    (["-f", "JSON", "-v"], b"CLIENT PROTOCOL 2\nSET FORMAT JSON\nVERBOSE STATUS\n"),
-    (["-v", "-f", "json", "-t", "3"], b"CLIENT PROTOCOL 2\nTIMEOUT 3\nSET FORMAT json\nVERBOSE STATUS\n"),
-    (["--check"], b"CLIENT PROTOCOL 2\nSTATUS\n"),
-    (["--check", "-v", "-t5"], b"CLIENT PROTOCOL 2\nTIMEOUT 5\nVERBOSE STATUS\n"),
-    (["--no-color", "-v"], b"CLIENT PROTOCOL 2\nVERBOSE STATUS\n"),
-])
+@pytest.mark.parametrize(
+    "argv, wire",
+    [
+        ([], b"CLIENT PROTOCOL 2\nSTATUS\n"),
+        (["-v"], b"CLIENT PROTOCOL 2\nVERBOSE STATUS\n"),
+        (["-t", "10"], b"CLIENT PROTOCOL 2\nTIMEOUT 10\nSTATUS\n"),
+        (["-v", "-t", "10"], b"CLIENT PROTOCOL 2\nTIMEOUT 10\nVERBOSE STATUS\n"),
+        (["-t0"], b"CLIENT PROTOCOL 2\nTIMEOUT 0\nSTATUS\n"),
+        (["-f", "text"], b"CLIENT PROTOCOL 2\nSET FORMAT text\nSTATUS\n"),
+        (["-f", "JSON", "-v"], b"CLIENT PROTOCOL 2\nSET FORMAT JSON\nVERBOSE STATUS\n"),
+        (["-v", "-f", "json", "-t", "3"], b"CLIENT PROTOCOL 2\nTIMEOUT 3\nSET FORMAT json\nVERBOSE STATUS\n"),
+        (["--check"], b"CLIENT PROTOCOL 2\nSTATUS\n"),
+        (["--check", "-v", "-t5"], b"CLIENT PROTOCOL 2\nTIMEOUT 5\nVERBOSE STATUS\n"),
+        (["--no-color", "-v"], b"CLIENT PROTOCOL 2\nVERBOSE STATUS\n"),
+    ],
+)
 def test_status_sequences(serve, argv: list[str], wire: bytes) -> None:
     report = sample("healthy.json") if any(a.lower().endswith("json") for a in argv) else sample("healthy.txt")
     server = serve(report=report)
@@ -37,13 +40,16 @@ def test_status_sequences(serve, argv: list[str], wire: bytes) -> None:
     assert bytes(server.received[0]) == wire
 
 
-@pytest.mark.parametrize("argv, wire", [
-    (["-m"], b"CLIENT PROTOCOL 2\nMONITOR\n"),
-    (["-mtrace"], b"CLIENT PROTOCOL 2\nMONITOR trace\n"),
-    (["--monitor=lifecycle,trace"], b"CLIENT PROTOCOL 2\nMONITOR lifecycle,trace\n"),
-    (["-m", "-t", "2"], b"CLIENT PROTOCOL 2\nTIMEOUT 2\nMONITOR\n"),
-    (["-mall", "-f", "json"], b"CLIENT PROTOCOL 2\nSET FORMAT json\nMONITOR all\n"),
-])
+@pytest.mark.parametrize(
+    "argv, wire",
+    [
+        (["-m"], b"CLIENT PROTOCOL 2\nMONITOR\n"),
+        (["-mtrace"], b"CLIENT PROTOCOL 2\nMONITOR trace\n"),
+        (["--monitor=lifecycle,trace"], b"CLIENT PROTOCOL 2\nMONITOR lifecycle,trace\n"),
+        (["-m", "-t", "2"], b"CLIENT PROTOCOL 2\nTIMEOUT 2\nMONITOR\n"),
+        (["-mall", "-f", "json"], b"CLIENT PROTOCOL 2\nSET FORMAT json\nMONITOR all\n"),
+    ],
+)
 def test_monitor_sequences(serve, argv: list[str], wire: bytes) -> None:
     server = serve(events=[EVENT])
     result = run_cli(argv + addr(server))
@@ -61,8 +67,9 @@ def test_watch_sends_one_status_per_round(serve) -> None:
 
 def test_list_does_not_touch_the_network(serve, tmp_path) -> None:
     server = serve(report=sample("healthy.txt"))
-    result = run_cli(["--list"], environ={"TORCHRAS_RUN_DIR": str(tmp_path),
-                                          "TORCHRAS_ADDR": f"127.0.0.1:{server.port}"})
+    result = run_cli(
+        ["--list"], environ={"TORCHRAS_RUN_DIR": str(tmp_path), "TORCHRAS_ADDR": f"127.0.0.1:{server.port}"}
+    )
     assert result.code == 0
     assert server.connections == 0
 

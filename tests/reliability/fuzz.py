@@ -15,38 +15,67 @@ takes longer than ``HANG_S`` (a hang), and no change to any verdict:
   authenticated peer (the secret is the trust boundary, docs/architecture.md 3.1); garbage must change nothing;
 * ``client(data)``: ``ClientSession`` (the text port's state machine), every output of the documented kinds.
 
+A verdict change is a change of the victim's beliefs (dead, left, hung, peer table, expelled) or a verdict event it
+emits (``VERDICT_KINDS``: a transient PEER_HUNG that a RECOVERED flood ends before the beliefs are read counts too),
+after an input or while time passes after hostile input (``settle``). The meshed job is healthy (every rank's
+counts agree), so no verdict is due with time alone. Each finding carries the whole input, the seed and a one-line
+reproduction command, which replays the stream from the start exactly (docs/reliability.md §2.2)::
+
+    python tests/reliability/fuzz.py --target postauth --seed 7 --count 1200     # one stream, findings printed
+
 ``scan(...)`` is the live part: a port scanner against real listening sockets (connect and go, garbage,
 half-open frames, slowloris, a valid HELLO then silence, overlong lines), for the tests and bench/faults.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import socket
 import struct
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 HERE = Path(__file__).resolve().parent
 for extra in (HERE.parents[1], HERE.parent / "unit" / "core"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from harness import Harness, peer  # noqa: E402
-
-from rasd.core import client_session, wire  # noqa: E402
-from rasd.core import node as core  # noqa: E402
-from rasd.core.comms import OP_TYPES, CommRecord, ProcessData, RankRecord  # noqa: E402
-from rasd.core.config import Timers  # noqa: E402
+from harness import Harness, peer  # noqa: E402 - after sys.path takes the helpers' folders
+from rasd.core import (  # noqa: E402 - likewise
+    client_session,
+    node as core,
+    wire,
+)
+from rasd.core.comms import OP_TYPES, CommRecord, ProcessData, RankRecord  # noqa: E402 - likewise
+from rasd.core.config import Timers  # noqa: E402 - likewise
+from rasd.core.events import Kind  # noqa: E402 - likewise
 
 HANG_S = 1.0  # one input that costs more CPU than this is a hang (CPU time: the machine may be shared)
-CLIENT_COMMANDS = [b"CLIENT PROTOCOL 2\n", b"TIMEOUT 5\n", b"TIMEOUT -1\n", b"TIMEOUT 99999999999999999999\n",
-                   b"SET FORMAT json\n", b"SET FORMAT text\n", b"MONITOR\n", b"MONITOR lifecycle,trace\n",
-                   b"MONITOR all\n", b"STATUS\n", b"VERBOSE STATUS\n", b"\r\n", b"\n"]
+CLIENT_COMMANDS = [
+    b"CLIENT PROTOCOL 2\n",
+    b"TIMEOUT 5\n",
+    b"TIMEOUT -1\n",
+    b"TIMEOUT 99999999999999999999\n",
+    b"SET FORMAT json\n",
+    b"SET FORMAT text\n",
+    b"MONITOR\n",
+    b"MONITOR lifecycle,trace\n",
+    b"MONITOR all\n",
+    b"STATUS\n",
+    b"VERBOSE STATUS\n",
+    b"\r\n",
+    b"\n",
+]
+#: The events that are verdicts (docs/protocol.md §5): hostile bytes must make the victim emit none of them.
+VERDICT_KINDS = frozenset(
+    {Kind.PEER_DEAD, Kind.PEER_TIMEOUT_DEAD, Kind.PEER_LEFT, Kind.PEER_HUNG, Kind.COMM_STUCK, Kind.COMM_RECOVERED}
+)
+SETTLE_EVERY = 200  # inputs between two settles of the mesh target
 
 
 @dataclass
@@ -57,7 +86,7 @@ class Findings:
     verdict_changes: list[str] = field(default_factory=list)
     slowest_s: float = 0.0
 
-    def add(self, other: "Findings") -> None:
+    def add(self, other: Findings) -> None:
         self.inputs += other.inputs
         self.crashes += other.crashes
         self.hangs += other.hangs
@@ -70,9 +99,12 @@ class Findings:
 
 
 def _data(i: int) -> ProcessData:
-    counts = tuple(10 + i if op == OP_TYPES.index("AllReduce") else 0 for op in range(len(OP_TYPES)))
-    return ProcessData(comms=(CommRecord(0xC0FFEE, 3, (RankRecord(i, launched=counts, completed=counts),),
-                                         ((0, 3, 1),)),))
+    """Rank ``i`` of a healthy communicator: every rank's counts agree, so the sweeper has no COMM_STUCK to give
+    (with counts that differ, a clean mesh says COMM_STUCK after the stuck limit: a verdict due to time alone)."""
+    counts = tuple(10 if op == OP_TYPES.index("AllReduce") else 0 for op in range(len(OP_TYPES)))
+    return ProcessData(
+        comms=(CommRecord(0xC0FFEE, 3, (RankRecord(i, launched=counts, completed=counts),), ((0, 3, 1),)),)
+    )
 
 
 def _mesh(timers: Timers = Timers()) -> Harness:
@@ -98,10 +130,12 @@ def corpus() -> list[bytes]:
     frames = {a.data for m in h.members.values() for a in m.actions if isinstance(a, core.Send)}
     # Gossip and communicator verdicts do not occur in this short run: add valid ones by hand.
     a, b = peer(0), peer(1)
-    frames |= {wire.encode(wire.PeersUpdate((a, b), (b.key,), (), True)),
-               wire.encode(wire.PeersUpdate((b,), (), (a.key,), False)),
-               wire.encode(wire.CommVerdict(a.addr, 3, True, 0xC0FFEE, 1, 42, (2,), (0, 1), (2,), (0, 1))),
-               wire.encode(wire.CommVerdict(b.addr, 4, False, 0xC0FFEE, 1, 42, (), (), (), ()))}
+    frames |= {
+        wire.encode(wire.PeersUpdate((a, b), (b.key,), (), True)),
+        wire.encode(wire.PeersUpdate((b,), (), (a.key,), False)),
+        wire.encode(wire.CommVerdict(a.addr, 3, True, 0xC0FFEE, 1, 42, (2,), (0, 1), (2,), (0, 1))),
+        wire.encode(wire.CommVerdict(b.addr, 4, False, 0xC0FFEE, 1, 42, (), (), (), ())),
+    }
     return sorted(frames)
 
 
@@ -119,16 +153,17 @@ def mutate(rng: random.Random, frame: bytes, pool: list[bytes]) -> bytes:
             b[i:i] = rng.randbytes(rng.randint(1, 8))
         elif op == 3 and b:  # delete a span
             i = rng.randrange(len(b))
-            del b[i:i + rng.randint(1, 8)]
+            del b[i : i + rng.randint(1, 8)]
         elif op == 4 and b:  # truncate
-            del b[rng.randrange(len(b)):]
+            del b[rng.randrange(len(b)) :]
         elif op == 5:  # splice another frame in
             other = rng.choice(pool)
             i = rng.randrange(len(b) + 1)
-            b[i:i] = other[rng.randrange(len(other)):]
+            b[i:i] = other[rng.randrange(len(other)) :]
         elif len(b) >= 4:  # rewrite the length prefix
-            b[0:4] = struct.pack("!I", rng.choice((0, 1, len(b) - 4, len(b), 127, 128, 129, 2**31, 2**32 - 1,
-                                                    rng.randrange(2**32))))
+            b[0:4] = struct.pack(
+                "!I", rng.choice((0, 1, len(b) - 4, len(b), 127, 128, 129, 2**31, 2**32 - 1, rng.randrange(2**32)))
+            )
     return bytes(b)
 
 
@@ -152,15 +187,23 @@ def client_inputs(rng: random.Random) -> Iterator[bytes]:
         elif kind == 2:
             yield mutate(rng, b"".join(rng.choice(CLIENT_COMMANDS) for _ in range(3)), CLIENT_COMMANDS)
         else:
-            yield rng.choice((b"A" * 1023 + b"\n", b"A" * 1024 + b"\n", b"A" * 5000, b"STATUS" * 300 + b"\n",
-                              b"TIMEOUT " + b"9" * 1000 + b"\n", b"\xff\xfe" * 100 + b"\n"))
+            yield rng.choice(
+                (
+                    b"A" * 1023 + b"\n",
+                    b"A" * 1024 + b"\n",
+                    b"A" * 5000,
+                    b"STATUS" * 300 + b"\n",
+                    b"TIMEOUT " + b"9" * 1000 + b"\n",
+                    b"\xff\xfe" * 100 + b"\n",
+                )
+            )
 
 
 def _chunks(rng: random.Random, data: bytes) -> list[bytes]:
     if len(data) < 2 or rng.random() < 0.5:
         return [data]
     cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(1, 4))))
-    return [data[i:j] for i, j in zip([0, *cuts], [*cuts, len(data)])]
+    return [data[i:j] for i, j in zip([0, *cuts], [*cuts, len(data)], strict=True)]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -182,7 +225,7 @@ def frames(rng: random.Random, stream: Iterator[bytes], count: int) -> Findings:
             except wire.ProtocolError:
                 pass
             except Exception as exc:  # noqa: BLE001 - anything else is the finding
-                out.crashes.append(f"FrameReader({limit}) {type(exc).__name__}: {exc} on {data[:64].hex()}")
+                out.crashes.append(f"FrameReader({limit}) {type(exc).__name__}: {exc} on {data.hex()}")
             took = time.process_time() - started
             out.slowest_s = max(out.slowest_s, took)
             if took > HANG_S:
@@ -192,17 +235,41 @@ def frames(rng: random.Random, stream: Iterator[bytes], count: int) -> Findings:
 
 
 class MeshTarget:
-    """A real Node ("b") meshed with two peers; hostile bytes reach it before or after authentication."""
+    """A real Node ("b") meshed with two peers; hostile bytes reach it before or after authentication.
+
+    ``where`` (the stream's seed and the input's index, from ``mesh``) goes into each finding with the whole input,
+    so that it can be replayed."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.h = _mesh()
         self.victim = self.h["b"].node
-        self._stranger = -1_000_000
+        # The harness seeds every node's nonces, and the corpus was recorded from this very mesh: without a nonce
+        # stream of its own, the victim could draw a nonce the corpus holds a valid PROOF for, and a replayed
+        # handshake would pass (with the runtime's SystemRandom it cannot, docs/architecture.md 3.1).
+        self.victim.rng = random.Random("fuzz victim")
         self.baseline = self.beliefs()
+        self._seen_events = len(self.h["b"].events)
+        self._stranger = -1_000_000
 
     def beliefs(self) -> tuple:
         n = self.victim
         return (frozenset(n.dead), frozenset(n.left), frozenset(n.hung), n.table.hash, n.expelled)
+
+    def verdicts(self) -> list[str]:
+        """The verdict events the victim emitted since the last call."""
+        events = self.h["b"].events
+        new, self._seen_events = events[self._seen_events :], len(events)
+        return [f"{e.kind.value} {e.addr} at {e.at:g}: {e.details}" for e in new if e.kind in VERDICT_KINDS]
+
+    def changed(self) -> list[str]:
+        """What changed since the baseline: the beliefs that differ and the verdict events emitted."""
+        said = self.verdicts()
+        if self.beliefs() != self.baseline:
+            said.insert(0, f"beliefs {self.baseline} -> {self.beliefs()}")
+        return said
 
     def _insider_conn(self) -> int | None:
         for cid, c in self.victim.conns.items():
@@ -210,31 +277,34 @@ class MeshTarget:
                 return cid
         return None
 
-    def preauth(self, rng: random.Random, data: bytes, out: Findings) -> None:
+    def preauth(self, rng: random.Random, data: bytes, out: Findings, where: str = "") -> None:
         self._stranger -= 1
         cid = self._stranger
-        self._feed(rng, cid, data, out, accept=True)
-        if self.beliefs() != self.baseline:
-            out.verdict_changes.append(f"pre-auth input changed beliefs: {data[:64].hex()}")
+        self._feed(rng, cid, data, out, accept=True, where=where)
+        changes = self.changed()
+        if changes:
+            out.verdict_changes.append(_finding("pre-auth input changed a verdict", changes, data, where))
             self.reset()
 
-    def postauth(self, rng: random.Random, data: bytes, out: Findings) -> None:
+    def postauth(self, rng: random.Random, data: bytes, out: Findings, where: str = "") -> None:
         cid = self._insider_conn()
         if cid is None:
-            self.settle()
+            self.settle(out, where)
             cid = self._insider_conn()
             if cid is None:
                 out.crashes.append("the victim lost every authenticated connection and never got one back")
                 self.reset()
                 return
-        decodes = _decodes(data)
-        self._feed(rng, cid, data, out, accept=False)
-        if self.beliefs() != self.baseline:
+        # What the node decodes: the bytes of an unfinished frame already on that connection, then these.
+        decodes = _decodes(bytes(self.victim.conns[cid].reader._buf) + data)
+        self._feed(rng, cid, data, out, accept=False, where=where)
+        changes = self.changed()
+        if changes:
             if not decodes:
-                out.verdict_changes.append(f"post-auth garbage changed beliefs: {data[:64].hex()}")
+                out.verdict_changes.append(_finding("post-auth garbage changed a verdict", changes, data, where))
             self.reset()  # a valid message from an insider may change beliefs: start again from a clean mesh
 
-    def _feed(self, rng: random.Random, cid: int, data: bytes, out: Findings, accept: bool) -> None:
+    def _feed(self, rng: random.Random, cid: int, data: bytes, out: Findings, accept: bool, where: str) -> None:
         n = self.victim
         started = time.process_time()
         try:
@@ -244,7 +314,7 @@ class MeshTarget:
                 self.h._act(self.h["b"], n.received(cid, chunk, self.h.now))
             self.h.run()
         except Exception as exc:  # noqa: BLE001 - the finding
-            out.crashes.append(f"Node {type(exc).__name__}: {exc} on {data[:64].hex()}")
+            out.crashes.append(f"Node {type(exc).__name__}: {exc} on {data.hex()}" + (f"; {where}" if where else ""))
             self.reset()
         took = time.process_time() - started
         out.slowest_s = max(out.slowest_s, took)
@@ -252,14 +322,31 @@ class MeshTarget:
             out.hangs.append(f"Node {took:.2f}s on {len(data)} bytes")
         out.inputs += 1
 
-    def settle(self) -> None:
-        """Let time pass so dropped connections are re-made and stale strangers time out."""
+    def settle(self, out: Findings | None = None, where: str = "") -> None:
+        """Let time pass (6 s: past the unresponsive limit) so dropped connections are re-made and stale strangers
+        time out. With ``out``, a verdict the victim reaches meanwhile is a finding (no valid message came in)."""
         self.h.advance(self.h.now + 6.0, 0.25)
+        changes = self.changed()
+        if changes and out is not None:
+            unfinished = {
+                cid: c.reader.buffered
+                for cid, c in self.victim.conns.items()
+                if c.state is core.ConnState.READY and c.reader.buffered
+            }
+            note = f"; unfinished frames on authenticated connections (id: bytes): {unfinished}" if unfinished else ""
+            out.verdict_changes.append(
+                _finding("a verdict changed while time passed after hostile input" + note, changes, b"", where)
+            )
+        if changes:
+            self.reset()
 
-    def reset(self) -> None:
-        self.h = _mesh()
-        self.victim = self.h["b"].node
-        self.baseline = self.beliefs()
+
+def _finding(what: str, changes: list[str], data: bytes, where: str) -> str:
+    """One finding, replayable: what changed, the whole input (hex) and where it came from (seed, index)."""
+    text = f"{what}: {'; '.join(changes)}"
+    if data:
+        text += f"; input ({len(data)} bytes) {data.hex()}"
+    return text + (f"; {where}" if where else "")
 
 
 def _decodes(data: bytes) -> bool:
@@ -273,16 +360,23 @@ def _decodes(data: bytes) -> bool:
     return decoded
 
 
-def mesh(rng: random.Random, stream: Iterator[bytes], count: int, authenticated: bool) -> Findings:
+def repro(target: str, seed: int, count: int) -> str:
+    return f"python tests/reliability/fuzz.py --target {target} --seed {seed} --count {count}"
+
+
+def mesh(seed: int, count: int, authenticated: bool, pool: list[bytes] | None = None) -> Findings:
+    """``count`` inputs of the stream ``seed`` against a meshed node, settling every ``SETTLE_EVERY`` inputs.
+    Deterministic: the same seed and count replay the same inputs, chunks and mesh (``repro``)."""
     target, out = MeshTarget(), Findings()
+    rng = random.Random(seed)
+    stream = inputs(rng, pool if pool is not None else corpus())
+    name = "postauth" if authenticated else "preauth"
     for i in range(count):
         data = next(stream)
-        (target.postauth if authenticated else target.preauth)(rng, data, out)
-        if i % 200 == 199:
-            target.settle()
-            if target.beliefs() != target.baseline:
-                out.verdict_changes.append("beliefs changed while settling after hostile input")
-                target.reset()
+        where = f"seed {seed}, input {i}; repro: {repro(name, seed, i + 1)}"
+        (target.postauth if authenticated else target.preauth)(rng, data, out, where)
+        if i % SETTLE_EVERY == SETTLE_EVERY - 1:
+            target.settle(out, where)
     return out
 
 
@@ -308,7 +402,7 @@ def client(rng: random.Random, stream: Iterator[bytes], count: int, target: Mesh
             if not (session.closed or session.reporting) and len(session._buf) > client_session.LINE_LIMIT:
                 out.crashes.append(f"ClientSession buffered {len(session._buf)} bytes")
         except Exception as exc:  # noqa: BLE001 - the finding
-            out.crashes.append(f"ClientSession {type(exc).__name__}: {exc} on {data[:64]!r}")
+            out.crashes.append(f"ClientSession {type(exc).__name__}: {exc} on {data!r}")
         took = time.process_time() - started
         out.slowest_s = max(out.slowest_s, took)
         if took > HANG_S:
@@ -332,8 +426,9 @@ class ScanResult:
     errors: int = 0
 
 
-def scan(targets: list[tuple[str, int]], seconds: float, rng: random.Random, pool: list[bytes],
-         held: int = 40) -> ScanResult:
+def scan(
+    targets: list[tuple[str, int]], seconds: float, rng: random.Random, pool: list[bytes], held: int = 40
+) -> ScanResult:
     """Hit every (host, port) for ``seconds``: connect-and-close, garbage, mutated frames, half-open frames kept
     open (``held`` at a time), slowloris (a byte every 0.2 s), a valid HELLO then silence, overlong lines."""
     result = ScanResult()
@@ -391,3 +486,27 @@ def scan(targets: list[tuple[str, int]], seconds: float, rng: random.Random, poo
     for t in lorises:
         t.join(5)
     return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Replaying a finding
+
+
+def _main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fuzz.py", description="replay one fuzz stream against a meshed node")
+    parser.add_argument("--target", choices=("preauth", "postauth"), required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--count", type=int, required=True, help="inputs, from the first (a finding's index + 1)")
+    args = parser.parse_args(argv)
+    out = mesh(args.seed, args.count, authenticated=args.target == "postauth")
+    print(
+        f"{out.inputs} inputs: {len(out.crashes)} crashes, {len(out.hangs)} hangs, "
+        f"{len(out.verdict_changes)} verdict changes; slowest {out.slowest_s:.3f} s"
+    )
+    for finding in out.crashes + out.hangs + out.verdict_changes:
+        print(finding)
+    return 0 if out.clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

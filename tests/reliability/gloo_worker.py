@@ -34,7 +34,7 @@ def main() -> int:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    events = open(out / f"events-{rank}.jsonl", "a", buffering=1)
+    events = open(out / f"events-{rank}.jsonl", "a", buffering=1)  # noqa: SIM115 - written until the rank exits
     rasd.on_event(lambda e: events.write(json.dumps(event_record(e)) + "\n"), replay=True)
     t = torch.ones(4)
     steps = 0

@@ -35,15 +35,29 @@ for extra in (HERE.parent / "sim", HERE.parents[1]):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from rasd.core.config import Timers  # noqa: E402
-from rasd.core.events import Kind  # noqa: E402
-from rasd.sim import Simulation  # noqa: E402
-from sim_scenario import Scenario  # noqa: E402
+from rasd.core.config import Timers  # noqa: E402 - after sys.path takes the helpers' folders
+from rasd.core.events import Kind  # noqa: E402 - likewise
+from rasd.sim import Simulation  # noqa: E402 - likewise
+from sim_scenario import Scenario  # noqa: E402 - likewise
 
 #: The ladder compressed: keepalive 0.2 s, unresponsive 1 s, hang 1.6 s, reset 2.4 s, dead 3.6 s (virtual).
-SWEEP_TIMERS = Timers(keepalive=0.2, unresponsive=1.0, hang=1.6, reset=2.4, dead=3.6, connect_retry=0.2,
-                      connect_warn=1.0, handshake=1.0, idle=3.6, leg_timeout=1.0, gather_extra=1.0, in_flight=0.4,
-                      stuck=4.0, sweep=1.0, tick=0.1)
+SWEEP_TIMERS = Timers(
+    keepalive=0.2,
+    unresponsive=1.0,
+    hang=1.6,
+    reset=2.4,
+    dead=3.6,
+    connect_retry=0.2,
+    connect_warn=1.0,
+    handshake=1.0,
+    idle=3.6,
+    leg_timeout=1.0,
+    gather_extra=1.0,
+    in_flight=0.4,
+    stuck=4.0,
+    sweep=1.0,
+    tick=0.1,
+)
 RETRANSMIT = 0.04  # TCP's minimum RTO, scaled like the timers
 #: Job sizes and how often each is drawn: most seeds small, some large (the sweep's cost is about linear in n).
 SIZES = ((64, 0.80), (128, 0.12), (256, 0.05), (512, 0.02), (1024, 0.01))
@@ -79,7 +93,10 @@ def _schedule(rng: random.Random, n: int, t: Timers) -> list[tuple[float, str, l
     seen through a partition) stay under 0.8 dead limits, so the only deaths justified are kills and long pauses."""
     pool = list(range(n))
     rng.shuffle(pool)
-    take = lambda k: [pool.pop() for _ in range(min(k, len(pool)))]  # noqa: E731
+
+    def take(k: int) -> list[int]:
+        return [pool.pop() for _ in range(min(k, len(pool)))]
+
     start, span = 0.5, t.dead
     plan: list[tuple[float, str, list[int]]] = []
     for victim in take(rng.randint(0, 3)):
@@ -109,8 +126,15 @@ def check_seed(seed: int, n: int | None = None, timers: Timers = SWEEP_TIMERS) -
     n = n or size_of(seed)
     rng = random.Random(seed)
     loss = rng.choice((0.0, 0.0, 0.01, 0.05))
-    sim = Simulation(n, seed=seed, timers=timers, procs_per_host=8, loss=loss, retransmit=RETRANSMIT,
-                     record=frozenset({Kind.PEER_DEAD}))
+    sim = Simulation(
+        n,
+        seed=seed,
+        timers=timers,
+        procs_per_host=8,
+        loss=loss,
+        retransmit=RETRANSMIT,
+        record=frozenset({Kind.PEER_DEAD}),
+    )
     sc = Scenario(sim)
     out = Outcome(seed, n)
     plan = _schedule(rng, n, timers)
@@ -156,8 +180,9 @@ def check_seed(seed: int, n: int | None = None, timers: Timers = SWEEP_TIMERS) -
                 if root in disturbed or node.node.expelled or not node.alive:
                     del gathers[qid]  # a root that stopped or died answers nobody; not a hang of the gather
                 else:
-                    out.violations.append(f"t={sim.now:.2f}: gather {qid} from node {root} still open after "
-                                          f"{sim.now - started:.2f}s")
+                    out.violations.append(
+                        f"t={sim.now:.2f}: gather {qid} from node {root} still open after {sim.now - started:.2f}s"
+                    )
                     del gathers[qid]
         if out.steps % GATHER_EVERY == 0:
             candidates = [s.index for s in sim.nodes if s.alive and not s.paused and not s.node.expelled]
@@ -172,7 +197,7 @@ def check_seed(seed: int, n: int | None = None, timers: Timers = SWEEP_TIMERS) -
     # At the end: every dead node known to all live nodes, dead lists and tables converged.
     doomed = {sim.key(i) for i in sc.doomed()}
     survivors = [sim.nodes[i].node for i in sc.survivors()]
-    for i, node in zip(sc.survivors(), survivors):
+    for i, node in zip(sc.survivors(), survivors, strict=True):
         if node.expelled:
             out.violations.append(f"end: survivor {i} expelled itself")
         elif node.dead != doomed:

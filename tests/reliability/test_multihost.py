@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from multihost import HostSwarm, report_view
 from netns import PROXY_PORT, Network, require_namespaces
 
@@ -50,16 +51,22 @@ def test_a_lossy_delayed_network_with_a_partition_and_a_pulled_cable_declares_no
         assert proxied.strip(), "h1's mesh connections should pass the delay proxy"
         net.loss(0.1)  # 10 % of packets lost on every host, for the rest of the test
         cut = net.isolate(h2)  # past the hang limit (2 s), well before the dead limit (12 s)
-        sw.wait_for(lambda: all(sw.verdicts(i, "PEER_HUNG") >= set(sw.on(h2)) for i in sw.on(h0, h1)), 20,
-                    "the partitioned host's members to be HUNG on the other side")
+        sw.wait_for(
+            lambda: all(sw.verdicts(i, "PEER_HUNG") >= set(sw.on(h2)) for i in sw.on(h0, h1)),
+            20,
+            "the partitioned host's members to be HUNG on the other side",
+        )
         time.sleep(1.0)
         cut.heal()
         down = net.link_down(h0)  # h0's cable pulled for 3 s
         time.sleep(3.0)
         down.heal()
         wait_for_agreement(sw, net.hosts, {"dead": 0, "missing": 0, "communicators": 4})
-        sw.wait_for(lambda: all(sw.verdicts(i, "PEER_RECOVERED") >= set(sw.on(h2)) for i in sw.on(h0, h1)), 20,
-                    "the partitioned members to recover")
+        sw.wait_for(
+            lambda: all(sw.verdicts(i, "PEER_RECOVERED") >= set(sw.on(h2)) for i in sw.on(h0, h1)),
+            20,
+            "the partitioned members to recover",
+        )
         no_deaths(sw)
         assert all(sw.alive(i) for i in range(sw.n))
 
@@ -69,8 +76,14 @@ def test_a_partition_past_the_dead_limit_gives_each_side_its_own_verdict(net: Ne
     with HostSwarm(net, 6, env=F01) as sw:
         majority, minority = sw.on(h0, h1), sw.on(h2)
         cut = net.isolate(h2)
-        sw.wait_for(lambda: all(sw.verdicts(i) == set(minority) for i in majority)
-                    and all(sw.verdicts(i) == set(majority) for i in minority), 40, "each side to declare the other")
+        sw.wait_for(
+            lambda: (
+                all(sw.verdicts(i) == set(minority) for i in majority)
+                and all(sw.verdicts(i) == set(majority) for i in minority)
+            ),
+            40,
+            "each side to declare the other",
+        )
         # Each side's report says what it cannot see, and nothing more: no split-brain within a side.
         wait_for_agreement(sw, [h0, h1], {"dead": 2, "missing": 0})
         wait_for_agreement(sw, [h2], {"dead": 4, "missing": 0})
@@ -118,11 +131,26 @@ def test_a_gloo_job_across_hosts_survives_a_short_partition_and_every_host_repor
     from multihost import CLIENT_PORT, REPO
 
     hosts = [net.hosts[0], net.hosts[2]]  # two ranks: each torch import costs seconds on a shared machine
-    env = {**os.environ, **F02, "WORLD_SIZE": "2", "MASTER_ADDR": net.hosts[0].ip, "MASTER_PORT": "29400", "GLOO_SOCKET_IFNAME": "eth0",
-           "TORCHRAS_ADDR": f"localhost:{CLIENT_PORT}", "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints")}
+    env = {
+        **os.environ,
+        **F02,
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": net.hosts[0].ip,
+        "MASTER_PORT": "29400",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "TORCHRAS_ADDR": f"localhost:{CLIENT_PORT}",
+        "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
+    }
     worker = str(Path(__file__).parent / "gloo_worker.py")
-    procs = [h.popen([sys.executable, worker, str(tmp_path)], env={**env, "RANK": str(r)}, cwd=str(REPO),
-                     stdin=subprocess.DEVNULL) for r, h in enumerate(hosts)]
+    procs = [
+        h.popen(
+            [sys.executable, worker, str(tmp_path)],
+            env={**env, "RANK": str(r)},
+            cwd=str(REPO),
+            stdin=subprocess.DEVNULL,
+        )
+        for r, h in enumerate(hosts)
+    ]
 
     def steps(rank: int) -> int:
         try:

@@ -11,13 +11,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from ras_client import ask, free_port_from
 
+from ras_client import ask, free_port_from
 from rasd.swarm import Swarm
 
 pytestmark = pytest.mark.slow
-
-
 
 
 def healthy_queries(port: int, count: int, pause: float) -> tuple[int, list[str]]:
@@ -37,8 +35,12 @@ def healthy_queries(port: int, count: int, pause: float) -> tuple[int, list[str]
 
 def test_a_healthy_swarm_stepping_during_gathers_never_reports_mismatch(tmp_path):
     port = free_port_from(29700)
-    env = {"TORCHRAS_DEFAULT_ADDR": f"localhost:{port}", "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
-           "TORCHRAS_SWARM_STEP_S": "0.02", "TORCHRAS_TIMEOUT_FACTOR": "0.2"}
+    env = {
+        "TORCHRAS_DEFAULT_ADDR": f"localhost:{port}",
+        "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
+        "TORCHRAS_SWARM_STEP_S": "0.02",
+        "TORCHRAS_TIMEOUT_FACTOR": "0.2",
+    }
     with Swarm(8, env=env):
         answered, false_alarms = healthy_queries(port, 150, 0.01)
     assert answered >= 140

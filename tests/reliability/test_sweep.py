@@ -7,6 +7,7 @@ seeds. Here: a few 64-node seeds, and a check that the checker does catch a viol
 from __future__ import annotations
 
 import pytest
+
 import sweep
 
 
@@ -21,8 +22,11 @@ def test_the_checker_reports_a_partition_past_the_dead_limit_as_deaths_of_reacha
     # A partition longer than the dead limit makes each side declare the other dead: those nodes were alive and
     # never paused, so the property must flag it, with a reproduction line.
     t = sweep.SWEEP_TIMERS
-    monkeypatch.setattr(sweep, "_schedule", lambda rng, n, timers: [
-        (0.5, "partition", list(range(8))), (0.5 + 1.5 * t.dead, "heal", list(range(8)))])
+    monkeypatch.setattr(
+        sweep,
+        "_schedule",
+        lambda rng, n, timers: [(0.5, "partition", list(range(8))), (0.5 + 1.5 * t.dead, "heal", list(range(8)))],
+    )
     out = sweep.check_seed(5, n=64)
     assert any("declared reachable node" in v for v in out.violations)
     assert out.repro() == "python tests/reliability/sweep.py --seed 5"

@@ -69,8 +69,11 @@ class Scenario:
     def zombies(self) -> set[int]:
         """Paused past the dead limit and resumed since."""
         dead = self.timers.dead
-        return {i for i, (a, b) in self.rec.paused.items() if b - a > dead and b != float("inf")
-                and i not in self.rec.killed}
+        return {
+            i
+            for i, (a, b) in self.rec.paused.items()
+            if b - a > dead and b != float("inf") and i not in self.rec.killed
+        }
 
     def survivors(self) -> list[int]:
         doomed = self.doomed()
@@ -116,5 +119,9 @@ class Scenario:
 
     def trace(self) -> list[tuple]:
         """Every event but PEER_NEW (of which there are N squared), in a comparable form."""
-        return [(s.index, round(t, 9), e.kind.value, str(e.addr), e.details) for s in self.sim.nodes
-                for t, e in s.events if e.kind is not Kind.PEER_NEW]
+        return [
+            (s.index, round(t, 9), e.kind.value, str(e.addr), e.details)
+            for s in self.sim.nodes
+            for t, e in s.events
+            if e.kind is not Kind.PEER_NEW
+        ]

@@ -27,7 +27,6 @@ import pytest
 from rasd.core.config import Timers
 from rasd.core.events import Kind
 from rasd.sim import Simulation
-
 from sim_scenario import Scenario
 
 FACTOR = 0.2
@@ -38,18 +37,19 @@ RETRANSMIT = 0.2 * FACTOR
 def run_scenario(n: int, seed: int, loss: float = 0.02) -> Scenario:
     """The fault schedule of the big test, laid out on ``n`` nodes (8 per host)::
 
-        t=1          kill 3 scattered nodes and one whole host (8 processes)
-        t=1.5        pause 3 nodes for half the dead limit, and 2 nodes for 1.1 dead limits
-        t=2          partition 4 hosts (32 processes) from the rest for half the dead limit
-        t=4          kill one more node while the partition holds (the cut-off side learns after the heal)
-        t=7.5, 8     resume the short pauses, heal the partition
-        t=14.7       resume the long pauses: zombies
-        t=16.2       end
+    t=1          kill 3 scattered nodes and one whole host (8 processes)
+    t=1.5        pause 3 nodes for half the dead limit, and 2 nodes for 1.1 dead limits
+    t=2          partition 2 hosts (16 processes, one short pause among them) from the rest for half the
+                 dead limit
+    t=4          kill one more node while the partition holds (the cut-off side learns after the heal)
+    t=7.5, 8     resume the short pauses, heal the partition
+    t=14.7       resume the long pauses: zombies
+    t=16.2       end
     """
     t = TIMERS
     sim = Simulation(n, seed=seed, timers=t, procs_per_host=8, loss=loss, retransmit=RETRANSMIT)
     sc = Scenario(sim)
-    sim.start()
+    sim.start(bootstrap="quiet")  # every node knows every node, without N squared PEER_NEW events to record
     sc.run_until(1.0)
     host = (n // 8 // 2) * 8  # a whole host in the middle of the table
     sc.kill([37 % n, n // 3 + 1, n // 2 + 13, *range(host, host + 8)])
@@ -59,7 +59,11 @@ def run_scenario(n: int, seed: int, loss: float = 0.02) -> Scenario:
     sc.pause(short)
     sc.pause(long)
     sc.run_until(2.0)
-    cut = set(range(80, 112))
+    # Two hosts: every link across the cut brings, at the heal, the HUNG verdicts the cut-off side made and a
+    # RECOVERED flood per wrongly hung peer; with 1,000 nodes that flood storm is most of the run's messages
+    # (4 hosts: 2.2 million, 2 hosts: 1.3 million), and two hosts prove the same.
+    first = short[0] // 8 * 8
+    cut = set(range(first, first + 16))
     p = sc.partition(cut, set(range(n)) - cut)
     sc.run_until(4.0)
     sc.kill([(3 * n) // 5])
@@ -80,7 +84,8 @@ class Index:
     def __init__(self, sc: Scenario) -> None:
         idx = sc.sim.addr_index
         self.by_kind: dict[Kind, dict[int, list[tuple[int, float]]]] = collections.defaultdict(
-            lambda: collections.defaultdict(list))
+            lambda: collections.defaultdict(list)
+        )
         for s in sc.sim.nodes:
             for at, e in s.events:
                 if e.addr is not None:
@@ -114,8 +119,11 @@ def test_the_run_is_big_enough_and_the_faults_happened(big):
 @pytest.mark.slow
 def test_no_node_is_declared_dead_while_reachable(big):
     sc, _, _ = big
-    wrong = [(observer, subject, at) for observer, subject, at in sc.dead_verdicts()
-             if not sc.may_be_declared_dead(subject, at)]
+    wrong = [
+        (observer, subject, at)
+        for observer, subject, at in sc.dead_verdicts()
+        if not sc.may_be_declared_dead(subject, at)
+    ]
     assert wrong == []
 
 
@@ -131,7 +139,7 @@ def test_short_pauses_and_a_short_partition_cost_nobody_anything(big):
         assert not any(c.delayed for c in n.contacts.values()), f"node {i} still has delayed links"
     # Everybody flagged as hung during the faults was declared recovered again (or died).
     doomed = sc.doomed()
-    for subject, seen in index.by_kind[Kind.PEER_HUNG].items():
+    for subject in index.by_kind[Kind.PEER_HUNG]:
         if subject not in doomed:
             assert index.about(Kind.PEER_RECOVERED, subject), subject
 
@@ -207,6 +215,7 @@ def test_a_gather_at_the_end_returns_every_live_node(big):
 # Loss alone, and reproducibility
 
 
+@pytest.mark.slow
 def test_heavy_loss_kills_nobody_a_leaver_is_left_and_gathers_stay_complete():
     # 5 % of segments lost, each costing an (unscaled) 200 ms retransmission: a fifth of the UNRESPONSIVE limit.
     t = TIMERS
@@ -226,13 +235,16 @@ def test_heavy_loss_kills_nobody_a_leaver_is_left_and_gathers_stay_complete():
     assert len(snap.responses) == n - 1 and snap.missing() == [] and snap.left == {sim.addr(leaver)}
 
 
+@pytest.mark.slow
 def test_the_table_spreads_by_gossip_from_a_single_seed_each():
     t = TIMERS
     n = 128
     sim = Simulation(n, seed=5, timers=t, loss=0.01, retransmit=RETRANSMIT)
     sim.start(bootstrap="seed")  # each node learns one earlier node, as from the store
-    assert sim.run_while(lambda: len({s.node.table.hash for s in sim.nodes}) > 1
-                         or any(len(s.node.table) < n for s in sim.nodes), limit=t.dead / 2)
+    assert sim.run_while(
+        lambda: len({s.node.table.hash for s in sim.nodes}) > 1 or any(len(s.node.table) < n for s in sim.nodes),
+        limit=t.dead / 2,
+    )
     assert sim.events(Kind.PEER_DEAD) == []
     for s in sim.nodes:
         assert sum(1 for _, e in s.events if e.kind is Kind.PEER_NEW) == n
@@ -240,14 +252,6 @@ def test_the_table_spreads_by_gossip_from_a_single_seed_each():
 
 def _digest(sc: Scenario) -> str:
     return hashlib.sha256(repr(sc.trace()).encode()).hexdigest()
-
-
-@pytest.mark.slow
-def test_the_same_seed_gives_the_same_trace():
-    one, two, other = run_scenario(128, seed=3), run_scenario(128, seed=3), run_scenario(128, seed=4)
-    assert one.trace() == two.trace()
-    assert one.sim.messages_sent == two.sim.messages_sent
-    assert _digest(one) != _digest(other)
 
 
 REPRO = """
@@ -260,17 +264,35 @@ print(hashlib.sha256(repr(sc.trace()).encode()).hexdigest(), sc.sim.messages_sen
 
 
 @pytest.mark.slow
-def test_the_same_seed_gives_the_same_trace_in_another_process_whatever_the_hash_seed():
-    """Reproducible from the seed alone: not from set order, which PYTHONHASHSEED changes between processes.
-    (Found by this test: ``Node._relink`` opened connections in set order.)"""
+def test_the_same_seed_gives_the_same_trace_here_and_in_other_processes_whatever_the_hash_seed():
+    """Reproducible from the seed alone: not from set order, which PYTHONHASHSEED changes between processes
+    (found by this test: ``Node._relink`` opened connections in set order), nor from anything one run leaves
+    behind for the next in the same process. A fresh process with each of two hash seeds and this process, after
+    a run with another seed, give the same trace and the same message count; the other seed gives another trace.
+    The two fresh processes run while this one does (the suite's machines have two cores)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    outs = []
-    for hash_seed in ("1", "2"):
-        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        out = subprocess.run([sys.executable, "-c", REPRO.format(here=here)], env=env, capture_output=True,
-                             text=True, check=True, cwd=os.path.dirname(os.path.dirname(here)))
-        outs.append(out.stdout.strip())
-    assert outs[0] == outs[1]
+    repository = os.path.dirname(os.path.dirname(here))
+    others = [
+        subprocess.Popen(
+            [sys.executable, "-c", REPRO.format(here=here)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONHASHSEED=hash_seed),
+            cwd=repository,
+        )
+        for hash_seed in ("1", "2")
+    ]
+    try:
+        other = run_scenario(96, seed=10)
+        mine = run_scenario(96, seed=9)
+        outs = [process.communicate(timeout=600)[0].strip() for process in others]
+    finally:
+        for process in others:
+            process.kill()
+            process.wait()
+    assert [process.returncode for process in others] == [0, 0]
+    assert outs == [f"{_digest(mine)} {mine.sim.messages_sent}"] * 2
+    assert _digest(other) != _digest(mine)
 
 
 def test_a_node_cut_off_while_a_hang_ends_does_not_keep_the_hang_verdict():

@@ -29,8 +29,12 @@ TIMERS = dataclasses.replace(Timers().scaled(FACTOR), tick=Timers().scaled(FACTO
 
 
 def _verdicts_about(sim: Simulation, key, kinds=(Kind.PEER_DEAD, Kind.PEER_LEFT, Kind.PEER_HUNG)):
-    return [(s.index, t, e.kind) for s in sim.nodes for t, e in s.events
-            if e.kind in kinds and e.peer is not None and e.peer.key == key]
+    return [
+        (s.index, t, e.kind)
+        for s in sim.nodes
+        for t, e in s.events
+        if e.kind in kinds and e.peer is not None and e.peer.key == key
+    ]
 
 
 def _check(sim: Simulation, restarted: dict[int, int], left: set[int] = frozenset()) -> None:
@@ -72,8 +76,15 @@ def test_processes_restarted_on_dead_and_departed_predecessors_ports_are_live_ev
     sim.kill(33)
     sim.leave(20)
     # Three gaps in a ring of 40 (no skip links below 64): the news crosses each once a fallback connects.
-    assert sim.run_while(lambda: not all(s.node.is_dead(sim.addr(10)) and s.node.is_dead(sim.addr(33))
-                                         and s.node.has_left(sim.addr(20)) for s in sim.live()), 3 * t.unresponsive)
+    assert sim.run_while(
+        lambda: (
+            not all(
+                s.node.is_dead(sim.addr(10)) and s.node.is_dead(sim.addr(33)) and s.node.has_left(sim.addr(20))
+                for s in sim.live()
+            )
+        ),
+        3 * t.unresponsive,
+    )
     restarted = {10: sim.restart(10), 33: sim.restart(33, seed=39), 20: sim.restart(20, seed=19)}
     sim.run_until(sim.now + t.unresponsive)
     _check(sim, restarted, left={20})

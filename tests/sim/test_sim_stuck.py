@@ -1,6 +1,8 @@
 """COMM_STUCK across a simulated job: the sweeper finds a stalled communicator, every node hears the verdict
 naming the rank that is behind, and hears it clear when the counters move again."""
 
+import pytest
+
 from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord
 from rasd.core.config import Timers
 from rasd.core.events import Kind
@@ -22,10 +24,19 @@ class Counters:
         launched = [0] * N_OPS
         completed = [0] * N_OPS
         launched[AR], completed[AR] = self.launched[i], self.completed[i]
-        return ProcessData(comms=(CommRecord(comm_hash=0xABC, size=N, rank_map=((0, N, 1),), ranks=(
-            RankRecord(comm_rank=i, launched=tuple(launched), completed=tuple(completed)),)),))
+        return ProcessData(
+            comms=(
+                CommRecord(
+                    comm_hash=0xABC,
+                    size=N,
+                    rank_map=((0, N, 1),),
+                    ranks=(RankRecord(comm_rank=i, launched=tuple(launched), completed=tuple(completed)),),
+                ),
+            )
+        )
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_is_named_behind_everywhere_and_the_verdict_clears():
     c = Counters()
     sim = Simulation(N, seed=11, timers=TIMERS, local_data=c.data)
@@ -66,7 +77,9 @@ def test_a_gather_right_after_a_hang_ends_when_the_silent_leg_is_purged_not_at_t
         sim.pause(victim)
         started = sim.now
         sim.gather(root, 1)
-        assert sim.run_while(lambda: (root, 1) not in sim.gathers_done, t.leg_timeout + t.gather_extra + 1)
+        assert sim.run_while(
+            lambda sim=sim, key=(root, 1): key not in sim.gathers_done, t.leg_timeout + t.gather_extra + 1
+        )
         done_at, done = sim.gathers_done[(root, 1)]
         assert done.snapshot.timeouts >= 1
         assert set(done.snapshot.responses) == {sim.addr(i) for i in range(8) if i != victim}

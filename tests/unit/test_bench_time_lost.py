@@ -25,8 +25,14 @@ def bench():
 
 
 def step(time: float, iteration: int, rank: int, world_size: int, initial_rank: int | None = None) -> dict:
-    return {"event": "step", "time": time, "system_iteration": iteration, "rank": rank, "world_size": world_size,
-            "initial_rank": rank if initial_rank is None else initial_rank}
+    return {
+        "event": "step",
+        "time": time,
+        "system_iteration": iteration,
+        "rank": rank,
+        "world_size": world_size,
+        "initial_rank": rank if initial_rank is None else initial_rank,
+    }
 
 
 def fault(time: float, iteration: int, kind: str = "kill") -> dict:
@@ -34,8 +40,13 @@ def fault(time: float, iteration: int, kind: str = "kill") -> dict:
 
 
 def test_recovered_when_every_rank_of_the_smaller_world_stepped(bench):
-    events = [*(step(1.0, 0, rank, 4) for rank in range(4)), fault(10.0, 0),
-              step(10.5, 1, 0, 3), step(10.7, 1, 2, 3, initial_rank=3), step(10.6, 1, 1, 3)]
+    events = [
+        *(step(1.0, 0, rank, 4) for rank in range(4)),
+        fault(10.0, 0),
+        step(10.5, 1, 0, 3),
+        step(10.7, 1, 2, 3, initial_rank=3),
+        step(10.6, 1, 1, 3),
+    ]
     ((_, result),) = bench.recoveries(events)
     assert result == pytest.approx((0.7, 3))
 
@@ -53,8 +64,12 @@ def test_an_iteration_cut_by_a_second_restart_does_not_count(bench):
 
 
 def test_chained_faults_are_timed_each_from_its_own_fault(bench):
-    events = [fault(10.0, 0, "exception"), *(step(10.4, 1, rank, 4) for rank in range(4)),
-              fault(20.0, 1, "exception"), *(step(20.3 + rank / 100, 2, rank, 4) for rank in range(4))]
+    events = [
+        fault(10.0, 0, "exception"),
+        *(step(10.4, 1, rank, 4) for rank in range(4)),
+        fault(20.0, 1, "exception"),
+        *(step(20.3 + rank / 100, 2, rank, 4) for rank in range(4)),
+    ]
     results = [result for _, result in bench.recoveries(events)]
     assert results == [pytest.approx((0.4, 4)), pytest.approx((0.33, 4))]
 
@@ -68,8 +83,15 @@ def test_steps_logged_before_the_fault_are_not_a_recovery(bench):
 def test_the_default_run_has_every_figure_the_issues_ask_for(bench):
     specs = bench.plan(quick=False, only=None, etcd={"factory": "x.Y", "kwargs": {}}, fault_filter=None)
     keys = bench.keys_of(specs)
-    for system in ("torchras_default", "torchras_tuned", "nvrx_default", "nvrx_tuned", "nvrx_sockabort_default",
-                   "nvrx_sockabort_tuned", "torchrun"):
+    for system in (
+        "torchras_default",
+        "torchras_tuned",
+        "nvrx_default",
+        "nvrx_tuned",
+        "nvrx_sockabort_default",
+        "nvrx_sockabort_tuned",
+        "torchrun",
+    ):
         for kind in bench.FAULTS:
             assert f"{system}_{kind}_s" in keys
     for key in ("torchras_default_rank0_kill_s", "nvrx_default_rank0_kill_s", "torchras_tuned_etcd_exception_s"):
@@ -99,8 +121,12 @@ def test_only_and_fault_select_jobs(bench):
 
 def test_a_chain_whose_faulty_rank_was_terminated_says_so(bench):
     # nvidia-resiliency-ext's hard timeout after a skip terminated initial rank 2, which was to make the next fault.
-    events = [fault(10.0, 0, "skip"), step(100.0, 1, 0, 3), step(100.0, 1, 1, 3, initial_rank=1),
-              step(100.0, 1, 2, 3, initial_rank=3)]
+    events = [
+        fault(10.0, 0, "skip"),
+        step(100.0, 1, 0, 3),
+        step(100.0, 1, 1, 3, initial_rank=1),
+        step(100.0, 1, 2, 3, initial_rank=3),
+    ]
     assert "terminated initial rank 2" in bench.next_fault_missing(events, fault_rank=2)
     events.append(step(100.0, 1, 3, 4, initial_rank=2))
     assert "no fault within" in bench.next_fault_missing(events, fault_rank=2)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import collections
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from rasd.core import node as core
-from rasd.core import wire
+from rasd.core import node as core, wire
 from rasd.core.config import Timers
 from rasd.core.events import Event, Kind
 from rasd.core.peers import Addr, PeerInfo
@@ -28,8 +27,9 @@ SECRET = b"unit test job secret"
 
 
 def peer(i: int, host: str = "10.0.0.1", hostname: str | None = None) -> PeerInfo:
-    return PeerInfo(addr=Addr(host, 30000 + i), pid=100 + i, hostname=hostname or f"h-{host}", incarnation=7000 + i,
-                    rank=i)
+    return PeerInfo(
+        addr=Addr(host, 30000 + i), pid=100 + i, hostname=hostname or f"h-{host}", incarnation=7000 + i, rank=i
+    )
 
 
 @dataclass
@@ -111,7 +111,7 @@ class Harness:
         m = self.members[name]
         m.killed = True
         m.backlog.clear()
-        for (owner, cid), other in list(self.ends.items()):
+        for owner, cid in list(self.ends):
             if owner == name:
                 self._close_end((owner, cid))
 
@@ -168,13 +168,17 @@ class Harness:
                 other = self.ends.get((m.name, a.conn_id))
                 if other is not None:
                     name, cid = other
-                    self._queue(other, lambda name=name, cid=cid, data=a.data:
-                                self.members[name].node.received(cid, data, self.now))
+                    self._queue(
+                        other,
+                        lambda name=name, cid=cid, data=a.data: self.members[name].node.received(cid, data, self.now),
+                    )
             elif isinstance(a, core.Connect):
                 target = self.by_addr.get(a.addr)
                 if target is None or self.members[target].killed:
-                    self._queue((m.name, a.conn_id), lambda m=m, cid=a.conn_id:
-                                m.node.connect_failed(cid, self.now, refused=True))
+                    self._queue(
+                        (m.name, a.conn_id),
+                        lambda m=m, cid=a.conn_id: m.node.connect_failed(cid, self.now, refused=True),
+                    )
                     continue
                 rid = self._next_accept
                 self._next_accept -= 1

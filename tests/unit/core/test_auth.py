@@ -3,8 +3,7 @@
 import hmac
 import os
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from rasd.core import auth
 
@@ -52,8 +51,12 @@ def test_the_proof_is_hmac_sha256_and_the_secret_never_appears():
 
 
 @settings(max_examples=100, deadline=None)
-@given(secret=st.binary(min_size=1, max_size=64), other=st.binary(min_size=1, max_size=64),
-       nc=st.binary(min_size=16, max_size=16), na=st.binary(min_size=16, max_size=16))
+@given(
+    secret=st.binary(min_size=1, max_size=64),
+    other=st.binary(min_size=1, max_size=64),
+    nc=st.binary(min_size=16, max_size=16),
+    na=st.binary(min_size=16, max_size=16),
+)
 def test_only_the_same_secret_and_nonces_verify(secret, other, nc, na):
     expected = auth.connector_mac(secret, nc, na)
     assert auth.verify(expected, auth.connector_mac(secret, nc, na))

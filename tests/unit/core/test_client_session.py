@@ -1,10 +1,9 @@
-"""The client protocol as a table of lines and replies (reference 1.2-1.3), without a socket."""
+"""The client protocol as a table of lines and replies (docs/protocol.md §1-2), without a socket."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from rasd.core.client_session import LINE_LIMIT, ClientSession, CloseClient, Format, Reply, StartStatus
 from rasd.core.events import Group
@@ -18,29 +17,32 @@ def replies(*lines: bytes) -> list:
     return out
 
 
-@pytest.mark.parametrize("line, reply", [
-    (b"CLIENT PROTOCOL 2\n", "SERVER PROTOCOL 2\n"),
-    (b"client protocol 7\n", "SERVER PROTOCOL 2\n"),
-    (b"Client Protocol anything at all\n", "SERVER PROTOCOL 2\n"),
-    (b"TIMEOUT 10\n", "OK\n"),
-    (b"timeout 0\n", "OK\n"),
-    (b"TIMEOUT \n", "OK\n"),  # strtol quirk: an empty value is 0
-    (b"TIMEOUT -1\n", "ERROR: Invalid timeout value -1\n"),
-    (b"TIMEOUT 5s\n", "ERROR: Invalid timeout value 5s\n"),
-    (b"TIMEOUT\n", "ERROR: Unknown command TIMEOUT\n"),
-    (b"SET FORMAT json\n", "OK\n"),
-    (b"set format TEXT\n", "OK\n"),
-    (b"SET FORMAT xml\n", "ERROR: Invalid format xml\n"),
-    (b"MONITOR\n", "OK\n"),
-    (b"monitor lifecycle,TRACE\n", "OK\n"),
-    (b"MONITOR ,,all,\n", "OK\n"),
-    (b"MONITOR foo\n", "ERROR: Invalid event group 'foo'\n"),
-    (b"\n", "ERROR: Unknown command \n"),
-    (b"HELP\n", "ERROR: Unknown command HELP\n"),
-    (b" STATUS\n", "ERROR: Unknown command  STATUS\n"),
-    (b"VERBOSE  STATUS\n", "ERROR: Unknown command VERBOSE  STATUS\n"),
-    (b"STATUS \n", "ERROR: Unknown command STATUS \n"),
-])
+@pytest.mark.parametrize(
+    "line, reply",
+    [
+        (b"CLIENT PROTOCOL 2\n", "SERVER PROTOCOL 2\n"),
+        (b"client protocol 7\n", "SERVER PROTOCOL 2\n"),
+        (b"Client Protocol anything at all\n", "SERVER PROTOCOL 2\n"),
+        (b"TIMEOUT 10\n", "OK\n"),
+        (b"timeout 0\n", "OK\n"),
+        (b"TIMEOUT \n", "OK\n"),  # strtol quirk: an empty value is 0
+        (b"TIMEOUT -1\n", "ERROR: Invalid timeout value -1\n"),
+        (b"TIMEOUT 5s\n", "ERROR: Invalid timeout value 5s\n"),
+        (b"TIMEOUT\n", "ERROR: Unknown command TIMEOUT\n"),
+        (b"SET FORMAT json\n", "OK\n"),
+        (b"set format TEXT\n", "OK\n"),
+        (b"SET FORMAT xml\n", "ERROR: Invalid format xml\n"),
+        (b"MONITOR\n", "OK\n"),
+        (b"monitor lifecycle,TRACE\n", "OK\n"),
+        (b"MONITOR ,,all,\n", "OK\n"),
+        (b"MONITOR foo\n", "ERROR: Invalid event group 'foo'\n"),
+        (b"\n", "ERROR: Unknown command \n"),
+        (b"HELP\n", "ERROR: Unknown command HELP\n"),
+        (b" STATUS\n", "ERROR: Unknown command  STATUS\n"),
+        (b"VERBOSE  STATUS\n", "ERROR: Unknown command VERBOSE  STATUS\n"),
+        (b"STATUS \n", "ERROR: Unknown command STATUS \n"),
+    ],
+)
 def test_command_table(line, reply):
     assert replies(line) == [Reply(reply)]
 

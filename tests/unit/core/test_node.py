@@ -1,13 +1,12 @@
 """The rules of the mesh, pinned on two or three ``Node``s driven by hand (see ``harness``): fake clock values, no
-sockets, no sleeps. Each test reads as one rule of DESIGN.md section 3 / reference sections 3 and 4."""
+sockets, no sleeps. Each test reads as one rule of docs/architecture.md §2 (the life of a node) and §4 (gathers)."""
 
 import dataclasses
 import random
 
 import pytest
 
-from rasd.core import node as core
-from rasd.core import wire
+from rasd.core import node as core, wire
 from rasd.core.config import Timers
 from rasd.core.events import Kind
 from rasd.core.peers import Addr
@@ -47,9 +46,15 @@ def count(m, kind: Kind, about: Addr | None = None) -> int:
 
 def beliefs(n: core.Node):
     """Everything a node believes about the job, to check that an input changed none of it."""
-    return (n.table.hash, frozenset(n.dead), frozenset(n.left), frozenset(n.hung), n.expelled,
-            {a: (c.conn, c.delayed, c.last_heard) for a, c in n.contacts.items()},
-            {cid: (c.peer, c.state) for cid, c in n.conns.items()})
+    return (
+        n.table.hash,
+        frozenset(n.dead),
+        frozenset(n.left),
+        frozenset(n.hung),
+        n.expelled,
+        {a: (c.conn, c.delayed, c.last_heard) for a, c in n.contacts.items()},
+        {cid: (c.peer, c.state) for cid, c in n.conns.items()},
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -122,15 +127,18 @@ def _closed(actions, conn_id=-99) -> bool:
     return core.Close(conn_id) in actions
 
 
-@pytest.mark.parametrize("garbage", [
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"\x00\x00\x00\x00",  # an empty frame
-    b"\x00\x00\x00\x02\x07\x01",  # a wrong wire version
-    b"\x00\x00\x00\x02\x01\x63",  # an unknown message type
-    b"\x00\x00\x00\x05\x01\x01XXXX",  # a HELLO cut short
-    wire.encode(wire.Hello(b"n" * 16))[:4] + b"\x01\x01BADMnnnnnnnnnnnnnnnn",  # wrong magic
-    b"\xff\xff\xff\xff",  # 4 GiB announced
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x00\x00\x00\x00",  # an empty frame
+        b"\x00\x00\x00\x02\x07\x01",  # a wrong wire version
+        b"\x00\x00\x00\x02\x01\x63",  # an unknown message type
+        b"\x00\x00\x00\x05\x01\x01XXXX",  # a HELLO cut short
+        wire.encode(wire.Hello(b"n" * 16))[:4] + b"\x01\x01BADMnnnnnnnnnnnnnnnn",  # wrong magic
+        b"\xff\xff\xff\xff",  # 4 GiB announced
+    ],
+)
 def test_garbage_on_a_fresh_connection_closes_it_and_changes_nothing(garbage):
     h = pair()
     b = h["b"].node
@@ -165,6 +173,7 @@ def test_a_stranger_with_the_wrong_secret_gets_a_challenge_then_is_dropped():
     assert isinstance(challenge, wire.Challenge)
     # A proof made with another secret fails.
     from rasd.core import auth
+
     wrong = auth.connector_mac(b"another job", b"s" * 16, challenge.nonce)
     actions = feed(wire.encode(wire.Proof(wrong)))
     assert _closed(actions)
@@ -174,6 +183,7 @@ def test_a_stranger_with_the_wrong_secret_gets_a_challenge_then_is_dropped():
 def test_a_replayed_proof_for_another_nonce_is_refused():
     h = pair()
     from rasd.core import auth
+
     feed = _stranger(h, "b")
     (send,) = feed(wire.encode(wire.Hello(b"s" * 16)))
     challenge = wire.decode_body(send.data[4:])
@@ -183,14 +193,17 @@ def test_a_replayed_proof_for_another_nonce_is_refused():
     assert _closed(feed(wire.encode(wire.Proof(stale))))
 
 
-@pytest.mark.parametrize("first_msg", [
-    lambda me: wire.ConnInit(me, 1, 2),
-    lambda me: wire.Keepalive(1, 2, True),
-    lambda me: wire.Flood(me.addr, 1, wire.FloodKind.DEAD, Addr("10.0.0.1", 30001), 7001),
-    lambda me: wire.Proof(b"p" * 32),
-    lambda me: wire.Challenge(b"c" * 16, b"m" * 32),
-    lambda me: wire.CollReq(me.addr, 1, 100),
-])
+@pytest.mark.parametrize(
+    "first_msg",
+    [
+        lambda me: wire.ConnInit(me, 1, 2),
+        lambda me: wire.Keepalive(1, 2, True),
+        lambda me: wire.Flood(me.addr, 1, wire.FloodKind.DEAD, Addr("10.0.0.1", 30001), 7001),
+        lambda me: wire.Proof(b"p" * 32),
+        lambda me: wire.Challenge(b"c" * 16, b"m" * 32),
+        lambda me: wire.CollReq(me.addr, 1, 100),
+    ],
+)
 def test_a_message_before_authentication_closes_the_connection(first_msg):
     h = pair()
     b = h["b"].node
@@ -272,8 +285,12 @@ def test_the_ladder_of_a_silent_peer_on_the_exact_tick_times(factor):
     a, b = h["a"], h["b"]
     baddr = b.node.me.addr
     h.pause("b")  # SIGSTOP at t=0: its sockets stay open, it says nothing more
-    rungs = [(t.unresponsive, Kind.PEER_UNRESPONSIVE), (t.hang, Kind.PEER_HUNG),
-             (t.reset, Kind.PEER_KEEPALIVE_TIMEOUT), (t.dead, Kind.PEER_DEAD)]
+    rungs = [
+        (t.unresponsive, Kind.PEER_UNRESPONSIVE),
+        (t.hang, Kind.PEER_HUNG),
+        (t.reset, Kind.PEER_KEEPALIVE_TIMEOUT),
+        (t.dead, Kind.PEER_DEAD),
+    ]
     for limit, kind in rungs:
         h.advance(limit, t.tick, ["a"])
         assert first(a, kind, baddr) is None, f"{kind} at or before {limit}"
@@ -374,7 +391,7 @@ def test_a_crashed_peer_on_the_same_host_is_probed_and_pid_gone_is_death():
     h = pair(t)  # same host
     a, b = h["a"], h["b"]
     h.pause("b")
-    a.node.pid_gone  # the driver's answer to a ProbePid
+    assert callable(a.node.pid_gone)  # the driver's answer to a ProbePid
     h.call("a", lambda: a.node.pid_gone(b.node.me.addr, 3.0))
     e = first(a, Kind.PEER_DEAD, b.node.me.addr)
     assert e is not None and e.at == 3.0 and e.details == "process no longer exists"
@@ -420,8 +437,9 @@ def test_a_long_gap_between_ticks_does_not_blame_the_peers(factor, gap_in_dead_l
     h.resume("b")
     h.advance(h.now + 3 * t.unresponsive, t.tick)
     for m in (h["a"], h["b"]):
-        assert not m.kinds(Kind.PEER_UNRESPONSIVE, Kind.PEER_HUNG, Kind.PEER_KEEPALIVE_TIMEOUT, Kind.PEER_DEAD,
-                           Kind.PEER_DISCONNECTED)
+        assert not m.kinds(
+            Kind.PEER_UNRESPONSIVE, Kind.PEER_HUNG, Kind.PEER_KEEPALIVE_TIMEOUT, Kind.PEER_DEAD, Kind.PEER_DISCONNECTED
+        )
 
 
 @pytest.mark.parametrize("factor", FACTORS)
@@ -737,7 +755,7 @@ def test_the_dead_list_is_synced_by_hash_when_a_flood_was_missed():
     caddr = h["c"].node.me.addr
     # a learns c is dead by a route that b never sees (no flood to b).
     a.node.dead.add(h["c"].node.me.key)
-    a.node._dead_hash = a.node._gone_hash()
+    a.node.verdicts.dead_hash = a.node.verdicts.gone_hash()
     h.advance(h.now + 3 * t.keepalive, t.tick, ["a", "b"])
     assert b.node.is_dead(caddr) and first(b, Kind.PEER_DEAD, caddr) is not None
     assert a.node.dead_hash == b.node.dead_hash
@@ -775,5 +793,3 @@ def test_an_outgoing_connection_closed_during_the_handshake_is_retried(phase):
     assert connects and connects[0] <= 0.1 + t.connect_retry + t.tick
     assert len(connects) >= (t.dead - 1) / (t.connect_retry + t.tick)
     assert not n.is_dead(other.addr)
-
-

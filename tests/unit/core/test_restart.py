@@ -5,19 +5,18 @@ import dataclasses
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from rasd.core import node as core
-from rasd.core import wire
+from rasd.core import node as core, wire
 from rasd.core.comms import MAX_CAUSE_BYTES, CommRecord, ProcessData, RestartRecord, next_restart
 from rasd.core.events import Group, Kind
 from rasd.core.peers import Addr
 
 from .harness import Harness, peer
 
-RECORD = RestartRecord(iteration=3, restarts=2, cause="PEER_DEAD of rank 2 (pid 4242)", terminated=(2, 5),
-                       seconds_lost=0.375)
+RECORD = RestartRecord(
+    iteration=3, restarts=2, cause="PEER_DEAD of rank 2 (pid 4242)", terminated=(2, 5), seconds_lost=0.375
+)
 
 
 # --- the record ---------------------------------------------------------------------------------------------------
@@ -46,7 +45,8 @@ def test_odd_input_becomes_a_record_the_wire_can_carry():
 
 def test_the_event_details():
     assert RECORD.describe() == (
-        "restart 2 (iteration 3) after PEER_DEAD of rank 2 (pid 4242): ranks 2,5 terminated, 0.375s lost")
+        "restart 2 (iteration 3) after PEER_DEAD of rank 2 (pid 4242): ranks 2,5 terminated, 0.375s lost"
+    )
     assert RestartRecord(1, 1).describe() == "restart 1 (iteration 1): no rank terminated, 0.000s lost"
 
 
@@ -59,14 +59,19 @@ def collresp(*data: ProcessData) -> wire.CollResp:
 
 def test_process_data_with_a_restart_round_trips():
     comm = CommRecord(comm_hash=5, size=1, ranks=())
-    msg = collresp(ProcessData(restart=RECORD), ProcessData(comms=(comm,)),
-                   ProcessData(comms=(comm,), restart=RestartRecord(0, 0)))
+    msg = collresp(
+        ProcessData(restart=RECORD), ProcessData(comms=(comm,)), ProcessData(comms=(comm,), restart=RestartRecord(0, 0))
+    )
     assert wire.decode_body(wire.encode(msg)[4:]) == msg
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(-10, 2**33), st.text(max_size=300), st.lists(st.integers(-3, 2**31 + 3), max_size=40),
-       st.floats(allow_nan=True, allow_infinity=True))
+@given(
+    st.integers(-10, 2**33),
+    st.text(max_size=300),
+    st.lists(st.integers(-3, 2**31 + 3), max_size=40),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
 def test_every_record_the_node_makes_round_trips(iteration, cause, ranks, lost):
     record = next_restart(None, iteration, cause, tuple(ranks), lost)
     msg = collresp(ProcessData(restart=record))
@@ -80,14 +85,17 @@ def test_every_truncation_of_a_restart_is_a_protocol_error():
             wire.decode_body(body[:cut])
 
 
-@pytest.mark.parametrize("record", [
-    dataclasses.replace(RECORD, seconds_lost=-1.0),
-    dataclasses.replace(RECORD, seconds_lost=math.inf),
-    dataclasses.replace(RECORD, seconds_lost=math.nan),
-    dataclasses.replace(RECORD, terminated=(5, 2)),
-    dataclasses.replace(RECORD, terminated=(2, 2)),
-    dataclasses.replace(RECORD, terminated=(-1,)),
-])
+@pytest.mark.parametrize(
+    "record",
+    [
+        dataclasses.replace(RECORD, seconds_lost=-1.0),
+        dataclasses.replace(RECORD, seconds_lost=math.inf),
+        dataclasses.replace(RECORD, seconds_lost=math.nan),
+        dataclasses.replace(RECORD, terminated=(5, 2)),
+        dataclasses.replace(RECORD, terminated=(2, 2)),
+        dataclasses.replace(RECORD, terminated=(-1,)),
+    ],
+)
 def test_a_record_the_node_would_never_make_is_a_protocol_error(record):
     with pytest.raises(wire.ProtocolError):
         wire.decode_body(wire.encode(collresp(ProcessData(restart=record)))[4:])
@@ -138,8 +146,11 @@ def test_every_process_contributes_its_restart_to_a_gather():
     h.run()
     (done,) = [a for a in h["a"].actions if isinstance(a, core.GatherDone)]
     restarts = {addr.port: data.restart for addr, data in done.snapshot.responses.items()}
-    assert restarts == {30001: RestartRecord(4, 4, "cause 4", (), 0.1), 30002: RestartRecord(4, 4, "cause 4", (), 0.1),
-                        30003: RestartRecord(3, 3, "cause 3", (), 0.1)}
+    assert restarts == {
+        30001: RestartRecord(4, 4, "cause 4", (), 0.1),
+        30002: RestartRecord(4, 4, "cause 4", (), 0.1),
+        30003: RestartRecord(3, 3, "cause 3", (), 0.1),
+    }
 
 
 def test_a_process_that_never_restarted_contributes_none_and_local_data_wins():

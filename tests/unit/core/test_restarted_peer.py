@@ -8,11 +8,9 @@ everywhere, whatever order the news arrives in. Driven by hand through ``harness
 import dataclasses
 import random
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from rasd.core import node as core
-from rasd.core import wire
+from rasd.core import node as core, wire
 from rasd.core.config import Timers
 from rasd.core.events import Kind
 from rasd.core.peers import PeerKey
@@ -111,8 +109,10 @@ def test_a_node_that_hears_of_the_newcomer_only_by_gossip_retires_the_predecesso
     # The newcomer talks to b only; a hears of it from b's table.
     c2 = successor(h, SLOW, seed="b")
     assert events_about(h["a"], Kind.PEER_NEW, c2.node.me.key)
-    assert c_old.key in h["a"].node.dead and events_about(h["a"], Kind.PEER_DEAD, c_old.key)[0].details \
-        == "a newer process holds its address"
+    assert (
+        c_old.key in h["a"].node.dead
+        and events_about(h["a"], Kind.PEER_DEAD, c_old.key)[0].details == "a newer process holds its address"
+    )
 
 
 def test_stale_news_about_the_predecessor_never_touches_its_successor():

@@ -2,17 +2,14 @@
 
 import math
 
-import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from rasd.core import ring
 
 
 def links(n, me, dead=(), bad=(), per_host=1, express=True):
     order = list(range(n))
-    return ring.links(order, me, set(dead).__contains__, set(bad).__contains__, lambda i: f"h{i // per_host}",
-                      express)
+    return ring.links(order, me, set(dead).__contains__, set(bad).__contains__, lambda i: f"h{i // per_host}", express)
 
 
 def test_one_peer_has_no_links():

@@ -16,59 +16,84 @@ def counts(**by_op: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def snapshot(per_rank: dict[int, tuple[tuple[int, ...], tuple[int, ...]]], size: int = 4,
-             rank_map=((100, 4, 2),)) -> JobSnapshot:
+def snapshot(
+    per_rank: dict[int, tuple[tuple[int, ...], tuple[int, ...]]], size: int = 4, rank_map=((100, 4, 2),)
+) -> JobSnapshot:
     responses = {}
     peers = []
     for rank, (launched, completed) in per_rank.items():
         addr = Addr("10.0.0.1", 1000 + rank)
         peers.append(PeerInfo(addr, pid=rank, hostname="h", incarnation=rank))
-        responses[addr] = ProcessData(comms=(CommRecord(
-            comm_hash=77, size=size, rank_map=rank_map,
-            ranks=(RankRecord(comm_rank=rank, launched=launched, completed=completed),)),))
+        responses[addr] = ProcessData(
+            comms=(
+                CommRecord(
+                    comm_hash=77,
+                    size=size,
+                    rank_map=rank_map,
+                    ranks=(RankRecord(comm_rank=rank, launched=launched, completed=completed),),
+                ),
+            )
+        )
     return JobSnapshot(peers=tuple(peers), responses=responses)
 
 
 def merged(snap):
-    from rasd.core.stuck import merged_comms
-    return merged_comms(snap)[77]
+    from rasd.core.snapshot import merge_communicators
+
+    (comm,) = merge_communicators(snap)
+    assert comm.comm_hash == 77
+    return comm
 
 
 def test_a_rank_that_never_launched_is_behind_and_the_others_are_inside():
-    snap = snapshot({0: (counts(AllReduce=57), counts(AllReduce=56)), 1: (counts(AllReduce=57), counts(AllReduce=56)),
-                     2: (counts(AllReduce=56), counts(AllReduce=56)), 3: (counts(AllReduce=57), counts(AllReduce=56))})
-    v = attribute(*merged(snap))
+    snap = snapshot(
+        {
+            0: (counts(AllReduce=57), counts(AllReduce=56)),
+            1: (counts(AllReduce=57), counts(AllReduce=56)),
+            2: (counts(AllReduce=56), counts(AllReduce=56)),
+            3: (counts(AllReduce=57), counts(AllReduce=56)),
+        }
+    )
+    v = attribute(merged(snap))
     assert (v.op, v.seq, v.behind, v.inside) == (AR, 57, (2,), (0, 1, 3))
     # rank_map (100, 4, 2): comm rank r is global rank 100 + 2r
     assert v.global_behind == (104,) and v.global_inside == (100, 102, 106)
-    assert v.describe() == ("AllReduce operation 57 stuck; rank 2 behind (not launched); "
-                            "ranks 0,1,3 inside it (launched, not completed)")
+    assert v.describe() == (
+        "AllReduce operation 57 stuck; rank 2 behind (not launched); ranks 0,1,3 inside it (launched, not completed)"
+    )
 
 
 def test_the_first_disagreeing_op_type_in_nccl_order_is_named():
-    snap = snapshot({0: (counts(Broadcast=3, AllReduce=9), counts(Broadcast=3, AllReduce=9)),
-                     1: (counts(Broadcast=2, AllReduce=8), counts(Broadcast=2, AllReduce=8))}, size=2)
-    v = attribute(*merged(snap))
+    snap = snapshot(
+        {
+            0: (counts(Broadcast=3, AllReduce=9), counts(Broadcast=3, AllReduce=9)),
+            1: (counts(Broadcast=2, AllReduce=8), counts(Broadcast=2, AllReduce=8)),
+        },
+        size=2,
+    )
+    v = attribute(merged(snap))
     assert (v.op, v.seq, v.behind, v.inside) == (BC, 3, (1,), ())
 
 
 def test_agreeing_counters_are_not_stuck():
     same = (counts(AllReduce=5), counts(AllReduce=5))
-    assert attribute(*merged(snapshot({0: same, 1: same}, size=2))) is None
+    assert attribute(merged(snapshot({0: same, 1: same}, size=2))) is None
 
 
 def test_a_verdict_needs_the_counters_frozen_for_the_limit_and_clears_when_they_move():
     d = StuckDetector(limit=20.0)
-    stuck = snapshot({0: (counts(AllReduce=2), counts(AllReduce=1)), 1: (counts(AllReduce=1), counts(AllReduce=1))},
-                     size=2)
+    stuck = snapshot(
+        {0: (counts(AllReduce=2), counts(AllReduce=1)), 1: (counts(AllReduce=1), counts(AllReduce=1))}, size=2
+    )
     assert d.observe(stuck, 0.0) == ([], [])
     assert d.observe(stuck, 19.0) == ([], [])
     new, cleared = d.observe(stuck, 20.0)
     assert len(new) == 1 and not cleared and new[0].behind == (1,) and new[0].inside == (0,)
     assert d.observe(stuck, 25.0) == ([], [])  # reported once; it stays active
     assert d.active() == new
-    moved = snapshot({0: (counts(AllReduce=2), counts(AllReduce=2)), 1: (counts(AllReduce=2), counts(AllReduce=2))},
-                     size=2)
+    moved = snapshot(
+        {0: (counts(AllReduce=2), counts(AllReduce=2)), 1: (counts(AllReduce=2), counts(AllReduce=2))}, size=2
+    )
     new2, cleared2 = d.observe(moved, 26.0)
     assert not new2 and cleared2 == new and d.active() == []
 
@@ -76,8 +101,13 @@ def test_a_verdict_needs_the_counters_frozen_for_the_limit_and_clears_when_they_
 def test_moving_but_disagreeing_counters_are_not_stuck():
     d = StuckDetector(limit=10.0)
     for step in range(10):
-        snap = snapshot({0: (counts(AllReduce=step + 1), counts(AllReduce=step)),
-                         1: (counts(AllReduce=step), counts(AllReduce=step))}, size=2)
+        snap = snapshot(
+            {
+                0: (counts(AllReduce=step + 1), counts(AllReduce=step)),
+                1: (counts(AllReduce=step), counts(AllReduce=step)),
+            },
+            size=2,
+        )
         assert d.observe(snap, step * 5.0) == ([], [])
 
 

@@ -4,8 +4,7 @@ else), however it is cut into chunks."""
 import struct
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from rasd.core import wire
 from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
@@ -14,14 +13,30 @@ from rasd.core.peers import Addr, PeerInfo, PeerKey
 V4 = PeerInfo(Addr("10.1.2.3", 40001), pid=4242, hostname="node-a", incarnation=2**64 - 1, devices=(0, 3), rank=17)
 V6 = PeerInfo(Addr("fe80::1", 65535), pid=1, hostname="ünï-cödé", incarnation=0, devices=(), rank=-1)
 
-DATA = ProcessData(comms=(
-    CommRecord(comm_hash=2**64 - 1, size=4, rank_map=((0, 2, 1), (8, 2, 4)), ranks=(
-        RankRecord(comm_rank=0, init_state=0, async_error=7, finalize_called=True, destroy_flag=False,
-                   abort_flag=True, device=3, launched=tuple(range(N_OPS)), completed=tuple(range(N_OPS))),
-        RankRecord(comm_rank=3, device=-1, launched=(2**64 - 1,) * N_OPS),
-    )),
-    CommRecord(comm_hash=5, size=1, ranks=()),
-))
+DATA = ProcessData(
+    comms=(
+        CommRecord(
+            comm_hash=2**64 - 1,
+            size=4,
+            rank_map=((0, 2, 1), (8, 2, 4)),
+            ranks=(
+                RankRecord(
+                    comm_rank=0,
+                    init_state=0,
+                    async_error=7,
+                    finalize_called=True,
+                    destroy_flag=False,
+                    abort_flag=True,
+                    device=3,
+                    launched=tuple(range(N_OPS)),
+                    completed=tuple(range(N_OPS)),
+                ),
+                RankRecord(comm_rank=3, device=-1, launched=(2**64 - 1,) * N_OPS),
+            ),
+        ),
+        CommRecord(comm_hash=5, size=1, ranks=()),
+    )
+)
 
 MESSAGES = [
     wire.Hello(b"n" * wire.NONCE_LEN),
@@ -69,7 +84,7 @@ def test_frames_split_byte_by_byte_and_glued_together_decode_in_order():
     reader = wire.FrameReader(wire.MAX_FRAME)
     out = []
     for i in range(len(stream)):
-        out.extend(reader.feed(stream[i:i + 1]))
+        out.extend(reader.feed(stream[i : i + 1]))
     assert out == MESSAGES
     assert list(wire.FrameReader(wire.MAX_FRAME).feed(stream)) == MESSAGES
 
@@ -178,21 +193,24 @@ def test_a_rank_record_with_the_wrong_op_count_or_flags_is_a_protocol_error():
     # The first rank record's head: find it by encoding its fields.
     head = struct.pack("!IBBBhB", 0, 0, 7, 0b101, 3, N_OPS)
     at = good.index(head)
-    for patch in (struct.pack("!IBBBhB", 0, 0, 7, 0b101, 3, N_OPS - 1),
-                  struct.pack("!IBBBhB", 0, 0, 7, 8, 3, N_OPS)):
+    for patch in (struct.pack("!IBBBhB", 0, 0, 7, 0b101, 3, N_OPS - 1), struct.pack("!IBBBhB", 0, 0, 7, 8, 3, N_OPS)):
         with pytest.raises(wire.ProtocolError, match="rank record"):
-            wire.decode_body(good[:at] + patch + good[at + len(head):])
+            wire.decode_body(good[:at] + patch + good[at + len(head) :])
 
 
-@pytest.mark.parametrize("msg", [
-    wire.PeersUpdate((V4,), (V6.key,), (), True),
-    wire.CollResp(V4.addr, 1, 0, ((V4.addr, DATA),)),
-], ids=["peersupdate", "collresp"])
+@pytest.mark.parametrize(
+    "msg",
+    [
+        wire.PeersUpdate((V4,), (V6.key,), (), True),
+        wire.CollResp(V4.addr, 1, 0, ((V4.addr, DATA),)),
+    ],
+    ids=["peersupdate", "collresp"],
+)
 def test_a_huge_count_is_refused_before_anything_is_allocated(msg):
     b = bytearray(body(msg))
     # Patch every 32-bit big-endian field in turn to 2**32-1; none may do anything but raise ProtocolError.
     for i in range(2, len(b) - 3):
-        patched = bytes(b[:i]) + b"\xff\xff\xff\xff" + bytes(b[i + 4:])
+        patched = bytes(b[:i]) + b"\xff\xff\xff\xff" + bytes(b[i + 4 :])
         try:
             wire.decode_body(patched)
         except wire.ProtocolError:
@@ -248,13 +266,12 @@ def test_the_authenticated_limit_is_enforced_too():
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.binary(max_size=600), cuts=st.lists(st.integers(0, 600), max_size=8),
-       authenticated=st.booleans())
+@given(data=st.binary(max_size=600), cuts=st.lists(st.integers(0, 600), max_size=8), authenticated=st.booleans())
 def test_arbitrary_bytes_in_arbitrary_chunks_raise_nothing_but_protocol_error(data, cuts, authenticated):
     reader = wire.FrameReader(wire.MAX_FRAME if authenticated else wire.PREAUTH_MAX_FRAME)
     bounds = sorted({0, len(data), *[min(c, len(data)) for c in cuts]})
     try:
-        for lo, hi in zip(bounds, bounds[1:]):
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
             for msg in reader.feed(data[lo:hi]):
                 assert isinstance(msg, wire.Message.__args__)
     except wire.ProtocolError:
@@ -265,9 +282,12 @@ frames = st.sampled_from(MESSAGES).map(wire.encode)
 
 
 @settings(max_examples=200, deadline=None)
-@given(prefix=st.lists(frames, max_size=4), junk=st.binary(min_size=1, max_size=64),
-       flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), max_size=4),
-       cuts=st.lists(st.integers(0, 2000), max_size=6))
+@given(
+    prefix=st.lists(frames, max_size=4),
+    junk=st.binary(min_size=1, max_size=64),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), max_size=4),
+    cuts=st.lists(st.integers(0, 2000), max_size=6),
+)
 def test_valid_frames_with_corrupted_bytes_raise_nothing_but_protocol_error(prefix, junk, flips, cuts):
     stream = bytearray(b"".join(prefix) + junk)
     for pos, x in flips:
@@ -275,7 +295,7 @@ def test_valid_frames_with_corrupted_bytes_raise_nothing_but_protocol_error(pref
     reader = wire.FrameReader(wire.MAX_FRAME)
     bounds = sorted({0, len(stream), *[min(c, len(stream)) for c in cuts]})
     try:
-        for lo, hi in zip(bounds, bounds[1:]):
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
             list(reader.feed(bytes(stream[lo:hi])))
     except wire.ProtocolError:
         pass
@@ -294,25 +314,40 @@ def test_a_body_with_one_byte_changed_decodes_or_raises_protocol_error(msg, pos,
     assert body(out) == bytes(b)
 
 
-addrs = st.one_of(
-    st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(str)
-).flatmap(lambda host: st.integers(1, 65535).map(lambda port: Addr(host, port)))
+addrs = st.one_of(st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(str)).flatmap(
+    lambda host: st.integers(1, 65535).map(lambda port: Addr(host, port))
+)
 peers = st.builds(
-    PeerInfo, addr=addrs, pid=st.integers(0, 2**32 - 1),
-    hostname=st.text(max_size=60), incarnation=st.integers(0, 2**64 - 1),
-    devices=st.lists(st.integers(0, 255), max_size=8).map(tuple), rank=st.integers(-2**31, 2**31 - 1))
+    PeerInfo,
+    addr=addrs,
+    pid=st.integers(0, 2**32 - 1),
+    hostname=st.text(max_size=60),
+    incarnation=st.integers(0, 2**64 - 1),
+    devices=st.lists(st.integers(0, 255), max_size=8).map(tuple),
+    rank=st.integers(-(2**31), 2**31 - 1),
+)
 u64 = st.integers(0, 2**64 - 1)
 keys = st.builds(PeerKey, addrs, u64)
 messages = st.one_of(
     st.builds(wire.ConnInit, peers, u64, u64),
     st.builds(wire.ConnInitAck, st.sampled_from(list(wire.Nack)), st.none() | peers),
     st.builds(wire.Keepalive, u64, u64, st.booleans()),
-    st.builds(wire.PeersUpdate, st.lists(peers, max_size=5).map(tuple), st.lists(keys, max_size=5).map(tuple),
-              st.lists(keys, max_size=5).map(tuple), st.booleans()),
+    st.builds(
+        wire.PeersUpdate,
+        st.lists(peers, max_size=5).map(tuple),
+        st.lists(keys, max_size=5).map(tuple),
+        st.lists(keys, max_size=5).map(tuple),
+        st.booleans(),
+    ),
     st.builds(wire.Flood, addrs, u64, st.sampled_from(list(wire.FloodKind)), addrs, u64),
     st.builds(wire.CollReq, addrs, u64, st.integers(0, 2**32 - 1)),
-    st.builds(wire.CollResp, addrs, u64, st.integers(0, 2**32 - 1),
-              st.lists(st.tuples(addrs, st.just(DATA) | st.just(ProcessData())), max_size=3).map(tuple)),
+    st.builds(
+        wire.CollResp,
+        addrs,
+        u64,
+        st.integers(0, 2**32 - 1),
+        st.lists(st.tuples(addrs, st.just(DATA) | st.just(ProcessData())), max_size=3).map(tuple),
+    ),
 )
 
 

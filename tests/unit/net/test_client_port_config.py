@@ -5,9 +5,14 @@ import pytest
 from rasd.net.client_port import move_nccl_ras_port, parse_addr
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("localhost:28028", ("localhost", 28028)), ("10.1.2.3:1", ("10.1.2.3", 1)), ("[::1]:28029", ("::1", 28029)),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("localhost:28028", ("localhost", 28028)),
+        ("10.1.2.3:1", ("10.1.2.3", 1)),
+        ("[::1]:28029", ("::1", 28029)),
+    ],
+)
 def test_parse_addr(spec, expected):
     assert parse_addr(spec) == expected
 

@@ -1,62 +1,86 @@
 """``rasd.record_restart``: what inprocess.Wrapper calls on the training thread after each restart. It hands the
-call to the RAS thread of this process's node (a real runtime here: its thread and a loopback mesh port) and never
-raises, with or without a node."""
+call to the RAS thread of this process's node (a real node here: its thread, a loopback mesh port and the client
+port) and never raises, with or without a node."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import threading
+import socket
 
 import pytest
 
 import rasd
-from rasd import api
 from rasd.core.comms import RestartRecord
-from rasd.core.config import Timers
 from rasd.core.events import Kind
-from rasd.core.peers import Addr, PeerInfo
-from rasd.net.runtime import Runtime
+from rasd.net import client_port
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def no_node_of_earlier_tests():
+    """One node per process: an earlier test of the suite that started one in this process must not be seen here."""
+    rasd.stop(goodbye=False)
+    yield
+    rasd.stop(goodbye=False)
 
 
 @pytest.fixture
-def node(monkeypatch):
-    """A running node of one process, installed as this process's node (without rasd.start's process hooks)."""
-    rt = Runtime(lambda port: PeerInfo(Addr("127.0.0.1", port), os.getpid(), "test", 1, (), 0), b"secret",
-                 "127.0.0.1", Timers())
-    rt.start()
-    assert rt.running
-    monkeypatch.setattr(api, "_runtime", rt)
+def node(monkeypatch, tmp_path):
+    """This process's node, a mesh of one serving its client port on a free loopback port."""
+    monkeypatch.setenv("TORCHRAS_ADDR", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("TORCHRAS_RUN_DIR", str(tmp_path))
+    handle = rasd.start(secret=b"secret", host="127.0.0.1", services=[client_port.serve])
+    assert handle is not None and handle.running
     try:
-        yield rt
+        yield handle
     finally:
-        rt.stop(goodbye=False)
+        handle.stop(goodbye=False)
 
 
-def test_without_a_node_it_does_nothing_and_says_so_at_debug(monkeypatch, caplog):
-    monkeypatch.setattr(api, "_runtime", None)
+def status_json(address: tuple[str, int]) -> dict:
+    with socket.create_connection(address, 30) as s:
+        s.sendall(b"CLIENT PROTOCOL 2\nSET FORMAT json\nSTATUS\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return json.loads(data[data.index(b"{") :])
+
+
+def test_without_a_node_it_does_nothing_and_says_so_at_debug(caplog):
+    assert rasd.node() is None
     with caplog.at_level(logging.DEBUG, logger="rasd"):
         assert rasd.record_restart(1, "PEER_DEAD of rank 2", [2], 0.5) is None
     assert "not recorded" in caplog.text
 
 
 def test_the_node_emits_restart_and_contributes_it_to_gathers(node):
-    sub = rasd.subscribe({Kind.RESTART})
+    sub = node.subscribe({Kind.RESTART})
     rasd.record_restart(2, "PEER_DEAD of rank 3", (3,), 0.75)
     event = sub.get(timeout=30)
     assert event is not None and event.kind is Kind.RESTART
     assert event.restart == RestartRecord(2, 1, "PEER_DEAD of rank 3", (3,), 0.75)
     assert event.peer is not None and event.peer.pid == os.getpid()
-    done = threading.Event()
-    snapshots = []
-    node.call(lambda: node.gather(lambda snapshot: (snapshots.append(snapshot), done.set())))
-    assert done.wait(30)
-    assert [data.restart for data in snapshots[0].responses.values()] == [event.restart]
+    assert node.client_address is not None
+    restarts = status_json(node.client_address)["restarts"]
+    assert (
+        restarts["iteration"],
+        restarts["restarts_count"],
+        restarts["last_cause"],
+        restarts["last_terminated_ranks"],
+        restarts["last_seconds_lost"],
+    ) == (2, 1, "PEER_DEAD of rank 3", [3], 0.75)
     sub.close()
 
 
 def test_bad_arguments_never_raise_into_training(node):
-    sub = rasd.subscribe({Kind.RESTART})
+    sub = node.subscribe({Kind.RESTART})
     rasd.record_restart("three", "x", [1], 0.0)  # type: ignore[arg-type]
     rasd.record_restart(3, "x", None, 0.0)  # type: ignore[arg-type]
     rasd.record_restart(3, "x", [1], "soon")  # type: ignore[arg-type]

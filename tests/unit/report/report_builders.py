@@ -21,14 +21,16 @@ def make_peers(processes_per_node: list[int], gpus: int | list[int] = 1) -> tupl
     for node, count in enumerate(processes_per_node):
         for j in range(count):
             n = gpus[i] if isinstance(gpus, list) else gpus
-            peers.append(PeerInfo(
-                addr=Addr(f"10.0.0.{node + 1}", 40000 + i),
-                pid=1000 + i,
-                hostname=f"node{node + 1}",
-                incarnation=0xABC000 + i,
-                devices=tuple(range(j * n, j * n + n)),
-                rank=i,
-            ))
+            peers.append(
+                PeerInfo(
+                    addr=Addr(f"10.0.0.{node + 1}", 40000 + i),
+                    pid=1000 + i,
+                    hostname=f"node{node + 1}",
+                    incarnation=0xABC000 + i,
+                    devices=tuple(range(j * n, j * n + n)),
+                    rank=i,
+                )
+            )
             i += 1
     return tuple(peers)
 
@@ -43,9 +45,13 @@ def rank_record(comm_rank: int, peer: PeerInfo, **fields) -> RankRecord:
     return RankRecord(comm_rank=comm_rank, **fields)
 
 
-def comm_records(peers: tuple[PeerInfo, ...], comm_hash: int, members: list[int] | None = None,
-                 holders: list[int] | None = None, per_rank: dict[int, dict] | None = None,
-                 ) -> dict[Addr, CommRecord]:
+def comm_records(
+    peers: tuple[PeerInfo, ...],
+    comm_hash: int,
+    members: list[int] | None = None,
+    holders: list[int] | None = None,
+    per_rank: dict[int, dict] | None = None,
+) -> dict[Addr, CommRecord]:
     """A communicator over the processes ``members`` (default: all), comm rank r on process ``members[r]``.
 
     Only processes in ``holders`` (default: all members) report it; ``per_rank`` overrides RankRecord fields.
@@ -59,14 +65,21 @@ def comm_records(peers: tuple[PeerInfo, ...], comm_hash: int, members: list[int]
         if process not in holders:
             continue
         record = rank_record(comm_rank, peers[process], **per_rank.get(comm_rank, {}))
-        out[peers[process].addr] = CommRecord(comm_hash=comm_hash, size=len(members), ranks=(record,),
-                                              rank_map=rank_map)
+        out[peers[process].addr] = CommRecord(
+            comm_hash=comm_hash, size=len(members), ranks=(record,), rank_map=rank_map
+        )
     return out
 
 
-def make_snapshot(peers: tuple[PeerInfo, ...], *comms: dict[Addr, CommRecord], dead: list[int] = (),
-                  left: list[int] = (), silent: list[int] = (), timeouts: int = 0,
-                  collection_time: float = 0.001) -> JobSnapshot:
+def make_snapshot(
+    peers: tuple[PeerInfo, ...],
+    *comms: dict[Addr, CommRecord],
+    dead: list[int] = (),
+    left: list[int] = (),
+    silent: list[int] = (),
+    timeouts: int = 0,
+    collection_time: float = 0.001,
+) -> JobSnapshot:
     """Every process answers except the dead, left and ``silent`` ones (indices into ``peers``)."""
     quiet = {peers[i].addr for i in [*dead, *left, *silent]}
     responses = {}
@@ -90,4 +103,3 @@ def section(text: str, title: str) -> str:
     if title == "Errors":
         return text.split("\nErrors\n======\n\n", 1)[1].split("Warnings\n========\n\n", 1)[0]
     return text.split("Warnings\n========\n\n", 1)[1]
-

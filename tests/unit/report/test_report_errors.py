@@ -1,15 +1,13 @@
-"""The Errors section (reference 2.4): missing processes, dead ones, missing ranks, rank errors."""
-
-from report_builders import RUNTIME_LINE, VERSION_LINE, comm_records, make_peers, make_snapshot, section
+"""The Errors section (docs/protocol.md §3.2-3.3): missing processes, dead ones, missing ranks, rank errors."""
 
 from rasd.core.comms import CommRecord, ProcessData, RankRecord
 from rasd.core.snapshot import JobSnapshot
 from rasd.report import CommErrors, build_report, render_text
+from report_builders import RUNTIME_LINE, VERSION_LINE, comm_records, make_peers, make_snapshot, section
 
 
 def errors(snapshot, verbose=False):
-    out = render_text(build_report(snapshot), version_line=VERSION_LINE, runtime_line=RUNTIME_LINE,
-                      verbose=verbose)
+    out = render_text(build_report(snapshot), version_line=VERSION_LINE, runtime_line=RUNTIME_LINE, verbose=verbose)
     return section(out, "Errors")
 
 
@@ -57,22 +55,24 @@ def test_more_than_ten_missing_are_counted_not_listed_unless_verbose():
     )
     verbose = errors(snapshot, verbose=True)
     process_lines = [f"  Process {1000 + i} on node 10.0.0.{i // 8 + 1} managing GPU {i % 8}\n" for i in silent]
-    rank_lines = [f"  Rank {i} -- GPU {i % 8} managed by process {1000 + i} on node 10.0.0.{i // 8 + 1}\n"
-                  for i in silent]
+    rank_lines = [
+        f"  Rank {i} -- GPU {i % 8} managed by process {1000 + i} on node 10.0.0.{i // 8 + 1}\n" for i in silent
+    ]
     assert verbose == (
         "INCOMPLETE\n"
-        "  Missing communicator data from 12 job processes\n"
-        + "".join(process_lines) + "\n"
+        "  Missing communicator data from 12 job processes\n" + "".join(process_lines) + "\n"
         "#0-0 (000000000000000b) INCOMPLETE\n"
-        "  Missing communicator data from 12 ranks\n"
-        + "".join(rank_lines) + "\n"
+        "  Missing communicator data from 12 ranks\n" + "".join(rank_lines) + "\n"
     )
 
 
 def test_missing_rank_whose_process_is_not_known():
     # No rank map: the report cannot tell which process holds rank 2.
     peers = make_peers([3])
-    held = lambda r: ProcessData((CommRecord(0xC, 3, (RankRecord(r, device=r),)),))  # noqa: E731
+
+    def held(r: int) -> ProcessData:
+        return ProcessData((CommRecord(0xC, 3, (RankRecord(r, device=r),)),))
+
     snapshot = JobSnapshot(peers=peers, responses={peers[0].addr: held(0), peers[1].addr: held(1)})
     assert errors(snapshot) == (
         "INCOMPLETE\n"
@@ -132,12 +132,20 @@ def test_dead_address_missing_from_the_table():
 
 def test_init_and_async_errors_broken_down():
     peers = make_peers([8])
-    snapshot = make_snapshot(peers, comm_records(peers, 0xE, per_rank={
-        2: {"init_state": 3},
-        4: {"async_error": 2}, 5: {"async_error": 2},
-        6: {"async_error": 6},
-        7: {"async_error": 7},  # in progress: not an error
-    }))
+    snapshot = make_snapshot(
+        peers,
+        comm_records(
+            peers,
+            0xE,
+            per_rank={
+                2: {"init_state": 3},
+                4: {"async_error": 2},
+                5: {"async_error": 2},
+                6: {"async_error": 6},
+                7: {"async_error": 7},  # in progress: not an error
+            },
+        ),
+    )
     assert errors(snapshot) == (
         "#0-0 (000000000000000e) ERROR\n"
         "  Initialization error on 1 rank\n"
@@ -190,7 +198,8 @@ def test_order_is_incomplete_dead_then_communicators_in_table_order():
         peers,
         comm_records(peers, 0x2, members=[0, 1], per_rank={0: {"async_error": 3}}),
         comm_records(peers, 0x1, members=[0, 1, 2, 3]),
-        dead=[3], silent=[2],
+        dead=[3],
+        silent=[2],
     )
     out = errors(snapshot)
     titles = [line for line in out.splitlines() if line and not line.startswith("  ")]

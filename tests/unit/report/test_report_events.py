@@ -1,4 +1,4 @@
-"""MONITOR mode (reference 2.9): one event as a text line and as a JSON object."""
+"""MONITOR mode (docs/protocol.md §5): one event as a text line and as a JSON object."""
 
 import json
 
@@ -18,15 +18,18 @@ def test_timestamp_is_local_time(utc):
 def test_text_with_a_known_peer_keeps_the_blank_before_empty_details(utc):
     event = Event(Kind.PEER_DEAD, at=5.0, addr=PEER.addr, peer=PEER)
     assert format_event_text(event, wall_time=WHEN) == (
-        "[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 172.16.64.245 managing GPU 1 \n")
+        "[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 172.16.64.245 managing GPU 1 \n"
+    )
 
 
 def test_text_with_details_and_several_gpus(utc):
-    event = Event(Kind.PEER_UNRESPONSIVE, at=0.0, peer=TWO_GPUS,
-                  details="peer not responding for 5s (keepalive warning)")
+    event = Event(
+        Kind.PEER_UNRESPONSIVE, at=0.0, peer=TWO_GPUS, details="peer not responding for 5s (keepalive warning)"
+    )
     assert format_event_text(event, wall_time=WHEN) == (
         "[2025-12-19 13:07:07] PEER_UNRESPONSIVE: Process 55 on node 10.0.0.2 managing GPUs 0,1 "
-        "peer not responding for 5s (keepalive warning)\n")
+        "peer not responding for 5s (keepalive warning)\n"
+    )
 
 
 def test_text_with_only_an_address(utc):
@@ -35,13 +38,15 @@ def test_text_with_only_an_address(utc):
     # ... which the peer table can resolve.
     cpu = PeerInfo(Addr("10.1.2.3", 28028), 9, "h", 1, (), 0)
     assert format_event_text(event, wall_time=WHEN, peers={cpu.addr: cpu}) == (
-        "[2025-12-19 13:07:07] PEER_CONNECTING: Process 9 on node 10.1.2.3 managing CPU \n")
+        "[2025-12-19 13:07:07] PEER_CONNECTING: Process 9 on node 10.1.2.3 managing CPU \n"
+    )
 
 
 def test_text_without_a_peer(utc):
     event = Event(Kind.COMM_STUCK, at=0.0, details="AllReduce 17 stuck for 30s", comm_hash=0xAB, ranks=(3, 4))
     assert format_event_text(event, wall_time=WHEN) == (
-        "[2025-12-19 13:07:07] COMM_STUCK: AllReduce 17 stuck for 30s\n")
+        "[2025-12-19 13:07:07] COMM_STUCK: AllReduce 17 stuck for 30s\n"
+    )
 
 
 def test_text_is_always_one_line(utc):
@@ -71,8 +76,12 @@ def test_json_with_a_known_peer(utc):
 
 
 def test_json_trace_event_with_an_unknown_peer_and_cpu_devices(utc):
-    event = Event(Kind.PEER_KEEPALIVE_TIMEOUT, at=0.0, addr=Addr("::1", 7),
-                  details='keepalive timeout after 20s, "terminating" connection')
+    event = Event(
+        Kind.PEER_KEEPALIVE_TIMEOUT,
+        at=0.0,
+        addr=Addr("::1", 7),
+        details='keepalive timeout after 20s, "terminating" connection',
+    )
     assert format_event_json(event, wall_time=WHEN) == (
         "{\n"
         '  "timestamp": "2025-12-19 13:07:07",\n'
@@ -90,8 +99,14 @@ def test_json_trace_event_with_an_unknown_peer_and_cpu_devices(utc):
 
 
 def test_json_communicator_verdict(utc):
-    event = Event(Kind.COMM_STUCK, at=0.0, peer=TWO_GPUS, details="AllReduce counts differ",
-                  comm_hash=0x27A079B828FF1A75, ranks=(0, 5))
+    event = Event(
+        Kind.COMM_STUCK,
+        at=0.0,
+        peer=TWO_GPUS,
+        details="AllReduce counts differ",
+        comm_hash=0x27A079B828FF1A75,
+        ranks=(0, 5),
+    )
     assert format_event_json(event, wall_time=WHEN) == (
         "{\n"
         '  "timestamp": "2025-12-19 13:07:07",\n'
@@ -115,5 +130,11 @@ def test_json_communicator_verdict(utc):
 def test_json_without_a_peer_omits_the_key(utc):
     event = Event(Kind.COMM_STUCK, at=0.0, comm_hash=None)
     doc = json.loads(format_event_json(event, wall_time=WHEN))
-    assert doc == {"timestamp": "2025-12-19 13:07:07", "group": "LIFECYCLE", "event": "COMM_STUCK",
-                   "details": "", "comm_hash": None, "ranks": []}
+    assert doc == {
+        "timestamp": "2025-12-19 13:07:07",
+        "group": "LIFECYCLE",
+        "event": "COMM_STUCK",
+        "details": "",
+        "comm_hash": None,
+        "ranks": [],
+    }

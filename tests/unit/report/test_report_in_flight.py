@@ -19,8 +19,16 @@ def _snapshot(ranks: list[tuple[int, int, int]], grace: float = 2.0) -> JobSnaps
         peers.append(PeerInfo(addr, pid=r, hostname="h", incarnation=r, rank=r))
         lc, cc = [0] * N_OPS, [0] * N_OPS
         lc[AR], cc[AR] = launched, completed
-        responses[addr] = ProcessData(comms=(CommRecord(7, len(ranks), (
-            RankRecord(r, launched=tuple(lc), completed=tuple(cc), idle_ms=idle_ms),), ((0, len(ranks), 1),)),))
+        responses[addr] = ProcessData(
+            comms=(
+                CommRecord(
+                    7,
+                    len(ranks),
+                    (RankRecord(r, launched=tuple(lc), completed=tuple(cc), idle_ms=idle_ms),),
+                    ((0, len(ranks), 1),),
+                ),
+            )
+        )
     return JobSnapshot(peers=tuple(peers), responses=responses, in_flight_grace=grace)
 
 
@@ -37,11 +45,14 @@ def test_leaders_inside_it_for_longer_than_the_grace_are_a_mismatch():
     assert mismatch(_snapshot([(42, 41, 2500), (42, 41, 2600), (41, 41, 2500), (41, 41, 2700)]))
 
 
-@pytest.mark.parametrize("ranks", [
-    [(43, 42, 3), (41, 41, 3)],  # two operations apart
-    [(42, 42, 3), (41, 41, 3)],  # ahead without being inside: not explained by an operation in flight
-    [(42, 41, 3), (41, 40, 3)],  # the one behind is inside an older operation
-])
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        [(43, 42, 3), (41, 41, 3)],  # two operations apart
+        [(42, 42, 3), (41, 41, 3)],  # ahead without being inside: not explained by an operation in flight
+        [(42, 41, 3), (41, 40, 3)],  # the one behind is inside an older operation
+    ],
+)
 def test_differences_no_operation_in_flight_explains_are_a_mismatch(ranks):
     assert mismatch(_snapshot(ranks))
 
@@ -71,11 +82,14 @@ def test_operations_shorter_than_the_gather_can_put_ranks_read_late_several_step
     assert not mismatch(_gathered([(41, 40, 4), (42, 41, 1)], 0.010))
 
 
-@pytest.mark.parametrize("ranks, collection_time", [
-    ([(41, 41, 900), (42, 42, 60)], 0.040),  # ahead since before the gather began: not explained by its timing
-    ([(41, 41, 900), (43, 43, 5), (42, 42, 70)], 0.040),  # one rank ahead since before the gather began
-    ([(41, 40, 2500), (42, 42, 5)], 0.040),  # the one behind has been inside its operation too long
-    ([(41, 41, 900), (42, 42, 0)], 0.0),  # no gather window (a snapshot not from a gather): NCCL's rule
-])
+@pytest.mark.parametrize(
+    "ranks, collection_time",
+    [
+        ([(41, 41, 900), (42, 42, 60)], 0.040),  # ahead since before the gather began: not explained by its timing
+        ([(41, 41, 900), (43, 43, 5), (42, 42, 70)], 0.040),  # one rank ahead since before the gather began
+        ([(41, 40, 2500), (42, 42, 5)], 0.040),  # the one behind has been inside its operation too long
+        ([(41, 41, 900), (42, 42, 0)], 0.0),  # no gather window (a snapshot not from a gather): NCCL's rule
+    ],
+)
 def test_differences_the_gathers_timing_does_not_explain_are_a_mismatch(ranks, collection_time):
     assert mismatch(_gathered(ranks, collection_time))

@@ -3,8 +3,7 @@ JSON agree, and the model accounts for every rank."""
 
 import json
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
 from rasd.core.events import Event, Kind
@@ -46,9 +45,14 @@ comm_records = st.builds(
 def snapshots(draw):
     addrs = draw(st.lists(st.builds(Addr, st.sampled_from(HOSTS), st.integers(0, 3)), max_size=8, unique=True))
     peers = tuple(
-        PeerInfo(addr, pid=draw(st.integers(-1, 5)), hostname=draw(st.text(max_size=4)),
-                 incarnation=draw(st.integers(0, 2**64 - 1)),
-                 devices=tuple(draw(st.lists(st.integers(0, 7), max_size=3))), rank=draw(st.integers(-1, 8)))
+        PeerInfo(
+            addr,
+            pid=draw(st.integers(-1, 5)),
+            hostname=draw(st.text(max_size=4)),
+            incarnation=draw(st.integers(0, 2**64 - 1)),
+            devices=tuple(draw(st.lists(st.integers(0, 7), max_size=3))),
+            rank=draw(st.integers(-1, 8)),
+        )
         for addr in addrs
     )
     strangers = draw(st.lists(st.builds(Addr, st.sampled_from(HOSTS), st.integers(4, 5)), max_size=2))
@@ -101,9 +105,17 @@ def test_model_accounts_for_every_rank_and_groups_are_sorted(snapshot):
 @SETTINGS
 @given(
     st.sampled_from(list(Kind)),
-    st.one_of(st.none(), st.builds(PeerInfo, st.builds(Addr, st.sampled_from(HOSTS), st.integers(0, 9)),
-                                   st.integers(), st.text(), st.integers(0, 2**64 - 1),
-                                   st.lists(st.integers(0, 63), max_size=4).map(tuple))),
+    st.one_of(
+        st.none(),
+        st.builds(
+            PeerInfo,
+            st.builds(Addr, st.sampled_from(HOSTS), st.integers(0, 9)),
+            st.integers(),
+            st.text(),
+            st.integers(0, 2**64 - 1),
+            st.lists(st.integers(0, 63), max_size=4).map(tuple),
+        ),
+    ),
     st.one_of(st.none(), st.builds(Addr, st.sampled_from(HOSTS), st.integers(0, 9))),
     st.text(),
     st.one_of(st.none(), st.integers(0, 2**64 - 1)),

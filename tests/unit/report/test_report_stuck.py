@@ -1,10 +1,12 @@
-"""Standing COMM_STUCK verdicts appear in the report: a STUCK item in Warnings and a ``stuck`` field in JSON."""
+"""Standing COMM_STUCK verdicts appear in the report: a STUCK item in Warnings (the sentence) and a ``stuck`` object
+in JSON (the data: op, operation, ranks behind and inside)."""
 
 import json
 
 from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot
+from rasd.core.stuck import StuckVerdict
 from rasd.report.json_format import render_json
 from rasd.report.model import build_report
 from rasd.report.text import render_tail
@@ -12,29 +14,43 @@ from rasd.report.text import render_tail
 AR = OP_TYPES.index("AllReduce")
 
 
-def _snapshot(stuck: dict[int, str]) -> JobSnapshot:
+def _snapshot(stuck: dict[int, StuckVerdict]) -> JobSnapshot:
     peers, responses = [], {}
     for r in range(2):
         addr = Addr("10.0.0.1", 5000 + r)
         peers.append(PeerInfo(addr, pid=100 + r, hostname="h", incarnation=r, rank=r))
         launched = [0] * N_OPS
         launched[AR] = 20 - r
-        responses[addr] = ProcessData(comms=(CommRecord(0xAB, 2, (RankRecord(r, launched=tuple(launched),
-                                                                              completed=tuple(launched)),),
-                                                        ((0, 2, 1),)),))
+        responses[addr] = ProcessData(
+            comms=(
+                CommRecord(
+                    0xAB, 2, (RankRecord(r, launched=tuple(launched), completed=tuple(launched)),), ((0, 2, 1),)
+                ),
+            )
+        )
     return JobSnapshot(peers=tuple(peers), responses=responses, stuck=stuck)
 
 
 def test_a_stuck_communicator_gets_a_warnings_item_before_its_mismatch():
     why = "AllReduce operation 20 stuck; rank 1 behind (not launched); rank 0 inside it (launched, not completed)"
-    tail = render_tail(build_report(_snapshot({0xAB: why})))
+    verdict = StuckVerdict(0xAB, AR, 20, behind=(1,), inside=(0,), global_behind=(1,), global_inside=(0,))
+    tail = render_tail(build_report(_snapshot({0xAB: verdict})))
     warnings = tail.split("Warnings\n========\n\n", 1)[1]
     assert warnings.startswith(f"#0-0 (00000000000000ab) STUCK\n  {why}\n\n#0-0 (00000000000000ab) MISMATCH\n")
 
 
-def test_json_carries_the_verdict_or_null():
-    why = "AllReduce operation 20 stuck; rank 1 behind (not launched)"
-    for stuck, expected in (({0xAB: why}, why), ({}, None)):
-        doc = json.loads(render_json(build_report(_snapshot(stuck)), timestamp=0.0, torchras_version="0",
-                                     torch_version="0"))
+def test_json_carries_the_verdict_as_data_or_null():
+    verdict = StuckVerdict(0xAB, AR, 20, behind=(1,), inside=(), global_behind=(1,), global_inside=())
+    data = {
+        "op": "AllReduce",
+        "sequence": 20,
+        "ranks_behind": [1],
+        "ranks_inside": [],
+        "global_ranks_behind": [1],
+        "global_ranks_inside": [],
+    }
+    for stuck, expected in (({0xAB: verdict}, data), ({}, None)):
+        doc = json.loads(
+            render_json(build_report(_snapshot(stuck)), timestamp=0.0, torchras_version="0", torch_version="0")
+        )
         assert doc["communicators"][0]["stuck"] == expected

@@ -1,9 +1,8 @@
-"""The job summary (reference 2.2): its three layouts, outlier nodes, CPU processes, dead and departed ones."""
-
-from report_builders import RUNTIME_LINE, VERSION_LINE, make_peers, make_snapshot
+"""The job summary (docs/protocol.md §3.2): its three layouts, outlier nodes, CPU processes, dead and departed ones."""
 
 from rasd.core.peers import Addr, PeerInfo
 from rasd.report import SummaryLayout, build_job_summary, build_report, render_head
+from report_builders import RUNTIME_LINE, VERSION_LINE, make_peers, make_snapshot
 
 
 def head(peers, verbose=False, left=frozenset()):
@@ -99,10 +98,7 @@ def test_outlier_nodes_follow_the_outlier_rule_and_verbose():
     peers = make_peers([2, 2, 1, 2, 1])
     assert "outlier" not in summary_block(peers)
     assert summary_block(peers, verbose=True).endswith(
-        "\n"
-        "The outlier nodes:\n"
-        "  Node 10.0.0.3 running process 1004\n"
-        "  Node 10.0.0.5 running process 1007\n"
+        "\nThe outlier nodes:\n  Node 10.0.0.3 running process 1004\n  Node 10.0.0.5 running process 1007\n"
     )
 
 

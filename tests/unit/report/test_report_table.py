@@ -1,20 +1,18 @@
-"""The whole text report and the communicator table (reference 2.1, 2.3): layout, sorting, grouping, names."""
+"""The whole text report and the communicator table (docs/protocol.md §3.1-3.2): layout, sorting, grouping, names."""
 
 from pathlib import Path
-
-from report_builders import RUNTIME_LINE, VERSION_LINE, comm_records, launched, make_peers, make_snapshot
 
 from rasd.core.comms import CommRecord, ProcessData, RankRecord
 from rasd.core.peers import Addr
 from rasd.core.snapshot import JobSnapshot
 from rasd.report import build_report, render_head, render_tail, render_text
+from report_builders import RUNTIME_LINE, VERSION_LINE, comm_records, launched, make_peers, make_snapshot
 
 GOLDEN = Path(__file__).parent / "golden"
 
 
 def text(snapshot, verbose=False):
-    return render_text(build_report(snapshot), version_line=VERSION_LINE, runtime_line=RUNTIME_LINE,
-                       verbose=verbose)
+    return render_text(build_report(snapshot), version_line=VERSION_LINE, runtime_line=RUNTIME_LINE, verbose=verbose)
 
 
 def table(snapshot):
@@ -58,16 +56,24 @@ def test_groups_sorted_by_size_nodes_status_errors():
     peers = make_peers([4, 4])
     snapshot = make_snapshot(
         peers,
-        comm_records(peers, 0x10),                                       # 8 ranks on 2 nodes
-        comm_records(peers, 0x20, members=[0, 1, 2, 3]),                 # 4 ranks on 1 node, RUNNING
+        comm_records(peers, 0x10),  # 8 ranks on 2 nodes
+        comm_records(peers, 0x20, members=[0, 1, 2, 3]),  # 4 ranks on 1 node, RUNNING
         comm_records(peers, 0x21, members=[4, 5, 6, 7]),
-        comm_records(peers, 0x22, members=[4, 5, 6, 7],                  # 4 ranks on 1 node, FINALIZE
-                     per_rank={r: {"destroy_flag": True} for r in range(4)}),
-        comm_records(peers, 0x30, members=[0, 1, 4, 5]),                 # 4 ranks on 2 nodes
+        comm_records(
+            peers,
+            0x22,
+            members=[4, 5, 6, 7],  # 4 ranks on 1 node, FINALIZE
+            per_rank={r: {"destroy_flag": True} for r in range(4)},
+        ),
+        comm_records(peers, 0x30, members=[0, 1, 4, 5]),  # 4 ranks on 2 nodes
         comm_records(peers, 0x31, members=[2, 3, 6, 7]),
-        comm_records(peers, 0x40, members=[0, 4]),                       # 2 ranks, OK
-        comm_records(peers, 0x41, members=[1, 5],                        # 2 ranks, MISMATCH
-                     per_rank={0: {"launched": launched(AllReduce=2)}}),
+        comm_records(peers, 0x40, members=[0, 4]),  # 2 ranks, OK
+        comm_records(
+            peers,
+            0x41,
+            members=[1, 5],  # 2 ranks, MISMATCH
+            per_rank={0: {"launched": launched(AllReduce=2)}},
+        ),
     )
     assert table(snapshot) == (
         "Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
@@ -87,10 +93,10 @@ def test_groups_sorted_by_size_nodes_status_errors():
 def test_ranks_per_node_range_and_distinct_devices_in_group():
     # Two 3-rank comms on 2 nodes: {0, 1 | 4} and {2 | 5, 6}: 1-2 ranks per node; 6 distinct devices.
     peers = make_peers([4, 4])
-    snapshot = make_snapshot(peers, comm_records(peers, 0x1, members=[0, 1, 4]),
-                             comm_records(peers, 0x2, members=[2, 5, 6]))
-    assert table(snapshot).endswith(
-        "    0         2         2       1-2         3         6   RUNNING      OK\n")
+    snapshot = make_snapshot(
+        peers, comm_records(peers, 0x1, members=[0, 1, 4]), comm_records(peers, 0x2, members=[2, 5, 6])
+    )
+    assert table(snapshot).endswith("    0         2         2       1-2         3         6   RUNNING      OK\n")
 
 
 def test_ranks_in_group_counts_a_shared_device_once():
@@ -104,12 +110,14 @@ def test_within_a_group_the_comm_missing_most_ranks_comes_first():
     peers = make_peers([8])
     snapshot = make_snapshot(
         peers,
-        comm_records(peers, 0x1, members=[0, 1, 2, 3], holders=[0, 1, 2]),   # 1 rank NOCOMM
-        comm_records(peers, 0x2, members=[4, 5, 6, 7], holders=[4, 5]),      # 2 ranks NOCOMM
+        comm_records(peers, 0x1, members=[0, 1, 2, 3], holders=[0, 1, 2]),  # 1 rank NOCOMM
+        comm_records(peers, 0x2, members=[4, 5, 6, 7], holders=[4, 5]),  # 2 ranks NOCOMM
     )
     report = build_report(snapshot)
     assert [(c.label, len(c.ranks)) for c in report.communicators] == [
-        ("#0-0 (0000000000000002)", 2), ("#0-1 (0000000000000001)", 3)]
+        ("#0-0 (0000000000000002)", 2),
+        ("#0-1 (0000000000000001)", 3),
+    ]
 
 
 def test_same_hash_different_sizes_are_kept_apart():
@@ -140,8 +148,9 @@ def test_collection_time_has_three_decimals():
 
 def test_hash_is_sixteen_hex_digits():
     peers = make_peers([2])
-    snapshot = make_snapshot(peers, comm_records(peers, 0xFFFFFFFFFFFFFFFF,
-                                                per_rank={1: {"launched": launched(Barrier=1)}}))
+    snapshot = make_snapshot(
+        peers, comm_records(peers, 0xFFFFFFFFFFFFFFFF, per_rank={1: {"launched": launched(Barrier=1)}})
+    )
     assert "#0-0 (ffffffffffffffff) MISMATCH\n" in text(snapshot)
 
 
@@ -172,6 +181,9 @@ def test_faulty_job_byte_for_byte():
         comm_records(peers, 0x27A079B828FF1A75, per_rank=world),
         comm_records(peers, 0x1111, members=[0, 1, 2, 3]),
         comm_records(peers, 0x2222, members=[4, 5, 6, 7]),
-        dead=[6], silent=[3], timeouts=2, collection_time=2.0512,
+        dead=[6],
+        silent=[3],
+        timeouts=2,
+        collection_time=2.0512,
     )
     assert text(snapshot) == (GOLDEN / "faulty_2x4.txt").read_text()

@@ -1,25 +1,25 @@
-"""The Warnings section (reference 2.5, plus LEFT): timeouts, departed processes, mismatches."""
-
-from report_builders import RUNTIME_LINE, VERSION_LINE, comm_records, launched, make_peers, make_snapshot, section
+"""The Warnings section (docs/protocol.md §3.2-3.3): timeouts, departed processes, mismatches."""
 
 from rasd.core.comms import CommRecord, ProcessData, RankRecord, runs_of
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot
 from rasd.report import CommErrors, MissingReason, Status, build_report, render_text
+from report_builders import RUNTIME_LINE, VERSION_LINE, comm_records, launched, make_peers, make_snapshot, section
 
 
 def warnings(snapshot, verbose=False):
-    out = render_text(build_report(snapshot), version_line=VERSION_LINE, runtime_line=RUNTIME_LINE,
-                      verbose=verbose)
+    out = render_text(build_report(snapshot), version_line=VERSION_LINE, runtime_line=RUNTIME_LINE, verbose=verbose)
     return section(out, "Warnings")
 
 
 def test_timeout_singular_and_plural():
     peers = make_peers([2])
     assert warnings(make_snapshot(peers, timeouts=1)) == (
-        "TIMEOUT\n  Encountered 1 communication timeout while gathering communicator data\n\n")
+        "TIMEOUT\n  Encountered 1 communication timeout while gathering communicator data\n\n"
+    )
     assert warnings(make_snapshot(peers, timeouts=2)) == (
-        "TIMEOUT\n  Encountered 2 communication timeouts while gathering communicator data\n\n")
+        "TIMEOUT\n  Encountered 2 communication timeouts while gathering communicator data\n\n"
+    )
 
 
 def test_the_docs_split_of_26_and_6_lists_only_the_6():
@@ -102,9 +102,17 @@ def test_every_op_type_is_compared_in_order_ncclc_five_first():
 
 def test_completed_counts_do_not_make_a_mismatch():
     peers = make_peers([2])
-    snapshot = make_snapshot(peers, comm_records(peers, 0x5, per_rank={
-        0: {"launched": launched(AllReduce=3), "completed": launched(AllReduce=3)},
-        1: {"launched": launched(AllReduce=3), "completed": launched(AllReduce=2)}}))
+    snapshot = make_snapshot(
+        peers,
+        comm_records(
+            peers,
+            0x5,
+            per_rank={
+                0: {"launched": launched(AllReduce=3), "completed": launched(AllReduce=3)},
+                1: {"launched": launched(AllReduce=3), "completed": launched(AllReduce=2)},
+            },
+        ),
+    )
     assert warnings(snapshot) == ""
 
 
@@ -151,7 +159,10 @@ def test_nocomm_when_every_process_answered():
     )
     comm = build_report(snapshot).communicators[0]
     assert (comm.status, comm.errors, comm.status_bits) == (
-        Status.RUNNING, CommErrors.MISMATCH, Status.RUNNING | Status.NOCOMM)
+        Status.RUNNING,
+        CommErrors.MISMATCH,
+        Status.RUNNING | Status.NOCOMM,
+    )
 
 
 def test_nocomm_and_incomplete_in_one_communicator():
@@ -211,8 +222,9 @@ def test_one_left_process_and_a_silent_one():
     peers = make_peers([4])
     snapshot = make_snapshot(peers, comm_records(peers, 0xC), left=[1], silent=[2])
     out = warnings(snapshot)
-    assert out.startswith("LEFT\n  1 job process left the job cleanly\n"
-                          "  Process 1001 on node 10.0.0.1 managing GPU 1\n\n")
+    assert out.startswith(
+        "LEFT\n  1 job process left the job cleanly\n  Process 1001 on node 10.0.0.1 managing GPU 1\n\n"
+    )
     comm = build_report(snapshot).communicators[0]
     assert [m.comm_rank for m in comm.nocomm_ranks] == [1]
     assert [m.comm_rank for m in comm.incomplete_ranks] == [2]
@@ -220,19 +232,25 @@ def test_one_left_process_and_a_silent_one():
 
 def test_order_timeout_left_then_communicators():
     peers = make_peers([4])
-    snapshot = make_snapshot(peers, comm_records(peers, 0x1, members=[0, 1],
-                                                per_rank={1: {"launched": launched(Send=1)}}),
-                             left=[3], timeouts=3)
+    snapshot = make_snapshot(
+        peers,
+        comm_records(peers, 0x1, members=[0, 1], per_rank={1: {"launched": launched(Send=1)}}),
+        left=[3],
+        timeouts=3,
+    )
     titles = [line for line in warnings(snapshot).splitlines() if line and not line.startswith("  ")]
     assert titles == ["TIMEOUT", "LEFT", "#0-0 (0000000000000001) MISMATCH"]
 
 
 def test_nocomm_rank_of_an_unknown_process_when_everyone_answered():
     peers = make_peers([2])
-    snapshot = JobSnapshot(peers=peers, responses={
-        peers[0].addr: ProcessData((CommRecord(0xD, 3, (RankRecord(0, device=0),)),)),
-        peers[1].addr: ProcessData((CommRecord(0xD, 3, (RankRecord(1, device=1),)),)),
-    })
+    snapshot = JobSnapshot(
+        peers=peers,
+        responses={
+            peers[0].addr: ProcessData((CommRecord(0xD, 3, (RankRecord(0, device=0),)),)),
+            peers[1].addr: ProcessData((CommRecord(0xD, 3, (RankRecord(1, device=1),)),)),
+        },
+    )
     assert warnings(snapshot) == (
         "#0-0 (000000000000000d) MISMATCH\n"
         "  Communicator ranks have different status\n"
@@ -248,7 +266,10 @@ def test_a_restarted_process_is_named_rather_than_its_dead_predecessor():
     new = PeerInfo(Addr("10.0.0.1", 3), 1002, "n", 2, (1,), 1)
     first = PeerInfo(Addr("10.0.0.1", 1), 1000, "n", 3, (0,), 0)
     record = CommRecord(0xE, 2, (RankRecord(0, device=0),), rank_map=runs_of([0, 1]))
-    snapshot = JobSnapshot(peers=(first, old, new), dead=frozenset({old.addr}),
-                           responses={first.addr: ProcessData((record,)), new.addr: ProcessData()})
+    snapshot = JobSnapshot(
+        peers=(first, old, new),
+        dead=frozenset({old.addr}),
+        responses={first.addr: ProcessData((record,)), new.addr: ProcessData()},
+    )
     comm = build_report(snapshot).communicators[0]
     assert [(m.comm_rank, m.process.pid, m.reason) for m in comm.missing] == [(1, 1002, MissingReason.NOCOMM)]

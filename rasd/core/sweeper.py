@@ -1,0 +1,99 @@
+"""The stuck sweeper: one node gathers every process's counters every sweep and floods COMM_STUCK verdicts.
+
+Belongs here: who sweeps (the live process with the lowest address that this node does not know to be silent),
+when (every ``Timers.sweep``), what it does with the snapshot (``stuck.StuckDetector``), and the communicator
+verdicts every node holds with when each was last confirmed. The sweeper re-floods standing verdicts every sweep;
+a node drops a verdict nobody confirms for ``3 × sweep + leg_timeout + gather_extra``, and the sweeper floods a
+clear as soon as the counters move or agree again (docs/architecture.md section 4). Deciding *whether* a
+communicator is stuck, and whom to blame, is ``stuck.py``; the gather itself is ``gather.py``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .events import Event, Kind
+from .snapshot import JobSnapshot
+from .stuck import StuckDetector, StuckVerdict
+
+if TYPE_CHECKING:
+    from .node import Node
+
+#: The query id of the sweeper's own gathers (client queries have positive ids).
+SWEEP_QUERY = -1
+
+
+class Sweeper:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.detector = StuckDetector(node.timers.stuck)
+        #: Every communicator verdict this node holds, by communicator hash, with when it was last confirmed.
+        self.stuck: dict[int, tuple[StuckVerdict, float]] = {}
+        self._next_sweep = 0.0
+        self._sweeping = False
+
+    def start(self, now: float) -> None:
+        self._next_sweep = now + self.node.timers.sweep
+
+    def is_sweeper(self) -> bool:
+        """The lowest-address live peer that this node does not know to be silent sweeps the job."""
+        node = self.node
+        for p in node.table:
+            if p.addr == node.me.addr:
+                return True
+            if node.verdicts.gone(p.key) or p.key in node.verdicts.hung or node.links.is_delayed(p.addr):
+                continue
+            return False
+        return False
+
+    def tick(self, now: float) -> None:
+        node = self.node
+        if self._sweeping or now < self._next_sweep or not self.is_sweeper():
+            return
+        self._next_sweep = now + node.timers.sweep
+        if not node.local_data().comms:
+            return  # a sweeper that holds no communicator has none to watch (every rank holds the world group)
+        self._sweeping = True
+        node.gathering.start(SWEEP_QUERY, now, None)
+
+    def swept(self, snapshot: JobSnapshot, now: float) -> None:
+        """Our sweep's gather ended (``snapshot``): new verdicts, refreshes of standing ones, and clears."""
+        node = self.node
+        self._sweeping = False
+        if node.expelled:
+            return
+        _, cleared = self.detector.observe(snapshot, now)
+        for v in cleared:
+            self.release(v.comm_hash, now, "counters moving again")
+            node.pass_on(node.floods.comm_verdict(v, stuck=False), except_conn=None)
+        for v in self.detector.active():  # new ones, and a refresh of those that stand
+            self.hold(v, now)
+            node.pass_on(node.floods.comm_verdict(v, stuck=True), except_conn=None)
+
+    def hold(self, v: StuckVerdict, now: float) -> None:
+        if v.comm_hash not in self.stuck:
+            self.node.act_emit(
+                Event(kind=Kind.COMM_STUCK, at=now, details=v.describe(), comm_hash=v.comm_hash, ranks=v.global_ranks)
+            )
+        self.stuck[v.comm_hash] = (v, now)
+
+    def release(self, comm_hash: int, now: float, why: str) -> None:
+        held = self.stuck.pop(comm_hash, None)
+        if held is not None:
+            self.node.act_emit(
+                Event(kind=Kind.COMM_RECOVERED, at=now, details=why, comm_hash=comm_hash, ranks=held[0].global_ranks)
+            )
+
+    def expire(self, now: float) -> None:
+        t = self.node.timers
+        for comm_hash, (_, confirmed) in list(self.stuck.items()):
+            if now - confirmed > 3 * t.sweep + t.leg_timeout + t.gather_extra:
+                self.release(comm_hash, now, "verdict no longer confirmed")
+
+    def standing(self) -> dict[int, StuckVerdict]:
+        """The verdicts this node holds now, for a report."""
+        return {h: v for h, (v, _) in self.stuck.items()}
+
+    def forgive(self, gap: float) -> None:
+        for h, (v, confirmed) in list(self.stuck.items()):
+            self.stuck[h] = (v, confirmed + gap)

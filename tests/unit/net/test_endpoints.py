@@ -1,0 +1,76 @@
+"""The endpoint registry removes what dead processes leave behind: the file of a process killed with -9, of a
+zombie, of a pid now reused by a newer process, and a half-written file (docs/operations.md §2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from rasd.net.endpoints import TMP_STALE_S, EndpointRegistry
+
+
+def write(directory: Path, port: int, pid: int, started: float, job: str = "job") -> Path:
+    path = directory / f"{port}-{pid}.json"
+    path.write_text(
+        json.dumps(
+            {"host": "localhost", "port": port, "job_id": job, "pid": pid, "started": started, "hostname": "here"}
+        )
+    )
+    return path
+
+
+def exited_pid() -> int:
+    """The pid of a process that ran and was reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_files_go_and_live_ones_stay(tmp_path: Path) -> None:
+    registry = EndpointRegistry(tmp_path)
+    me = psutil.Process()
+    mine = registry.register("localhost", 28028, "job")
+    killed = write(tmp_path, 28028, exited_pid(), time.time())
+    reused = write(tmp_path, 28029, os.getpid(), me.create_time() - 3600)  # registered by an older holder of the pid
+    torn = tmp_path / "28030-1.tmp"
+    torn.write_text("{")
+    os.utime(torn, (time.time() - 2 * TMP_STALE_S,) * 2)
+    fresh_tmp = tmp_path / "28031-2.tmp"
+    fresh_tmp.write_text("{")  # being written right now: left alone
+    foreign = tmp_path / "notes-1.json"
+    foreign.write_text("not an endpoint")  # not ours to judge
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    undead = write(tmp_path, 28032, zombie.pid, time.time())
+    try:
+        assert registry.clean() == 1
+        assert sorted(tmp_path.iterdir()) == sorted([mine, fresh_tmp, foreign, tmp_path / ".lock"])
+        for gone in (killed, reused, torn, undead):
+            assert not gone.exists()
+    finally:
+        zombie.wait()
+
+
+def test_unregistering_also_cleans_up_after_others(tmp_path: Path) -> None:
+    registry = EndpointRegistry(tmp_path)
+    mine = registry.register("localhost", 28028, "job")
+    killed = write(tmp_path, 28028, exited_pid(), time.time())
+    registry.unregister(mine)
+    assert not mine.exists() and not killed.exists()
+
+
+def test_a_registry_it_cannot_use_is_no_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    registry = EndpointRegistry(blocker / "endpoints")
+    assert registry.clean() == 0
+    registry.unregister(blocker / "endpoints" / "1-1.json")

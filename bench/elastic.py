@@ -46,7 +46,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,7 +53,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+# The job plumbing of bench/restart.py: free ports, a rank's event log, a rank's environment (bench/ is the
+# script's folder, so on sys.path).
+from restart import Reporter, base_env, free_port, read
+
 WORLD_SIZE = 4
 WIDTH = 2500
 LAYERS = 4
@@ -62,21 +64,6 @@ COMMIT_EVERY = 2
 KILL_STEP = 7
 VICTIM = 3
 STEPS = 10
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Reporter:
-    def __init__(self, path: str) -> None:
-        self.file = open(path, "a", buffering=1)  # noqa: SIM115 - one line per event until the rank exits
-
-    def __call__(self, **fields: object) -> None:
-        fields.setdefault("time", time.time())
-        self.file.write(json.dumps(fields) + "\n")
 
 
 # ---- one rank ------------------------------------------------------------------------------------------------
@@ -186,19 +173,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ---- orchestration -------------------------------------------------------------------------------------------
-
-
-def read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def base_env() -> dict:
-    return dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
-        TORCH_CPP_LOG_LEVEL="ERROR",
-        MASTER_ADDR="127.0.0.1",
-    )
 
 
 def run_job(mode: str, directory: Path, timeout: float) -> list[dict]:

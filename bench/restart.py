@@ -53,11 +53,13 @@ def free_port() -> int:
 
 
 class Reporter:
+    """A rank's events, one JSON line each, stamped with the wall clock unless the caller gives a time."""
+
     def __init__(self, path: str) -> None:
         self.file = open(path, "a", buffering=1)  # noqa: SIM115 - one line per event until the rank exits
 
     def __call__(self, **fields: object) -> None:
-        fields["time"] = time.time()
+        fields.setdefault("time", time.time())
         self.file.write(json.dumps(fields) + "\n")
 
 

@@ -922,25 +922,24 @@ def _fault_time(store: Any) -> float | None:
         return None
 
 
-def _announce_waiting(waiting: bool) -> None:
-    """Tell this process's RAS node whether it waits to be admitted (WAITING in STATUS), if one runs."""
+def _tell_rasd(function: str, *args: Any) -> None:
+    """Call ``rasd.<function>(*args)`` if rasd is loaded in this process (the Wrapper never imports it just for
+    this); never raises into training."""
     rasd = sys.modules.get("rasd")
-    record = getattr(rasd, "record_waiting", None) if rasd is not None else None
+    record = getattr(rasd, function, None) if rasd is not None else None
     if record is None:
         return
     try:
-        record(waiting)
+        record(*args)
     except Exception:  # never raise into training
-        log.debug("could not tell rasd about waiting", exc_info=True)
+        log.debug("could not tell rasd (%s)", function, exc_info=True)
+
+
+def _announce_waiting(waiting: bool) -> None:
+    """Tell this process's RAS node whether it waits to be admitted (WAITING in STATUS), if one runs."""
+    _tell_rasd("record_waiting", waiting)
 
 
 def _announce_restart(info: RestartInfo) -> None:
     """Tell this process's RAS node (a RESTART event for ``rascli -m``, the counts in STATUS), if one runs."""
-    rasd = sys.modules.get("rasd")
-    record = getattr(rasd, "record_restart", None) if rasd is not None else None
-    if record is None:
-        return
-    try:
-        record(info.iteration, info.cause, info.terminated_ranks, info.seconds_lost)
-    except Exception:  # never raise into training
-        log.debug("could not tell rasd about the restart", exc_info=True)
+    _tell_rasd("record_restart", info.iteration, info.cause, info.terminated_ranks, info.seconds_lost)

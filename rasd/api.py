@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from rasd.core import node as core
 from rasd.core.comms import ProcessData
 from rasd.core.config import Timers, read_switch
 from rasd.core.events import Event, Kind
@@ -229,29 +230,32 @@ def record_restart(iteration: int, cause: str, terminated_ranks: Sequence[int], 
     debug log line) when no node runs.
     """
     try:
-        rt = _runtime
-        if rt is None or not rt.running:
-            log.debug("rasd: no RAS node runs: restart to iteration %s not recorded", iteration)
-            return
         args = (int(iteration), str(cause), tuple(int(r) for r in terminated_ranks), float(seconds_lost))
-        rt.submit(lambda node, now: node.restarted(*args, now))
     except Exception:  # never into training
         log.debug("rasd: could not record a restart", exc_info=True)
+        return
+    _notify_node(lambda node, now: node.restarted(*args, now), f"restart to iteration {iteration}")
 
 
 def record_waiting(waiting: bool) -> None:
     """Tell this process's node whether it waits to be admitted into a running job (a newcomer between joining the
     mesh and the rendezvous round that admits it: inprocess.elastic.Joining). Status reports mark such processes
     WAITING and count them. Cheap, never raises, nothing when no node runs (as ``record_restart``)."""
+    flag = bool(waiting)
+    _notify_node(lambda node, now: node.set_waiting(flag, now), f"waiting={flag}")
+
+
+def _notify_node(step: Callable[[core.Node, float], list[core.Action]], what: str) -> None:
+    """Hand a local notification to the RAS thread (``Runtime.submit``): the training thread's side of
+    ``record_*``. Cheap, never raises; a debug line and nothing else when no node runs."""
     try:
         rt = _runtime
         if rt is None or not rt.running:
-            log.debug("rasd: no RAS node runs: waiting=%s not recorded", waiting)
+            log.debug("rasd: no RAS node runs: %s not recorded", what)
             return
-        flag = bool(waiting)
-        rt.submit(lambda node, now: node.set_waiting(flag, now))
+        rt.submit(step)
     except Exception:  # never into training
-        log.debug("rasd: could not record waiting", exc_info=True)
+        log.debug("rasd: could not record %s", what, exc_info=True)
 
 
 def _require() -> Runtime:

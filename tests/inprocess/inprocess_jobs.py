@@ -16,6 +16,30 @@ WORKLOAD = Path(__file__).with_name("inprocess_workload.py")
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
+def model_hash(model) -> str:
+    """A short digest of a model's weights: ranks holding identical weights give the same one."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def data_parallel_step(model, optimizer, step: int, rank: int, world_size: int, features: int) -> None:
+    """One step of the elastic tests' workloads: a batch seeded by (step, rank), gradients averaged by all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    generator = torch.Generator().manual_seed(step * 100 + rank)
+    optimizer.zero_grad()
+    model(torch.randn(8, features, generator=generator)).pow(2).mean().backward()
+    for parameter in model.parameters():
+        dist.all_reduce(parameter.grad)
+        parameter.grad /= world_size
+    optimizer.step()
+
+
 def free_ports(count: int) -> list[int]:
     """Distinct free ports (bound to port 0 together, then released)."""
     sockets = []

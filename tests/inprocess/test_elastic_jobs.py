@@ -8,7 +8,6 @@ Run as a script, this file is one rank of the job (the workload); as a test modu
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import signal
@@ -43,13 +42,6 @@ class Marker:
         return Marker()
 
 
-def model_hash(model) -> str:
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 def workload() -> None:
     scenario = json.loads(os.environ["ELASTIC_TEST_SCENARIO"])
     initial_rank = int(os.environ["RANK"])
@@ -63,6 +55,7 @@ def workload() -> None:
 
     import inprocess
     from inprocess.elastic import TorchState
+    from inprocess_jobs import data_parallel_step, model_hash
 
     seconds = datetime.timedelta(seconds=1)
     app_store = dist.TCPStore(
@@ -122,13 +115,7 @@ def workload() -> None:
             if (iteration, initial_rank, state.step) == (HANG["iteration"], HANG["rank"], HANG["step"]):
                 emit(event="stopping", iteration=iteration, step=state.step)
                 os.kill(os.getpid(), signal.SIGSTOP)
-            generator = torch.Generator().manual_seed(state.step * 100 + rank)
-            optimizer.zero_grad()
-            model(torch.randn(8, 32, generator=generator)).pow(2).mean().backward()
-            for parameter in model.parameters():
-                dist.all_reduce(parameter.grad)
-                parameter.grad /= world_size
-            optimizer.step()
+            data_parallel_step(model, optimizer, state.step, rank, world_size, features=32)
             state.step += 1
             if state.step % 2 == 0:
                 state.marker.fail = (iteration, initial_rank, state.step) == (

@@ -13,7 +13,6 @@ Run as a script, this file is one process of the job (the workload); as a test m
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import signal
@@ -25,13 +24,6 @@ from pathlib import Path
 import pytest
 
 # ---- the workload (one process) -------------------------------------------------------------------------------
-
-
-def model_hash(model) -> str:
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def workload() -> int:
@@ -54,6 +46,7 @@ def workload() -> int:
 
     import inprocess
     from inprocess.elastic import HostRemoved, JoinFailed, Joining, TorchState
+    from inprocess_jobs import data_parallel_step, model_hash
 
     seconds = datetime.timedelta(seconds=1)
     torch.manual_seed(1000 + len(name))  # a newcomer's initial weights differ: only the sync makes them equal
@@ -109,13 +102,7 @@ def workload() -> int:
                 break
             if (name, iteration, state.step) == tuple(scenario.get("kill") or ()):
                 os.kill(os.getpid(), signal.SIGKILL)
-            generator = torch.Generator().manual_seed(state.step * 100 + rank)
-            optimizer.zero_grad()
-            model(torch.randn(8, 16, generator=generator)).pow(2).mean().backward()
-            for parameter in model.parameters():
-                dist.all_reduce(parameter.grad)
-                parameter.grad /= world_size
-            optimizer.step()
+            data_parallel_step(model, optimizer, state.step, rank, world_size, features=16)
             state.step += 1
             if state.step % 2 == 0:
                 state.commit()

@@ -2,7 +2,9 @@
 
 It is the first thing a new user runs, and the harness of the integration tests and benchmarks. Every member
 joins through a ``FileStore`` in the swarm's directory, writes its events as JSON lines to ``events-<i>.jsonl``,
-and obeys commands written to ``control-<i>`` (one word per line), so a test can make it misbehave:
+and obeys the commands written to ``control-<i>.<n>`` files, one command per file, in the order of ``n`` (each
+command a file of its own: a second command written before the member read the first must not replace it), so a
+test can make it misbehave:
 
     crash            exit at once without a goodbye (like a segfault)
     raise            die of an uncaught exception (a fault: DEAD, not LEFT)
@@ -84,15 +86,13 @@ def member_main(argv: list[str]) -> int:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, leave)
-    control = work / f"control-{args.index}"
     while True:
         time.sleep(0.05)
-        if not control.exists():
-            continue
-        commands = control.read_text().split("\n")
-        control.unlink()
-        for line in commands:
-            _obey(line.split(), services)
+        for control in sorted(work.glob(f"control-{args.index}.*[0-9]")):  # not the harness's ".tmp" files
+            commands = control.read_text().split("\n")
+            control.unlink()
+            for line in commands:
+                _obey(line.split(), services)
 
 
 def configure_logging(index: int) -> None:
@@ -206,6 +206,7 @@ class Swarm:
         if store_dir:
             self.env["TORCHRAS_SWARM_STORE"] = store_dir
         self.members: list[Member] = []
+        self._commands = 0
 
     def start(self, wait_mesh: bool = True, timeout: float = READY_TIMEOUT_S) -> Swarm:
         for i in range(self.n):
@@ -251,8 +252,10 @@ class Swarm:
         self.kill(i, signal.SIGCONT)
 
     def command(self, i: int, *words: str) -> None:
-        path = self.dir / f"control-{i}"
-        tmp = path.with_suffix(".tmp")
+        """Have member ``i`` obey one command (a file of its own, written whole: the member never reads half)."""
+        self._commands += 1
+        path = self.dir / f"control-{i}.{self._commands:09d}"
+        tmp = path.parent / (path.name + ".tmp")
         tmp.write_text(" ".join(words) + "\n")
         os.replace(tmp, path)
 

@@ -43,6 +43,7 @@ class Conn:
     peer_wants: bool = True  # the peer said it uses this connection as a link
     wanted_sent: bool | None = None  # what we last told the peer about our use of this connection
     full_sent_for: tuple[int, int] | None = None  # our (table, dead) hashes when we last sent our whole table
+    probe: bool = False  # a reunion probe to a process we hold dead (reunion.py)
 
 
 class Connections:

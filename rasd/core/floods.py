@@ -35,9 +35,9 @@ class Floods:
         self._seen.remember((self.node.me.addr, flood_id))
         return flood_id
 
-    def verdict(self, kind: wire.FloodKind, subject: PeerKey) -> wire.Flood:
-        """A new flood of a process verdict about ``subject``, originated here."""
-        return wire.Flood(self.node.me.addr, self._allocate(), kind, subject.addr, subject.incarnation)
+    def verdict(self, kind: wire.FloodKind, subject: PeerKey, stamp: float = 0.0) -> wire.Flood:
+        """A new flood of a process verdict about ``subject``, originated here (``stamp``: wire.Flood)."""
+        return wire.Flood(self.node.me.addr, self._allocate(), kind, subject.addr, subject.incarnation, stamp)
 
     def comm_verdict(self, v: StuckVerdict, stuck: bool) -> wire.CommVerdict:
         """A new flood of a communicator verdict (or its clear), originated here."""
@@ -59,9 +59,19 @@ class Floods:
         if not self._seen.first_sight((msg.origin, msg.flood_id)):
             return
         subject = PeerKey(msg.subject, msg.incarnation)
+        if msg.kind is wire.FloodKind.OUTVOTED:
+            node.reunion.outvoted(conn, msg, subject, now)
+            return
+        if msg.kind is wire.FloodKind.SUSPECT:
+            if not node.verdicts.gone(subject):
+                node.suspicion.on_suspect(conn, msg, subject, now)
+            return
         if subject == node.me.key:
             if msg.kind is wire.FloodKind.DEAD:
                 node.expel(now)
+            elif msg.kind is wire.FloodKind.HUNG:
+                # Somebody holds us hung, and we run: refute it, stamped with our own clock.
+                node.pass_on(self.verdict(wire.FloodKind.RECOVERED, subject, now), except_conn=None)
             return
         if not node.table.is_current(subject) or node.verdicts.gone(subject):
             return  # unknown, already gone, or an older incarnation of that address (gone by rule): stale
@@ -70,9 +80,19 @@ class Floods:
         elif msg.kind is wire.FloodKind.LEFT:
             node.verdicts.mark_left(subject, now)
         elif msg.kind is wire.FloodKind.HUNG:
+            if node.links.fresher(subject, msg.stamp):
+                # Refuted: we heard it well after the origin last did. The flood stops here and our RECOVERED tells
+                # the job, the origin included, before its verdict becomes a death (liveness.py, CONFIRM).
+                refute = self.verdict(wire.FloodKind.RECOVERED, subject, node.links.stamp(subject))
+                node.pass_on(refute, except_conn=None)
+                return
+            if node.links.refuted(subject, msg.stamp):
+                return  # a RECOVERED stamped well after this verdict came in first, by a faster path: old news
             node.verdicts.hung_verdict(subject, now, "peer silent beyond the hang limit")
         elif msg.kind is wire.FloodKind.RECOVERED:
             node.verdicts.recovered(subject, now)
+            node.links.vouch(subject, msg.stamp, now)
+            node.suspicion.refuted(subject)
         node.pass_on(msg, except_conn=conn.id)
 
     def on_comm_verdict(self, conn: Conn, msg: wire.CommVerdict, now: float) -> None:

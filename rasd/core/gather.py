@@ -20,6 +20,7 @@ from .connections import Conn, ConnState
 from .peers import Addr
 from .recent import Recent
 from .snapshot import JobSnapshot
+from .suspicion import REACH_QUERY
 from .sweeper import SWEEP_QUERY
 
 if TYPE_CHECKING:
@@ -65,8 +66,10 @@ class Gathering:
         """Record ``g`` and forward the request on every connection a gather may use (not back where it came
         from); a gather with nobody to wait on ends at once."""
         self.gathers[g.key] = g
-        for c in self._usable(now, except_conn=g.from_conn):
-            self.node.send(c, request, now)
+        usable = self._usable(now, except_conn=g.from_conn)
+        frame = wire.encode(request) if usable else b""
+        for c in usable:
+            self.node.send_encoded(c, frame, now)
             g.pending.add(c.id)
         self._maybe_finish(g, now)
 
@@ -141,6 +144,8 @@ class Gathering:
             snap = self._snapshot(g, now)
             if g.query_id == SWEEP_QUERY:
                 node.sweeper.swept(snap, now)
+            elif g.query_id == REACH_QUERY:
+                node.suspicion.reached(snap, now)
             else:
                 node.act(GatherDone(g.query_id, snap))
         else:

@@ -46,25 +46,30 @@ class Gossip:
         mine = (node.table.hash, node.verdicts.dead_hash)
         if (peers_hash, dead_hash) != mine and conn.full_sent_for != mine:
             conn.full_sent_for = mine
-            node.send(
-                conn,
-                wire.PeersUpdate(
-                    tuple(node.table.all_entries()),
-                    tuple(sorted(node.verdicts.dead, key=PeerKey.sort_key)),
-                    tuple(sorted(node.verdicts.left, key=PeerKey.sort_key)),
-                    full=True,
-                ),
-                now,
-            )
+            node.send(conn, self.full_update(), now)
+
+    def full_update(self) -> wire.PeersUpdate:
+        """Our whole table and our dead and departed lists."""
+        node = self.node
+        return wire.PeersUpdate(
+            tuple(node.table.all_entries()),
+            tuple(sorted(node.verdicts.dead, key=PeerKey.sort_key)),
+            tuple(sorted(node.verdicts.left, key=PeerKey.sort_key)),
+            full=True,
+        )
 
     def on_keepalive(self, conn: Conn, msg: wire.Keepalive, now: float) -> None:
         conn.peer_wants = msg.wanted
+        self.node.links.clocked(conn, msg.clock)
         self.sync(conn, msg.peers_hash, msg.dead_hash, now)
 
     def on_peers_update(self, conn: Conn, msg: wire.PeersUpdate, now: float) -> None:
         node = self.node
         verdicts = node.verdicts
         if node.me.key in msg.dead or node.me.key in msg.left:
+            # The job holds us gone. Those we are still connected to were most likely cut off with us (a healed
+            # partition's smaller side): pass the job's lists on so that they learn it now, then leave.
+            node.pass_on(msg, except_conn=conn.id)
             node.expel(now)
             return
         # The lists first, then the rule that retires replaced incarnations: a replaced process that this update

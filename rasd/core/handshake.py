@@ -10,7 +10,8 @@ this node plays on a connection is ``Conn.outgoing``. Theory of operation (docs/
                                    <------      CHALLENGE(na, MAC_acceptor)
       checks the acceptor's MAC
       PROOF(MAC_connector)         ------>      checks the connector's MAC     (AUTH -> INIT)
-      CONNINIT(record, hashes)     ------>      YOU_ARE_DEAD | DUPLICATE | OK  (INIT -> READY)
+      CONNINIT(record, hashes,     ------>      [PEERSUPDATE] YOU_ARE_DEAD |    (INIT -> READY)
+               a probe's side)                  DUPLICATE | OUTNUMBERED | OK
                                    <------      CONNINITACK(nack, record)
 
 Until a connection is authenticated only the message the table expects next is accepted, and a frame may be at
@@ -84,7 +85,7 @@ class Handshake:
         if not auth.verify(expected, msg.mac):
             raise wire.ProtocolError("bad challenge: wrong job secret")
         node.send(conn, wire.Proof(auth.connector_mac(node.secret, conn.my_nonce, msg.nonce)), now)
-        node.send(conn, wire.ConnInit(node.me, node.table.hash, node.verdicts.dead_hash), now)
+        node.send(conn, node.reunion.conninit(conn), now)
         self._authenticated(conn)
 
     @staticmethod
@@ -99,7 +100,17 @@ class Handshake:
         addr = msg.info.addr
         key = msg.info.key
         if node.verdicts.gone(key) or node.table.is_outdated(key):
-            # Dead, departed, or older than the process that holds its address now (so gone): never rejoins.
+            if node.reunion.outnumbered_by(key, msg):
+                # A healed partition, and the connector's side is the larger one: ours leaves (reunion.py).
+                node.send(conn, wire.ConnInitAck(wire.Nack.OUTNUMBERED), now)
+                node.drop_conn(conn.id)
+                node.reunion.lost(key, now)
+                return
+            # Dead, departed, or older than the process that holds its address now (so gone): never rejoins. A dead
+            # one gets our lists first, which it passes on to whoever it is still connected to: most likely
+            # processes cut off with it (the smaller side of a healed partition), who learn it at once.
+            if key in node.verdicts.dead:
+                node.send(conn, node.gossip.full_update(), now)
             node.send(conn, wire.ConnInitAck(wire.Nack.YOU_ARE_DEAD), now)
             node.drop_conn(conn.id)
             return
@@ -133,7 +144,14 @@ class Handshake:
         node = self.node
         assert conn.peer is not None
         if msg.nack is wire.Nack.YOU_ARE_DEAD:
-            node.expel(now)
+            acceptor = node.table.get(conn.peer)
+            if conn.probe and acceptor is not None:
+                node.reunion.lost(acceptor.key, now)  # our probe met the larger side of a healed partition
+            else:
+                node.expel(now)
+            return
+        if msg.nack is wire.Nack.OUTNUMBERED:
+            node.drop_conn(conn.id)  # the acceptor's side is the smaller one: it leaves the job
             return
         if msg.nack is wire.Nack.DUPLICATE:
             node.drop_conn(conn.id, replaced=True)
@@ -147,7 +165,11 @@ class Handshake:
         if msg.info is not None and msg.info.addr != conn.peer:
             raise wire.ProtocolError("the peer answered with another address")
         if msg.info is not None and (node.verdicts.gone(msg.info.key) or node.table.is_outdated(msg.info.key)):
-            node.drop_conn(conn.id)  # a process the job holds gone answered: no business with it
+            # A process the job holds gone answered (a zombie that missed its verdict, the smaller side of a healed
+            # partition): send it our lists, which name it dead (it passes them on to its side), and close.
+            if msg.info.key in node.verdicts.dead:
+                node.send(conn, node.gossip.full_update(), now)
+            node.drop_conn(conn.id)
             return
         current = node.table.get(conn.peer)
         conn.incarnation = msg.info.incarnation if msg.info is not None else current.incarnation if current else None
@@ -161,6 +183,12 @@ class Handshake:
         conn.state = ConnState.READY
         node.emit(Kind.PEER_CONNECTED, now, node.table.get(conn.peer), "connection established successfully")
         node.links.attach(conn, now)
+
+    def _lists(self, conn: Conn, msg: wire.PeersUpdate, now: float) -> None:
+        """The acceptor's lists, sent just before it tells us we are dead: pass them on, for those cut off with us."""
+        node = self.node
+        if msg.full and node.me.key in msg.dead:
+            node.pass_on(msg, except_conn=conn.id)
 
     # --- the time limit ----------------------------------------------------------------------------------------
 
@@ -188,4 +216,5 @@ HANDSHAKE: dict[tuple[Side, ConnState, type], Handler] = {
     (Side.CONNECTOR, ConnState.AUTH, wire.Challenge): Handshake._challenge,
     (Side.ACCEPTOR, ConnState.INIT, wire.ConnInit): Handshake._conninit,
     (Side.CONNECTOR, ConnState.INIT, wire.ConnInitAck): Handshake._ack,
+    (Side.CONNECTOR, ConnState.INIT, wire.PeersUpdate): Handshake._lists,
 }

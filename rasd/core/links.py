@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from . import ring, wire
 from .connections import Conn, ConnState
 from .events import Kind
-from .liveness import Contact, Observation, Rung, quiet_limit, step
-from .peers import Addr, PeerInfo
+from .liveness import REFUTE, UNSTAMPED, Contact, Observation, Rung, quiet_limit, step
+from .peers import Addr, PeerInfo, PeerKey
 
 if TYPE_CHECKING:
     from .node import Node
@@ -29,6 +29,12 @@ class Links:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.contacts: dict[Addr, Contact] = {}
+        #: Each peer's own clock in the last keepalive we had from it (``clocked``).
+        self.clocks: dict[PeerKey, float] = {}
+        #: The freshest stamp of a RECOVERED flood about each process (``refuted``).
+        self.recoveries: dict[PeerKey, float] = {}
+        #: When we last had bytes from each address, link or not (never forgiven: ``heard_within``).
+        self.heard_at: dict[Addr, float] = {}
 
     # --- which peers -------------------------------------------------------------------------------------------
 
@@ -147,6 +153,8 @@ class Links:
 
     def heard(self, conn: Conn, now: float) -> None:
         node = self.node
+        if conn.peer is not None:
+            self.heard_at[conn.peer] = now
         contact = self.contacts.get(conn.peer) if conn.peer is not None else None
         if contact is None:
             return
@@ -160,20 +168,70 @@ class Links:
         if was_delayed or was_hung:
             node.emit(Kind.PEER_RECOVERED, now, node.table.entry(contact.key), "peer responding again")
         if was_hung:
-            node.pass_on(node.floods.verdict(wire.FloodKind.RECOVERED, contact.key), except_conn=None)
+            flood = node.floods.verdict(wire.FloodKind.RECOVERED, contact.key, self.stamp(contact.key))
+            node.pass_on(flood, except_conn=None)
         if was_delayed:
             self.relink(now)
+
+    def clocked(self, conn: Conn, clock: float) -> None:
+        """A keepalive from ``conn``'s peer, stamped with its own clock: the freshest proof of life we hold."""
+        if conn.peer is not None and conn.incarnation is not None:
+            key = PeerKey(conn.peer, conn.incarnation)
+            self.clocks[key] = max(clock, self.clocks.get(key, clock))
+
+    def fresher(self, key: PeerKey, stamp: float) -> bool:
+        """Whether we heard that process well after ``stamp`` on its own clock: more than REFUTE hang limits later.
+        Delivery time proves nothing (bytes held in a partition or read after our own pause arrive late); the
+        peer's own clock in its keepalives does."""
+        if stamp == UNSTAMPED:
+            return False  # the origin never had a keepalive from it: no claim about its clock to refute
+        return self.clocks.get(key, float("-inf")) - stamp > REFUTE * self.node.timers.hang
+
+    def heard_within(self, key: PeerKey, window: float, now: float) -> bool:
+        """Whether we had bytes from that process within ``window`` (its address, while it is the current process
+        there). Read late (a partition's held bytes, our own pause) this errs towards yes: it only refutes."""
+        at = self.heard_at.get(key.addr)
+        return at is not None and self.node.table.is_current(key) and now - at <= window
+
+    def refuted(self, key: PeerKey, stamp: float) -> bool:
+        """Whether a RECOVERED flood already proved that process alive well after ``stamp``: a HUNG verdict so stamped
+        is old news that a faster path overtook (it is dropped, not applied)."""
+        if stamp == UNSTAMPED:
+            return False
+        return self.recoveries.get(key, float("-inf")) - stamp > REFUTE * self.node.timers.hang
+
+    def stamp(self, key: PeerKey) -> float:
+        """The peer's clock in the last keepalive we had from it (UNSTAMPED if none)."""
+        return self.clocks.get(key, UNSTAMPED)
+
+    def vouch(self, key: PeerKey, stamp: float, now: float) -> None:
+        """Another node heard that process (its RECOVERED flood, stamped with the process's clock): if that is well
+        after we last heard it, our silence clock for it starts again (liveness.py, *unvouched*)."""
+        if stamp == UNSTAMPED:
+            return  # no proof: the sender had no keepalive from it
+        self.recoveries[key] = max(stamp, self.recoveries.get(key, stamp))
+        contact = self.contacts.get(key.addr)
+        if contact is None or contact.key != key:
+            return  # not a link of ours
+        if key not in self.clocks or stamp - self.clocks[key] > REFUTE * self.node.timers.hang:
+            contact.vouch(now)
+
+    def answered(self, key: PeerKey, now: float) -> None:
+        """That process answered a gather of ours: it is alive now, our silence clock for it starts again."""
+        contact = self.contacts.get(key.addr)
+        if contact is not None and contact.key == key:
+            contact.vouch(now)
 
     def climb(self, now: float) -> None:
         """Apply the liveness ladder to every contact (``liveness.step``)."""
         node = self.node
         quiet = quiet_limit(node.timers)
         for contact in list(self.contacts.values()):
-            if node.verdicts.gone(contact.key) or self.contacts.get(contact.addr) is not contact:
-                continue
             conn = node.connections.get(contact.conn)
             ready = conn is not None and conn.state is ConnState.READY
             if ready and now - contact.last_heard <= quiet:
+                continue  # most links, most ticks: checked first, as it skips the contact whatever else holds
+            if node.verdicts.gone(contact.key) or self.contacts.get(contact.addr) is not contact:
                 continue
             observation = Observation.of(contact, ready, now)
             for rung in step(observation, node.timers):
@@ -187,20 +245,27 @@ class Links:
         self._flag_delayed(contact, now, f"peer not responding for {int(seen.disconnected)}s (connect timeout)")
 
     def _hung(self, contact: Contact, seen: Observation, now: float) -> None:
+        if not contact.hung:
+            contact.hung_since = now
         contact.hung = True
         contact.hung_refreshed = now
         self.node.verdicts.hung_verdict(contact.key, now, f"peer silent for {int(seen.silence)}s")
-        self.node.pass_on(self.node.floods.verdict(wire.FloodKind.HUNG, contact.key), except_conn=None)
+        flood = self.node.floods.verdict(wire.FloodKind.HUNG, contact.key, self.stamp(contact.key))
+        self.node.pass_on(flood, except_conn=None)
 
     def _dead(self, contact: Contact, seen: Observation, now: float) -> None:
-        node = self.node
-        node.emit(
-            Kind.PEER_TIMEOUT_DEAD,
-            now,
-            node.table.get(contact.addr),
-            f"peer failed to respond for {int(seen.silence)}s, declaring dead",
-        )
-        node.verdicts.declare_dead(contact.key, now, None)
+        # Silent past the dead limit and our HUNG verdict unrefuted: the verdict is decided with the job's view of
+        # who can reach whom (suspicion.py), not here.
+        self.node.suspicion.silent(contact.key, now)
+
+    def still_silent(self, key: PeerKey, now: float) -> float | None:
+        """How long that linked process has been silent to us (heard or vouched for), or None if it is no longer a
+        contact of ours or has been heard within the dead limit."""
+        contact = self.contacts.get(key.addr)
+        if contact is None or contact.key != key:
+            return None
+        silence = now - max(contact.last_heard, contact.vouched)
+        return silence if silence > self.node.timers.dead else None
 
     def _reset(self, contact: Contact, seen: Observation, now: float) -> None:
         node = self.node
@@ -232,7 +297,11 @@ class Links:
             idle = now - conn.last_send >= node.timers.keepalive
             if ((mine or conn.peer_wants) and idle) or conn.wanted_sent is not mine:
                 conn.wanted_sent = mine
-                node.send(conn, wire.Keepalive(node.table.hash, node.verdicts.dead_hash, mine), now)
+                # The clock rounded down to the keepalive interval (well inside REFUTE's margin): the frames of one
+                # interval are alike, which keeps the encoders' and the decoders' caches warm.
+                clock = now - now % node.timers.keepalive
+                frame = wire.keepalive_frame(node.table.hash, node.verdicts.dead_hash, mine, clock)
+                node.send_encoded(conn, frame, now)
 
     def close_idle(self, now: float) -> None:
         for conn in self.node.connections.ready():

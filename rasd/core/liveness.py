@@ -13,10 +13,22 @@ every contact once and climbs the ladder::
     rung              reached when                                       what the node does (links.py)
     UNRESPONSIVE      ready link silent > unresponsive, not yet delayed  PEER_UNRESPONSIVE; fallback links around it
     CONNECT_TIMEOUT   no connection for > connect_warn, heard before     PEER_UNRESPONSIVE (connect timeout); same
-    HUNG              silent > hang, heard before (re-flagged every      PEER_HUNG verdict, flooded
-                      HUNG_REFRESH hang limits while it lasts)
-    DEAD              silent > dead                                      PEER_TIMEOUT_DEAD, PEER_DEAD, flooded; stop
+    HUNG              unvouched > hang, heard before (or unvouched       PEER_HUNG verdict, flooded
+                      > dead); re-flagged every HUNG_REFRESH hang limits
+    DEAD              unvouched > dead, and our HUNG verdict has stood   PEER_TIMEOUT_DEAD, PEER_DEAD, flooded; stop
+                      unrefuted for CONFIRM unresponsive limits
     RESET             ready link silent > reset                          PEER_KEEPALIVE_TIMEOUT; socket reset, retried
+
+*Unvouched* is the silence the verdicts read: since we last heard the peer, or since another node vouched for it
+(a RECOVERED flood: somebody heard it). A silence verdict is one node's view; before it is final the job gets a
+say. The HUNG flood reaches every node carrying the peer's own clock in the last keepalive the origin had from it;
+a node that has a keepalive stamped well after that (REFUTE hang limits) refutes it with a RECOVERED flood
+(``floods.py``), which vouches for the peer at the origin: the silence that counts starts again, and DEAD is never
+reached while anybody hears the peer. Stamps, not arrival times: bytes held in a partition, or read after the
+reader's own pause, arrive late but carry their old stamp. So a node cut off from a peer that the rest of the job
+hears (its own host partitioned, one broken link) does not declare it dead (docs/architecture.md 2.7; the sweep
+seeds 6631 and 6669 of docs/reliability.md 2.3). The DEAD rung makes the verdict pending; ``suspicion.py`` decides
+it with a reachability gather.
 
 The fast-death rule (a refused reconnect after a lost connection, a vanished pid on this host) is not a rung: it is
 an answer from the driver, applied in ``verdicts.py``.
@@ -37,6 +49,15 @@ from .peers import Addr, PeerKey
 #: nobody confirms for HUNG_EXPIRY hang limits expires (a node that missed the RECOVERED flood does not keep it).
 HUNG_REFRESH = 2.0
 HUNG_EXPIRY = 5.0
+#: A silence verdict is final (DEAD) only after our HUNG verdict about the peer stood unrefuted this many
+#: unresponsive limits: time for the flood to reach a node that hears the peer and for its RECOVERED to come back.
+CONFIRM = 1.0
+#: A refutation of a HUNG verdict, or a vouch for a silent peer, needs a keepalive from the peer stamped (on the
+#: peer's own clock) more than this many hang limits after the last one the verdict's origin had.
+REFUTE = 0.5
+#: The stamp of a verdict whose sender never had a keepalive from the subject: a HUNG so stamped makes no claim about
+#: the subject's clock and cannot be refuted by one, a RECOVERED so stamped proves nothing (monotonic clocks are > 0).
+UNSTAMPED = 0.0
 
 
 @dataclass
@@ -55,6 +76,8 @@ class Contact:
     hung: bool = False  # we flagged it HUNG and keep refreshing that verdict while the silence lasts
     hung_refreshed: float = 0.0
     heard_ever: bool = False
+    hung_since: float = 0.0  # when our standing HUNG verdict was first flagged
+    vouched: float = float("-inf")  # when another node last vouched for the peer (a RECOVERED flood)
     lost_connection: bool = False  # the peer closed our connection; a refused reconnect now means it is gone
     key: PeerKey = field(init=False)  # (addr, incarnation), kept: the liveness checks read it every tick
 
@@ -81,9 +104,16 @@ class Contact:
         self.disconnected_since = self.last_heard
         self.next_connect = now
 
+    def vouch(self, now: float) -> None:
+        """Another node heard the peer: the silence verdicts count from now, and our HUNG verdict is refuted."""
+        self.vouched = now
+        self.hung = False
+
     def forgive(self, gap: float) -> None:
         self.last_heard += gap
+        self.vouched += gap
         self.hung_refreshed += gap
+        self.hung_since += gap
         if self.disconnected_since is not None:
             self.disconnected_since += gap
 
@@ -98,6 +128,8 @@ class Observation(NamedTuple):
     hung: bool
     since_hung_refresh: float
     heard_ever: bool
+    unvouched: float  # since the peer was last heard here or vouched for by another node
+    hung_for: float  # how long our HUNG verdict has stood (0 if we hold none)
 
     @classmethod
     def of(cls, contact: Contact, ready: bool, now: float) -> Observation:
@@ -110,6 +142,8 @@ class Observation(NamedTuple):
             contact.hung,
             now - contact.hung_refreshed,
             contact.heard_ever,
+            now - max(contact.last_heard, contact.vouched),
+            now - contact.hung_since if contact.hung else 0.0,
         )
 
 
@@ -139,10 +173,12 @@ LADDER: tuple[tuple[Rung, Reached], ...] = (
     (
         Rung.HUNG,
         lambda o, t: (
-            o.silence > t.hang and o.heard_ever and (not o.hung or o.since_hung_refresh >= HUNG_REFRESH * t.hang)
+            o.unvouched > t.hang
+            and (o.heard_ever or o.unvouched > t.dead)
+            and (not o.hung or o.since_hung_refresh >= HUNG_REFRESH * t.hang)
         ),
     ),
-    (Rung.DEAD, lambda o, t: o.silence > t.dead),
+    (Rung.DEAD, lambda o, t: o.unvouched > t.dead and o.hung and o.hung_for >= CONFIRM * t.unresponsive),
     (Rung.RESET, lambda o, t: o.ready and o.silence > t.reset),
 )
 FINAL = frozenset({Rung.DEAD})

@@ -18,6 +18,8 @@ Where each rule lives (docs/architecture.md, "Where each rule lives"):
                     keepalives, applying the ladder         ring.py       which peers to link (pure)
     verdicts.py     dead, left, hung; fast death; retiring  floods.py     flood ids, dedup, passing verdicts on
     gossip.py       table merges, hashes, updates           gather.py     status gathers and their snapshot
+    reunion.py      a healed partition: the smaller side     suspicion.py  silence deaths decided with a
+                    leaves                                                 reachability gather
     sweeper.py      the stuck sweeper, COMM_STUCK verdicts  stuck.py      whether a communicator is stuck (pure)
     actions.py      what the node asks its driver to do     snapshot.py   a gather's result, and its one merge
 
@@ -44,7 +46,9 @@ from .handshake import Handshake
 from .links import Links
 from .liveness import Contact
 from .peers import Addr, PeerInfo, PeerKey, PeerTable
+from .reunion import Reunion
 from .stuck import StuckVerdict
+from .suspicion import Suspicion
 from .sweeper import Sweeper
 from .verdicts import Verdicts
 
@@ -97,6 +101,8 @@ class Node:
         self.gossip = Gossip(self)
         self.gathering = Gathering(self)
         self.sweeper = Sweeper(self)
+        self.reunion = Reunion(self)
+        self.suspicion = Suspicion(self)
         #: What a READY connection may carry, and which concept takes it.
         self._ready_handlers: dict[type, Callable[[Conn, Any, float], None]] = {
             wire.Keepalive: self.gossip.on_keepalive,
@@ -238,6 +244,8 @@ class Node:
         self.links.connect_due(now)
         self.links.keepalives(now)
         self.links.close_idle(now)
+        self.reunion.probe_due(now)
+        self.suspicion.tick(now)
         self.gathering.tick(now)
         return self._flush()
 
@@ -284,9 +292,7 @@ class Node:
         self.now = now
         if not self.expelled and not self.leaving:
             self.leaving = True
-            flood = self.floods.verdict(wire.FloodKind.LEFT, self.me.key)
-            for c in self.connections.ready():
-                self.send(c, flood, now)
+            self.pass_on(self.floods.verdict(wire.FloodKind.LEFT, self.me.key), except_conn=None)
         for cid in list(self.connections.by_id):
             self.drop_conn(cid)
         self.links.contacts.clear()
@@ -368,6 +374,7 @@ class Node:
     def _forgive_pause(self, gap: float) -> None:
         """This node did not run for ``gap`` seconds: its peers' silence over that time is not their fault."""
         self.verdicts.forgive(gap)
+        self.suspicion.forgive(gap)
         self.sweeper.forgive(gap)
         self.links.forgive(gap)
         self.connections.forgive(gap)
@@ -382,13 +389,20 @@ class Node:
         return conn
 
     def send(self, conn: Conn, msg: wire.Message, now: float) -> None:
+        self.send_encoded(conn, wire.encode(msg), now)
+
+    def send_encoded(self, conn: Conn, frame: bytes, now: float) -> None:
+        """Send a frame already encoded (``wire.encode``): one message to many connections is encoded once."""
         conn.last_send = max(conn.last_send, now)
-        self._out.append(Send(conn.id, wire.encode(msg)))
+        self._out.append(Send(conn.id, frame))
 
     def pass_on(self, msg: wire.Message, except_conn: int | None) -> None:
         """Send ``msg`` on every ready connection but ``except_conn``."""
-        for c in self.connections.ready(except_conn):
-            self.send(c, msg, self.now)
+        ready = self.connections.ready(except_conn)
+        if ready:
+            frame = wire.encode(msg)
+            for c in ready:
+                self.send_encoded(c, frame, self.now)
 
     def drop_conn(self, conn_id: int, replaced: bool = False) -> None:
         """Close a connection. ``replaced``: another connection to that peer takes over its contact."""
@@ -411,12 +425,12 @@ class Node:
     def probe(self, peer: PeerInfo) -> None:
         self._out.append(ProbePid(peer.addr, peer.pid))
 
-    def expel(self, now: float) -> None:
+    def expel(self, now: float, why: str = "this process was declared dead by the job") -> None:
         """The job has declared this process dead. It can never rejoin: stop taking part."""
         if self.expelled:
             return
         self.expelled = True
-        self.emit(Kind.PEER_DEAD, now, self.me, "this process was declared dead by the job")
+        self.emit(Kind.PEER_DEAD, now, self.me, why)
         for cid in list(self.connections.by_id):
             self.drop_conn(cid)
         self.links.contacts.clear()

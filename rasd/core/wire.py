@@ -15,15 +15,19 @@ from __future__ import annotations
 import enum
 import functools
 import ipaddress
+import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord
 from .peers import Addr, PeerInfo, PeerKey
 
-VERSION = 3  # 2: deaths keyed by (address, incarnation); restart records in gather replies. 3: the waiting flag
+#: 2: deaths keyed by (address, incarnation); restart records in gather replies. 3: the waiting flag. 4: the
+#: sender's clock in keepalives and stamps in floods, SUSPECT and OUTVOTED floods, a probe's side in CONNINIT and the
+#: OUTNUMBERED nack (docs/architecture.md 2.7).
+VERSION = 4
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -54,6 +58,7 @@ class Nack(enum.IntEnum):
     YOU_ARE_DEAD = 1  # the connector's incarnation is dead, departed or replaced at its address: it can never rejoin
     DUPLICATE = 2  # a simultaneous connect lost the tie-break; the other connection stays
     LEAVING = 3  # the acceptor is shutting down
+    OUTNUMBERED = 4  # a reunion probe: the acceptor's side of a healed partition is the smaller one; it leaves
 
 
 class FloodKind(enum.IntEnum):
@@ -61,6 +66,8 @@ class FloodKind(enum.IntEnum):
     LEFT = 2
     HUNG = 3
     RECOVERED = 4
+    OUTVOTED = 5  # the subject's side of a healed partition outnumbers the origin's, and holds it dead
+    SUSPECT = 6  # the origin cannot reach the subject since a silence death nearby: has anybody heard it?
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -88,6 +95,10 @@ class ConnInit:
     info: PeerInfo
     peers_hash: int
     dead_hash: int
+    # A reunion probe (docs/architecture.md 2.7): the connector holds the acceptor dead and says how large its own
+    # side is: how many processes it holds alive, itself included, and the lowest address among them.
+    side_live: int = 0
+    side_lowest: Addr | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,7 @@ class Keepalive:
     peers_hash: int
     dead_hash: int
     wanted: bool  # the sender uses this connection as one of its links
+    clock: float = 0.0  # the sender's monotonic clock when it sent this (stamps in HUNG/RECOVERED floods compare it)
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,9 @@ class Flood:
     kind: FloodKind
     subject: Addr
     incarnation: int
+    # HUNG: the subject's clock in the last keepalive the origin had from it; RECOVERED: the same, from a node that
+    # hears it. A refutation must be fresher than the verdict on the subject's own clock (liveness.py).
+    stamp: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -179,7 +194,7 @@ class _Writer:
         self.parts: list[bytes] = []
 
     def fmt(self, fmt: str, *values: object) -> None:
-        self.parts.append(struct.pack("!" + fmt, *values))
+        self.parts.append(_struct(fmt).pack(*values))
 
     def text(self, s: str) -> None:
         b = s.encode("utf-8")
@@ -188,8 +203,7 @@ class _Writer:
         self.parts.append(bytes([len(b)]) + b)
 
     def addr(self, a: Addr) -> None:
-        packed = _packed_ip(a.host)
-        self.parts.append(bytes([len(packed)]) + packed + struct.pack("!H", a.port))
+        self.parts.append(_packed_addr(a))
 
     def raw(self, b: bytes) -> None:
         self.parts.append(b)
@@ -201,21 +215,28 @@ class _Writer:
 class _Reader:
     __slots__ = ("buf", "pos")
 
-    def __init__(self, buf: bytes) -> None:
+    def __init__(self, buf: bytes, pos: int = 0) -> None:
         self.buf = buf
-        self.pos = 0
+        self.pos = pos
 
     def fmt(self, fmt: str) -> tuple[Any, ...]:
-        s = struct.Struct("!" + fmt)
-        if self.pos + s.size > len(self.buf):
+        s = _struct(fmt)
+        start = self.pos
+        if start + s.size > len(self.buf):
             raise ProtocolError("message truncated")
-        values = s.unpack_from(self.buf, self.pos)
-        self.pos += s.size
-        return values
+        self.pos = start + s.size
+        return s.unpack_from(self.buf, start)
 
     def one(self, fmt: str) -> int:
         value: int = self.fmt(fmt)[0]
         return value
+
+    def u8(self) -> int:
+        """``one("B")``, without the format: counts, lengths and flags are mostly single bytes."""
+        if self.pos >= len(self.buf):
+            raise ProtocolError("message truncated")
+        self.pos += 1
+        return self.buf[self.pos - 1]
 
     def raw(self, n: int) -> bytes:
         if self.pos + n > len(self.buf):
@@ -225,17 +246,18 @@ class _Reader:
         return bytes(b)
 
     def text(self) -> str:
-        n = self.one("B")
+        n = self.u8()
         try:
             return self.raw(n).decode("utf-8")
         except UnicodeDecodeError as e:
             raise ProtocolError("invalid utf-8 in a string") from e
 
     def addr(self) -> Addr:
-        n = self.one("B")
+        """``u8 n``, ``n`` bytes of IP, ``u16 port``: what ``_Writer.addr`` writes."""
+        n = self.u8()
         if n not in (4, 16):
             raise ProtocolError(f"bad address length {n}")
-        return Addr(_ip_text(self.raw(n)), self.one("H"))
+        return _unpacked_addr(self.raw(n + 2))
 
     def count(self, fmt: str, min_item_size: int) -> int:
         n = self.one(fmt)
@@ -244,7 +266,7 @@ class _Reader:
         return n
 
     def boolean(self) -> bool:
-        v = self.one("B")
+        v = self.u8()
         if v > 1:
             raise ProtocolError("bad boolean")
         return bool(v)
@@ -266,14 +288,41 @@ def _ip_text(packed: bytes) -> str:
     return str(ipaddress.ip_address(packed))
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _packed_addr(a: Addr) -> bytes:
+    """An address as ``_Writer.addr`` writes it: ``u8 n``, the ``n`` bytes of the IP, ``u16 port``."""
+    packed = _packed_ip(a.host)
+    return bytes([len(packed)]) + packed + _U16.pack(a.port)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _unpacked_addr(ip_and_port: bytes) -> Addr:
+    """The reverse of ``_packed_addr``, less its length byte (checked by the caller)."""
+    (port,) = _U16.unpack_from(ip_and_port, len(ip_and_port) - 2)
+    return Addr(_ip_text(ip_and_port[:-2]), port)
+
+
+# The field formats recur (a few dozen, plus lists' lengths): each is compiled once. Bounded, as the lengths of the
+# lists a peer sends are its choice.
+@functools.lru_cache(maxsize=1024)
+def _struct(fmt: str) -> struct.Struct:
+    return struct.Struct("!" + fmt)
+
+
+_U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
+_FRAME_HEAD = struct.Struct("!IBB")  # length, version, type
+
+
 E = TypeVar("E", bound=enum.Enum)
 
 
 def _enum(cls: type[E], value: int) -> E:
-    try:
-        return cls(value)
-    except ValueError as e:
-        raise ProtocolError(f"bad {cls.__name__} {value}") from e
+    # What ``cls(value)`` looks up first, without raising and catching a ValueError for every bad value.
+    member = cls._value2member_map_.get(value)
+    if member is None:
+        raise ProtocolError(f"bad {cls.__name__} {value}")
+    return cast(E, member)
 
 
 def _put_peer(w: _Writer, p: PeerInfo) -> None:
@@ -301,6 +350,9 @@ def _get_key(r: _Reader) -> PeerKey:
 
 
 def _put_process_data(w: _Writer, data: ProcessData) -> None:
+    if not data.comms and data.restart is None:
+        w.fmt("IBB", 0, False, data.waiting)  # what most processes send, in one pack: the same bytes as below
+        return
     w.fmt("I", len(data.comms))
     for c in data.comms:
         w.fmt("QIH", c.comm_hash, c.size, len(c.rank_map))
@@ -348,9 +400,16 @@ def _get_restart(r: _Reader) -> RestartRecord | None:
 
 
 _RANK_HEAD = struct.calcsize("!IBBBhB")
+#: What most processes send (no communicator, no restart; waiting or not), decoded once: a gather carries one entry
+#: per process of the job. The values are frozen, so every entry may share them.
+_BARE_DATA = {bytes(6): ProcessData(), bytes(5) + b"\x01": ProcessData(waiting=True)}
 
 
 def _get_process_data(r: _Reader) -> ProcessData:
+    bare = _BARE_DATA.get(bytes(r.buf[r.pos : r.pos + 6]))
+    if bare is not None:
+        r.pos += 6
+        return bare
     comms = []
     for _ in range(r.count("I", 18)):
         comm_hash, size, nruns = r.fmt("QIH")
@@ -403,7 +462,10 @@ def encode(msg: Message) -> bytes:
     elif isinstance(msg, ConnInit):
         t = MsgType.CONNINIT
         _put_peer(w, msg.info)
-        w.fmt("QQ", msg.peers_hash, msg.dead_hash)
+        w.fmt("QQB", msg.peers_hash, msg.dead_hash, msg.side_lowest is not None)
+        if msg.side_lowest is not None:
+            w.fmt("I", msg.side_live)
+            w.addr(msg.side_lowest)
     elif isinstance(msg, ConnInitAck):
         t = MsgType.CONNINITACK
         w.fmt("BB", int(msg.nack), msg.info is not None)
@@ -411,7 +473,7 @@ def encode(msg: Message) -> bytes:
             _put_peer(w, msg.info)
     elif isinstance(msg, Keepalive):
         t = MsgType.KEEPALIVE
-        w.fmt("QQB", msg.peers_hash, msg.dead_hash, int(msg.wanted))
+        w.fmt("QQBd", msg.peers_hash, msg.dead_hash, int(msg.wanted), msg.clock)
     elif isinstance(msg, PeersUpdate):
         t = MsgType.PEERSUPDATE
         w.fmt("BI", int(msg.full), len(msg.peers))
@@ -427,7 +489,7 @@ def encode(msg: Message) -> bytes:
         w.addr(msg.origin)
         w.fmt("QB", msg.flood_id, int(msg.kind))
         w.addr(msg.subject)
-        w.fmt("Q", msg.incarnation)
+        w.fmt("Qd", msg.incarnation, msg.stamp)
     elif isinstance(msg, CollReq):
         t = MsgType.COLLREQ
         w.addr(msg.root)
@@ -449,8 +511,22 @@ def encode(msg: Message) -> bytes:
                 w.fmt(f"{len(ranks)}{fmt}", *ranks)
     else:  # pragma: no cover - a programming error, not bad input
         raise TypeError(f"not a message: {msg!r}")
-    body = bytes([VERSION, int(t)]) + w.getvalue()
-    return struct.pack("!I", len(body)) + body
+    fields = w.getvalue()
+    return _FRAME_HEAD.pack(2 + len(fields), VERSION, t) + fields
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def keepalive_frame(peers_hash: int, dead_hash: int, wanted: bool, clock: float) -> bytes:
+    """``encode(Keepalive(peers_hash, dead_hash, wanted, clock))``, memoised: every node sends one on each of its links
+    every keepalive, and in a settled job they all carry the same two hashes (and, within one keepalive interval,
+    the same clock: ``links.Links.keepalives`` rounds it down to the interval)."""
+    return encode(Keepalive(peers_hash, dead_hash, wanted, clock))
+
+
+def _finite(x: float) -> float:
+    if not math.isfinite(x):
+        raise ProtocolError("clock not a finite number")
+    return x
 
 
 def _fixed(b: bytes, n: int) -> bytes:
@@ -459,14 +535,31 @@ def _fixed(b: bytes, n: int) -> bytes:
     return b
 
 
+# The same small frames recur: every keepalive of a settled job carries the same two hashes, and a flood or a gather
+# request reaches a node from each of its neighbours, byte for byte the same. Messages are frozen, so one decoded
+# message may be handed out again (bounded; errors are raised, never cached).
+_RECURRING_MAX = 64
+
+
 def decode_body(body: bytes) -> Message:
     """Decode one frame's body (version, type, fields). Raises ProtocolError on anything malformed."""
+    if len(body) <= _RECURRING_MAX:
+        return _decode_recurring(bytes(body))
+    return _decode(body)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _decode_recurring(body: bytes) -> Message:
+    return _decode(body)
+
+
+def _decode(body: bytes) -> Message:
     if len(body) < 2:
         raise ProtocolError("frame too short")
     if body[0] != VERSION:
         raise ProtocolError(f"unsupported wire version {body[0]}")
     t = _enum(MsgType, body[1])
-    r = _Reader(body[2:])
+    r = _Reader(body, 2)
     msg: Message
     if t is MsgType.HELLO:
         if r.raw(len(MAGIC)) != MAGIC:
@@ -479,13 +572,18 @@ def decode_body(body: bytes) -> Message:
     elif t is MsgType.CONNINIT:
         info = _get_peer(r)
         peers_hash, dead_hash = r.fmt("QQ")
-        msg = ConnInit(info, peers_hash, dead_hash)
+        if r.boolean():
+            side_live = r.one("I")
+            msg = ConnInit(info, peers_hash, dead_hash, side_live, r.addr())
+        else:
+            msg = ConnInit(info, peers_hash, dead_hash)
     elif t is MsgType.CONNINITACK:
         nack = _enum(Nack, r.one("B"))
         msg = ConnInitAck(nack, _get_peer(r) if r.boolean() else None)
     elif t is MsgType.KEEPALIVE:
         peers_hash, dead_hash = r.fmt("QQ")
-        msg = Keepalive(peers_hash, dead_hash, r.boolean())
+        wanted = r.boolean()
+        msg = Keepalive(peers_hash, dead_hash, wanted, _finite(r.one("d")))
     elif t is MsgType.PEERSUPDATE:
         full = r.boolean()
         peers = tuple(_get_peer(r) for _ in range(r.count("I", 20)))
@@ -495,7 +593,9 @@ def decode_body(body: bytes) -> Message:
     elif t is MsgType.FLOOD:
         origin = r.addr()
         flood_id, kind = r.fmt("QB")
-        msg = Flood(origin, flood_id, _enum(FloodKind, kind), r.addr(), r.one("Q"))
+        subject = r.addr()
+        incarnation, stamp = r.fmt("Qd")
+        msg = Flood(origin, flood_id, _enum(FloodKind, kind), subject, incarnation, _finite(stamp))
     elif t is MsgType.COLLREQ:
         root = r.addr()
         coll_id, timeout_ms = r.fmt("QI")
@@ -527,9 +627,15 @@ class FrameReader:
 
     def feed(self, data: bytes) -> Iterator[Message]:
         """Yield every complete message in the buffer. Raises ProtocolError on a bad or oversized frame."""
+        if not self._buf and len(data) >= 4:
+            # The common case, one whole frame with nothing buffered before it: decoded without buffering.
+            (length,) = _U32.unpack_from(data, 0)
+            if len(data) == 4 + length and length <= self.max_frame:
+                yield decode_body(bytes(data[4:]))
+                return
         self._buf += data
         while len(self._buf) >= 4:
-            (length,) = struct.unpack_from("!I", self._buf, 0)
+            (length,) = _U32.unpack_from(self._buf, 0)
             if length > self.max_frame:
                 raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self.max_frame}")
             if len(self._buf) < 4 + length:

@@ -259,9 +259,14 @@ class Simulation:
         heapq.heappush(self._heap, (when, self._seq, fn, args))
 
     def _tick(self, s: SimNode) -> None:
+        """``_run`` of a tick, with the common case (a running node) taken without a closure, as in ``_receive``."""
         if not s.alive:
             return
-        self._run(s, lambda: s.node.tick(self.now))
+        if s.paused or self.hop_cost:
+            self._run(s, lambda: s.node.tick(self.now))
+        else:
+            for a in s.node.tick(self.now):
+                self._act(s, a)
         self._at(self.now + self.timers.tick, self._tick, s)
 
     def _run(self, s: SimNode, step: Callable[[], list[core.Action]]) -> None:

@@ -24,9 +24,9 @@ def connect(port: int, attempts: int = 8, handshake_timeout: float = 2.0) -> soc
     raise AssertionError("no process of the job answered the handshake")
 
 
-def ask(port: int, text: bytes, timeout: float = 30.0) -> str:
+def ask(port: int, text: bytes, timeout: float = 30.0, handshake_timeout: float = 2.0) -> str:
     """Send ``text`` after the handshake and read until the server closes (a report ends the connection)."""
-    with connect(port) as s:
+    with connect(port, handshake_timeout=handshake_timeout) as s:
         s.sendall(text)
         s.settimeout(timeout)
         chunks = []

@@ -223,6 +223,9 @@ def test_a_real_job_shows_its_restarts(tmp_path) -> None:
             "seconds_lost": 0.25,
         }
 
+        # Both members' nodes hold the first restart (the monitors saw one member's event; the other's command may
+        # still be on its way) before member 0 restarts once more.
+        _wait_for_status(port, lambda r: "Iteration 1 after 1 restart\n" in r and "older iteration" not in r)
         # Member 0 restarts once more, member 1 has not yet: the job is at iteration 2, member 1 behind.
         swarm.command(0, "restart", "2", "-", "1.5", "COMM_STUCK")
         report = _wait_for_status(port, lambda r: "Iteration 2" in r)

@@ -5,14 +5,15 @@ deterministic simulator (``rasd.sim``), lays out a schedule drawn from the seed 
 pause past the dead limit, a partition), runs it in steps of one keepalive and checks after every step:
 
 * **no reachable node declared dead**: every new PEER_DEAD is about a node killed by then, or paused past the dead
-  limit (``Scenario.may_be_declared_dead``);
+  limit, or cut off by a partition that had lasted the dead limit (``Scenario.may_be_declared_dead``);
 * **gathers terminate**: a status query is started every few steps from a random live node; each must end within
   its timeout plus the hard extra (plus slack), unless its root was paused, killed or expelled meanwhile;
 
 and at the end, after the schedule has settled:
 
 * **every dead node is known to all live nodes** and **dead lists converge**: every survivor's dead set is exactly
-  the doomed set, the tables agree, no survivor expelled itself.
+  the doomed set, the tables agree, no survivor expelled itself. After a partition past the dead limit, the
+  processes of the smaller side that left the job are doomed too, and no process of the larger side may leave.
 
 A violation is returned as text with a one-line reproduction command. Timers are compressed (the dead limit is 18
 keepalives, not 60) so that a schedule costs less; the rules and their order are those of ``Timers``.
@@ -59,6 +60,8 @@ SWEEP_TIMERS = Timers(
     tick=0.1,
 )
 RETRANSMIT = 0.04  # TCP's minimum RTO, scaled like the timers
+#: A verdict's time after the dead limit: our HUNG standing (CONFIRM unresponsive limits) and a reachability gather.
+GRACE = SWEEP_TIMERS.unresponsive + SWEEP_TIMERS.leg_timeout + SWEEP_TIMERS.gather_extra
 #: Job sizes and how often each is drawn: most seeds small, some large (the sweep's cost is about linear in n).
 SIZES = ((64, 0.80), (128, 0.12), (256, 0.05), (512, 0.02), (1024, 0.01))
 GATHER_EVERY = 5  # steps
@@ -88,9 +91,14 @@ def size_of(seed: int, sizes=SIZES) -> int:
     return sizes[-1][0]
 
 
-def _schedule(rng: random.Random, n: int, t: Timers) -> list[tuple[float, str, list[int]]]:
+def _schedule(
+    rng: random.Random, n: int, t: Timers, long_rng: random.Random | None = None
+) -> list[tuple[float, str, list[int]]]:
     """(time, action, nodes): every node is the subject of at most one fault, and chained silences (a pause
-    seen through a partition) stay under 0.8 dead limits, so the only deaths justified are kills and long pauses."""
+    seen through a partition) stay under 0.8 dead limits, so the only deaths justified are kills, long pauses and
+    a *long partition*: with ``long_rng``, a quarter of the schedules without a short partition get one of one to a
+    quarter of the hosts for 0.9 to 2.5 dead limits (drawn from ``long_rng``, so the other faults of a seed are the
+    same with or without it)."""
     pool = list(range(n))
     rng.shuffle(pool)
 
@@ -107,7 +115,9 @@ def _schedule(rng: random.Random, n: int, t: Timers) -> list[tuple[float, str, l
     if rng.random() < 0.5:
         (victim,) = take(1)
         at = start + rng.uniform(0, span)
-        plan += [(at, "pause", [victim]), (at + rng.uniform(1.15, 1.4) * t.dead, "resume", [victim])]
+        # Past the dead limit and the time a verdict may take after it (``Scenario.grace``): doomed.
+        past = rng.uniform(1.15, 1.4) * t.dead + GRACE
+        plan += [(at, "pause", [victim]), (at + past, "resume", [victim])]
     if rng.random() < 0.6:
         per_host = 8
         hosts = max(1, rng.randint(1, max(1, n // per_host // 4)))
@@ -118,6 +128,14 @@ def _schedule(rng: random.Random, n: int, t: Timers) -> list[tuple[float, str, l
         if group:
             at = start + rng.uniform(0, span)
             plan += [(at, "partition", group), (at + rng.uniform(0.1, 0.4) * t.dead, "heal", group)]
+    elif long_rng is not None and long_rng.random() < 0.25:
+        per_host = 8
+        hosts = long_rng.randint(1, max(1, n // per_host // 4))
+        first = long_rng.randrange(0, n // per_host) * per_host
+        group = [i for i in range(first, min(n, first + hosts * per_host)) if i in pool]
+        if group:
+            at = start + long_rng.uniform(0, span)
+            plan += [(at, "partition", group), (at + long_rng.uniform(0.9, 2.5) * t.dead, "heal", group)]
     return sorted(plan, key=lambda p: p[0])
 
 
@@ -137,7 +155,7 @@ def check_seed(seed: int, n: int | None = None, timers: Timers = SWEEP_TIMERS) -
     )
     sc = Scenario(sim)
     out = Outcome(seed, n)
-    plan = _schedule(rng, n, timers)
+    plan = _schedule(rng, n, timers, random.Random(f"long-{seed}"))
     end = (plan[-1][0] if plan else 1.0) + 1.5 * timers.dead + timers.unresponsive
     partitions: dict[tuple[int, ...], object] = {}
     gathers: dict[int, tuple[int, float]] = {}  # query id -> (root, started)
@@ -194,10 +212,20 @@ def check_seed(seed: int, n: int | None = None, timers: Timers = SWEEP_TIMERS) -
                 out.gathers += 1
         if len(out.violations) > 20:
             break
-    # At the end: every dead node known to all live nodes, dead lists and tables converged.
-    doomed = {sim.key(i) for i in sc.doomed()}
-    survivors = [sim.nodes[i].node for i in sc.survivors()]
-    for i, node in zip(sc.survivors(), survivors, strict=True):
+    # At the end: every dead node known to all live nodes, dead lists and tables converged. The smaller side of a
+    # partition past the dead limit may have left the job (expelled), as a whole or in part: the rest agree on it.
+    cut_off = {
+        i for x, y, a, b in sc.rec.partitions if b - a >= timers.dead - timers.keepalive for i in min(x, y, key=len)
+    }
+    gone_with_partition = {i for i in cut_off if sim.nodes[i].node.expelled}
+    # A pause that ended just past the dead limit may end either way, but the same way everywhere (Scenario.undecided):
+    # it counts as dead if it expelled itself.
+    grace = sc.grace()
+    undecided_dead = {i for i in sc.undecided(grace) if sim.nodes[i].node.expelled}
+    doomed = {sim.key(i) for i in sc.doomed(grace) | gone_with_partition | undecided_dead}
+    survivor_ids = [i for i in sc.survivors(grace) if i not in gone_with_partition | undecided_dead]
+    survivors = [sim.nodes[i].node for i in survivor_ids]
+    for i, node in zip(survivor_ids, survivors, strict=True):
         if node.expelled:
             out.violations.append(f"end: survivor {i} expelled itself")
         elif node.dead != doomed:

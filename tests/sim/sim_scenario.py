@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rasd.core.events import Kind
+from rasd.core.liveness import CONFIRM
 from rasd.sim import Simulation
 
 
@@ -61,10 +62,22 @@ class Scenario:
     # ------------------------------------------------------------------------------------------------------------
     # What the record implies
 
-    def doomed(self) -> set[int]:
-        """Nodes the job must end up declaring dead: killed, or paused longer than the dead limit."""
-        dead = self.timers.dead
-        return set(self.rec.killed) | {i for i, (a, b) in self.rec.paused.items() if b - a > dead}
+    def grace(self) -> float:
+        """How long after the dead limit a silence verdict may take to be made: our HUNG verdict standing unrefuted
+        (CONFIRM unresponsive limits) and a reachability gather at its hard limit (rasd/core/suspicion.py), plus
+        the slack of a keepalive and two ticks. A pause that ends inside it may end either way."""
+        t = self.timers
+        return CONFIRM * t.unresponsive + t.leg_timeout + t.gather_extra + t.keepalive + 2 * t.tick
+
+    def doomed(self, grace: float = 0.0) -> set[int]:
+        """Nodes the job must end up declaring dead: killed, or paused longer than the dead limit (and ``grace``)."""
+        limit = self.timers.dead + grace
+        return set(self.rec.killed) | {i for i, (a, b) in self.rec.paused.items() if b - a > limit}
+
+    def undecided(self, grace: float) -> set[int]:
+        """Nodes paused past the dead limit, resumed within ``grace`` of it: dead everywhere or alive everywhere."""
+        dead, limit = self.timers.dead, self.timers.dead + grace
+        return {i for i, (a, b) in self.rec.paused.items() if dead < b - a <= limit and i not in self.rec.killed}
 
     def zombies(self) -> set[int]:
         """Paused past the dead limit and resumed since."""
@@ -75,20 +88,36 @@ class Scenario:
             if b - a > dead and b != float("inf") and i not in self.rec.killed
         }
 
-    def survivors(self) -> list[int]:
-        doomed = self.doomed()
+    def survivors(self, grace: float = 0.0) -> list[int]:
+        doomed = self.doomed(grace)
         return [s.index for s in self.sim.nodes if s.index not in doomed]
 
     def may_be_declared_dead(self, subject: int, at: float) -> bool:
         """A verdict about ``subject`` at ``at`` is justified only if it was killed by then, or had been silent for
-        about the dead limit by then because it was paused past it. Slack: the last message heard from it may
-        predate the pause by up to a keepalive interval (and a tick)."""
+        about the dead limit by then because it was paused past it, or a partition that cut it off from part of the
+        job had lasted the dead limit by then (either side may be declared dead by the other, and the verdict
+        travels once the partition heals: which side keeps its verdicts is checked at the end). Slack: the last
+        message heard from it may predate the pause by up to a keepalive interval (and a tick)."""
         if subject in self.rec.killed and self.rec.killed[subject] <= at:
+            return True
+        if self.separated_past_dead(subject, at):
             return True
         if subject in self.rec.paused:
             start, end = self.rec.paused[subject]
             slack = self.timers.keepalive + 2 * self.timers.tick
             if end - start > self.timers.dead and at >= start + self.timers.dead - slack:
+                return True
+        return False
+
+    def separated_past_dead(self, node: int, at: float) -> bool:
+        """Whether a partition with ``node`` on one side lasted (or, still open, has lasted) the dead limit by ``at``,
+        less the slack of ``may_be_declared_dead``."""
+        slack = self.timers.keepalive + 2 * self.timers.tick
+        spans = [(x, y, start, end) for x, y, start, end in self.rec.partitions]
+        spans += [(x, y, start, float("inf")) for x, y, start in self._open.values()]
+        for x, y, start, end in spans:
+            cut = node in x or node in y
+            if cut and end - start >= self.timers.dead - slack and at >= start + self.timers.dead - slack:
                 return True
         return False
 

@@ -20,6 +20,7 @@ def test_the_table_is_the_protocol():
         (Side.CONNECTOR, ConnState.AUTH, "Challenge"),
         (Side.ACCEPTOR, ConnState.INIT, "ConnInit"),
         (Side.CONNECTOR, ConnState.INIT, "ConnInitAck"),
+        (Side.CONNECTOR, ConnState.INIT, "PeersUpdate"),  # the lists a dead connector gets before YOU_ARE_DEAD
     }
 
 

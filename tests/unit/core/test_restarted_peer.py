@@ -137,10 +137,16 @@ def test_stale_news_about_the_predecessor_never_touches_its_successor():
     # A late answer to the pid probe a sent when the predecessor's connection closed names only the address.
     h.call("a", lambda: a.node.pid_gone(c_old.addr, h.now))
     assert not a.node.is_dead(c_old.addr) and c2.node.me.key not in a.node.dead
-    # A HUNG verdict about the successor itself is about it: it holds.
-    now_hung = wire.Flood(b.node.me.addr, 20_000, wire.FloodKind.HUNG, c_old.addr, c2.node.me.incarnation)
+    # A HUNG verdict about the successor itself is about it: a, which heard it long after the verdict's stamp,
+    # refutes it with a RECOVERED flood about the successor (liveness.py, "unvouched"), where the late one about the
+    # predecessor was dropped silently.
+    sent = len(a.sent)
+    stamp = a.node.links.stamp(c2.node.me.key) - a.node.timers.hang
+    now_hung = wire.Flood(b.node.me.addr, 20_000, wire.FloodKind.HUNG, c_old.addr, c2.node.me.incarnation, stamp)
     h.call("a", lambda: a.node.received(conn.id, wire.encode(now_hung), h.now))
-    assert c2.node.me.key in a.node.hung and events_about(a, Kind.PEER_HUNG, c2.node.me.key)
+    refutes = [m for _, m in a.sent[sent:] if isinstance(m, wire.Flood) and m.kind is wire.FloodKind.RECOVERED]
+    assert refutes and {(m.subject, m.incarnation) for m in refutes} == {(c_old.addr, c2.node.me.incarnation)}
+    assert c2.node.me.key not in a.node.hung and not events_about(a, Kind.PEER_HUNG, c2.node.me.key)
 
 
 def test_the_predecessor_itself_or_an_older_process_at_that_address_is_told_it_is_dead():

@@ -44,15 +44,18 @@ MESSAGES = [
     wire.Proof(b"p" * wire.MAC_LEN),
     wire.ConnInit(V4, 1, 2**64 - 1),
     wire.ConnInit(V6, 0, 0),
+    wire.ConnInit(V4, 1, 2, 4096, V6.addr),  # a reunion probe: the connector's side
     wire.ConnInitAck(wire.Nack.OK, V4),
     wire.ConnInitAck(wire.Nack.YOU_ARE_DEAD),
     wire.ConnInitAck(wire.Nack.DUPLICATE),
     wire.ConnInitAck(wire.Nack.LEAVING, V6),
+    wire.ConnInitAck(wire.Nack.OUTNUMBERED),
     wire.Keepalive(3, 4, True),
-    wire.Keepalive(0, 2**64 - 1, False),
+    wire.Keepalive(0, 2**64 - 1, False, 12345.678),
     wire.PeersUpdate((V4, V6), (V6.key,), (V4.key, PeerKey(Addr("::", 1), 0), PeerKey(V4.addr, 5)), True),
     wire.PeersUpdate((), (), (), False),
     *[wire.Flood(V4.addr, 9, kind, V6.addr, 12345) for kind in wire.FloodKind],
+    wire.Flood(V4.addr, 10, wire.FloodKind.HUNG, V6.addr, 1, stamp=-3.5),
     wire.CollReq(V6.addr, 2**64 - 1, 0),
     wire.CollReq(V4.addr, 1, 5000),
     wire.CollResp(V4.addr, 1, 3, ((V4.addr, DATA), (V6.addr, ProcessData()))),
@@ -146,7 +149,7 @@ def test_bad_enums_and_booleans_are_protocol_errors():
     with pytest.raises(wire.ProtocolError, match="boolean"):
         wire.decode_body(bytes(ack))
     ka = bytearray(body(wire.Keepalive(1, 2, True)))
-    ka[-1] = 2
+    ka[-9] = 2  # the "wanted" boolean, before the 8-byte clock
     with pytest.raises(wire.ProtocolError, match="boolean"):
         wire.decode_body(bytes(ka))
     flood = bytearray(body(wire.Flood(V4.addr, 1, wire.FloodKind.DEAD, V4.addr, 2)))
@@ -159,6 +162,13 @@ def test_bad_enums_and_booleans_are_protocol_errors():
     pu[2] = 7
     with pytest.raises(wire.ProtocolError, match="boolean"):
         wire.decode_body(bytes(pu))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_clock_that_is_not_a_finite_number_is_a_protocol_error(bad):
+    for msg in (wire.Keepalive(1, 2, True, bad), wire.Flood(V4.addr, 1, wire.FloodKind.HUNG, V6.addr, 1, bad)):
+        with pytest.raises(wire.ProtocolError, match="finite"):
+            wire.decode_body(body(msg))
 
 
 @pytest.mark.parametrize("n", [0, 3, 5, 15, 17, 255])

@@ -59,9 +59,8 @@ class Reunion:
 
     def side(self) -> Side:
         """This node's side: the processes it holds alive (the table is sorted: the first live one is the lowest)."""
-        node = self.node
-        live = [p.addr for p in node.table if not node.verdicts.gone(p.key)]
-        return Side(len(live), live[0] if live else node.me.addr)
+        live = self.node.live_peers()
+        return Side(len(live), live[0].addr if live else self.node.me.addr)
 
     # --- probing -----------------------------------------------------------------------------------------------
 

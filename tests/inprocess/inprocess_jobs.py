@@ -172,3 +172,25 @@ def started(job: Job, rank: int, iteration: int) -> dict:
     matches = [event for event in events(job, rank, "start") if event["iteration"] == iteration]
     assert matches, f"initial rank {rank} did not start iteration {iteration}\n{job.diagnostics()}"
     return matches[0]
+
+
+def diagnostics(directory: Path) -> str:
+    """The tail of every rank's stderr and event log in a job's directory, for an assertion message."""
+    return "\n".join(
+        f"--- {path.name}\n{path.read_text()[-2500:]}"
+        for path in sorted(directory.iterdir())
+        if path.suffix in (".stderr", ".jsonl")
+    )
+
+
+def reap(processes: list[subprocess.Popen], directory: Path, pidfiles: str = "*.pid") -> None:
+    """Kill a job's ranks and the monitor processes whose pids they wrote to ``directory``."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+    for pidfile in directory.glob(pidfiles):
+        try:
+            os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from inprocess_jobs import diagnostics, reap
+
 STEPS = 12
 KILL = {"iteration": 0, "rank": 3, "step": 5}  # kill -9 before the collective of step 5 (last commit: step 4)
 CUT = {"iteration": 1, "rank": 1, "commit": 8}  # rank 1's commit of step 8 raises half-way; the others commit it
@@ -170,24 +172,8 @@ def read_events(directory: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def diagnostics(directory: Path) -> str:
-    return "\n".join(
-        f"--- {path.name}\n{path.read_text()[-2500:]}"
-        for path in sorted(directory.iterdir())
-        if path.suffix in (".stderr", ".jsonl")
-    )
-
-
 def stop(processes: list[subprocess.Popen], directory: Path) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
-    for pidfile in directory.glob("monitor*.pid"):
-        try:
-            os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
-        except (ValueError, ProcessLookupError, PermissionError):
-            pass
+    reap(processes, directory, "monitor*.pid")
 
 
 @pytest.mark.slow

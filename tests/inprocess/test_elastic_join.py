@@ -210,26 +210,18 @@ class JoinJob:
             return ""
 
     def diagnostics(self) -> str:
-        return "\n".join(
-            f"--- {path.name}\n{path.read_text(errors='replace')[-2500:]}"
-            for path in sorted(self.directory.iterdir())
-            if path.suffix in (".stderr", ".jsonl")
-        )
+        from inprocess_jobs import diagnostics
+
+        return diagnostics(self.directory)
 
     def stop(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGUSR1)  # stacks into its .stderr, if the run failed
         time.sleep(0.5)
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.kill()
-            process.wait(10)
-        for pidfile in self.directory.glob("*.pid"):
-            try:
-                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
-            except (ValueError, ProcessLookupError, PermissionError):
-                pass
+        from inprocess_jobs import reap
+
+        reap(list(self.processes.values()), self.directory)
 
 
 @pytest.mark.slow

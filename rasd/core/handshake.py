@@ -11,7 +11,7 @@ this node plays on a connection is ``Conn.outgoing``. Theory of operation (docs/
       checks the acceptor's MAC
       PROOF(MAC_connector)         ------>      checks the connector's MAC     (AUTH -> INIT)
       CONNINIT(record, hashes,     ------>      [PEERSUPDATE] YOU_ARE_DEAD |    (INIT -> READY)
-               a probe's side)                  DUPLICATE | OUTNUMBERED | OK
+               a probe's side)                  DUPLICATE | OUTNUMBERED | MEASURE | OK
                                    <------      CONNINITACK(nack, record)
 
 Until a connection is authenticated only the message the table expects next is accepted, and a frame may be at
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from . import auth, wire
 from .connections import Conn, ConnState
 from .events import Kind
+from .reunion import Ruling
 
 if TYPE_CHECKING:
     from .node import Node
@@ -85,7 +86,7 @@ class Handshake:
         if not auth.verify(expected, msg.mac):
             raise wire.ProtocolError("bad challenge: wrong job secret")
         node.send(conn, wire.Proof(auth.connector_mac(node.secret, conn.my_nonce, msg.nonce)), now)
-        node.send(conn, node.reunion.conninit(conn), now)
+        node.send(conn, node.reunion.conninit(conn, now), now)
         self._authenticated(conn)
 
     @staticmethod
@@ -100,11 +101,16 @@ class Handshake:
         addr = msg.info.addr
         key = msg.info.key
         if node.verdicts.gone(key) or node.table.is_outdated(key):
-            if node.reunion.outnumbered_by(key, msg):
+            ruling = node.reunion.judge(key, msg, now)
+            if ruling is Ruling.WE_LOSE:
                 # A healed partition, and the connector's side is the larger one: ours leaves (reunion.py).
                 node.send(conn, wire.ConnInitAck(wire.Nack.OUTNUMBERED), now)
                 node.drop_conn(conn.id)
                 node.reunion.lost(key, now)
+                return
+            if ruling is Ruling.MEASURE:
+                node.send(conn, wire.ConnInitAck(wire.Nack.MEASURE), now)
+                node.drop_conn(conn.id)
                 return
             # Dead, departed, or older than the process that holds its address now (so gone): never rejoins. A dead
             # one gets our lists first, which it passes on to whoever it is still connected to: most likely
@@ -143,6 +149,8 @@ class Handshake:
     def _ack(self, conn: Conn, msg: wire.ConnInitAck, now: float) -> None:
         node = self.node
         assert conn.peer is not None
+        if conn.probe and msg.nack is not wire.Nack.MEASURE:
+            node.reunion.answered()
         if msg.nack is wire.Nack.YOU_ARE_DEAD:
             acceptor = node.table.get(conn.peer)
             if conn.probe and acceptor is not None:
@@ -152,6 +160,10 @@ class Handshake:
             return
         if msg.nack is wire.Nack.OUTNUMBERED:
             node.drop_conn(conn.id)  # the acceptor's side is the smaller one: it leaves the job
+            return
+        if msg.nack is wire.Nack.MEASURE:
+            node.drop_conn(conn.id)  # a side not measured yet: gather, then probe again with ours (reunion.py)
+            node.reunion.measure(now, again=conn.peer)
             return
         if msg.nack is wire.Nack.DUPLICATE:
             node.drop_conn(conn.id, replaced=True)
@@ -181,6 +193,7 @@ class Handshake:
             # The peer accepted our connection and dropped its own: keep this one.
             node.drop_conn(existing.id, replaced=True)
         conn.state = ConnState.READY
+        conn.probe = False  # a probe that met a newer process at that address is an ordinary connection now
         node.emit(Kind.PEER_CONNECTED, now, node.table.get(conn.peer), "connection established successfully")
         node.links.attach(conn, now)
 

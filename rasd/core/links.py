@@ -49,9 +49,18 @@ class Links:
 
         def unhealthy(a: Addr) -> bool:
             c = self.contacts.get(a)
-            return bool(c and c.delayed)
+            return bool(c and (c.delayed or c.unreached))
 
-        wanted = ring.links(order, me_index, gone.__contains__, unhealthy, lambda a: a.host, node.express_links)
+        def healthy(a: Addr) -> bool:
+            # Known healthy: a link of ours that we have heard and that is not delayed. A peer we hold no link to is
+            # not known healthy, so a silent host is skipped whole (sweep seed 5152: a walk across two cut-off hosts
+            # one process per connect_warn took 5 s, and the walker was suspected meanwhile).
+            c = self.contacts.get(a)
+            return bool(c and c.heard_ever and not c.delayed and not c.unreached)
+
+        wanted = ring.links(
+            order, me_index, gone.__contains__, unhealthy, lambda a: a.host, node.express_links, healthy
+        )
         for a in list(self.contacts):
             if a not in wanted:
                 del self.contacts[a]  # its connection, if any, idles out unless the peer still uses it
@@ -170,7 +179,8 @@ class Links:
         if was_hung:
             flood = node.floods.verdict(wire.FloodKind.RECOVERED, contact.key, self.stamp(contact.key))
             node.pass_on(flood, except_conn=None)
-        if was_delayed:
+        if was_delayed or contact.unreached:
+            contact.unreached = False
             self.relink(now)
 
     def clocked(self, conn: Conn, clock: float) -> None:
@@ -243,6 +253,15 @@ class Links:
     def _connect_timeout(self, contact: Contact, seen: Observation, now: float) -> None:
         assert seen.disconnected is not None
         self._flag_delayed(contact, now, f"peer not responding for {int(seen.disconnected)}s (connect timeout)")
+
+    def _unreached(self, contact: Contact, seen: Observation, now: float) -> None:
+        # A link that never connected (its peer cut off before we linked to it, or not started yet): no fault we
+        # know of, so no event, but bridged by a fallback link as a delayed one is. Otherwise a node whose ring
+        # neighbours went silent stops its fallback walk at the first peer it never reached, and it can be left
+        # linked only into a region that is cut off from the job: alive, heard by a leftover connection, and
+        # outside every gather (sweep seed 121, docs/reliability.md 2.3).
+        contact.unreached = True
+        self.relink(now)
 
     def _hung(self, contact: Contact, seen: Observation, now: float) -> None:
         if not contact.hung:
@@ -318,6 +337,7 @@ class Links:
 _APPLY: dict[Rung, Callable[[Links, Contact, Observation, float], None]] = {
     Rung.UNRESPONSIVE: Links._unresponsive,
     Rung.CONNECT_TIMEOUT: Links._connect_timeout,
+    Rung.UNREACHED: Links._unreached,
     Rung.HUNG: Links._hung,
     Rung.DEAD: Links._dead,
     Rung.RESET: Links._reset,

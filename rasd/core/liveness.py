@@ -13,6 +13,8 @@ every contact once and climbs the ladder::
     rung              reached when                                       what the node does (links.py)
     UNRESPONSIVE      ready link silent > unresponsive, not yet delayed  PEER_UNRESPONSIVE; fallback links around it
     CONNECT_TIMEOUT   no connection for > connect_warn, heard before     PEER_UNRESPONSIVE (connect timeout); same
+    UNREACHED         no connection for > connect_warn, never heard      no event (not a fault we know of); fallback
+                                                                         links around it, as for the two above
     HUNG              unvouched > hang, heard before (or unvouched       PEER_HUNG verdict, flooded
                       > dead); re-flagged every HUNG_REFRESH hang limits
     DEAD              unvouched > dead, and our HUNG verdict has stood   PEER_TIMEOUT_DEAD, PEER_DEAD, flooded; stop
@@ -79,6 +81,7 @@ class Contact:
     hung_since: float = 0.0  # when our standing HUNG verdict was first flagged
     vouched: float = float("-inf")  # when another node last vouched for the peer (a RECOVERED flood)
     lost_connection: bool = False  # the peer closed our connection; a refused reconnect now means it is gone
+    unreached: bool = False  # never heard, and no connection for connect_warn: bridged by fallback links, silently
     key: PeerKey = field(init=False)  # (addr, incarnation), kept: the liveness checks read it every tick
 
     def __post_init__(self) -> None:
@@ -130,6 +133,7 @@ class Observation(NamedTuple):
     heard_ever: bool
     unvouched: float  # since the peer was last heard here or vouched for by another node
     hung_for: float  # how long our HUNG verdict has stood (0 if we hold none)
+    unreached: bool = False
 
     @classmethod
     def of(cls, contact: Contact, ready: bool, now: float) -> Observation:
@@ -144,12 +148,14 @@ class Observation(NamedTuple):
             contact.heard_ever,
             now - max(contact.last_heard, contact.vouched),
             now - contact.hung_since if contact.hung else 0.0,
+            contact.unreached,
         )
 
 
 class Rung(enum.Enum):
     UNRESPONSIVE = "unresponsive"
     CONNECT_TIMEOUT = "connect timeout"
+    UNREACHED = "unreached"
     HUNG = "hung"
     DEAD = "dead"
     RESET = "reset"
@@ -171,6 +177,16 @@ LADDER: tuple[tuple[Rung, Reached], ...] = (
         ),
     ),
     (
+        Rung.UNREACHED,
+        lambda o, t: (
+            not o.unreached
+            and not o.ready
+            and o.disconnected is not None
+            and o.disconnected > t.connect_warn
+            and not o.heard_ever
+        ),
+    ),
+    (
         Rung.HUNG,
         lambda o, t: (
             o.unvouched > t.hang
@@ -186,9 +202,9 @@ FINAL = frozenset({Rung.DEAD})
 
 @functools.lru_cache(maxsize=16)
 def quiet_limit(timers: Timers) -> float:
-    """A READY link heard within this long reaches no rung (every rung but CONNECT_TIMEOUT needs a longer silence,
-    and that one needs the link down): the ladder skips it without observing it. Each tick checks every contact, so
-    this keeps a healthy mesh cheap."""
+    """A READY link heard within this long reaches no rung (every rung but CONNECT_TIMEOUT and UNREACHED needs a
+    longer silence, and those two need the link down): the ladder skips it without observing it. Each tick checks
+    every contact, so this keeps a healthy mesh cheap."""
     return min(timers.unresponsive, timers.hang, timers.dead, timers.reset)
 
 

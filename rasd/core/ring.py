@@ -39,17 +39,20 @@ def links(
     unhealthy: Callable[[A], bool],
     host_of: Callable[[A], str],
     express: bool = True,
+    healthy: Callable[[A], bool] | None = None,
 ) -> set[A]:
     """The peers ``order[me_index]`` should keep links to.
 
     ``order`` is the whole sorted table; ``excluded`` peers (dead, departed) are skipped as if absent;
-    ``unhealthy`` peers are linked to but also bridged over by fallbacks.
+    ``unhealthy`` peers are linked to but also bridged over by fallbacks. ``healthy``: the peers known healthy, the
+    only ones of a skipped host the walk does not skip (default: every peer not unhealthy).
     """
     n = len(order)
     me = order[me_index]
     out: set[A] = set()
+    known_healthy = healthy if healthy is not None else (lambda p: not unhealthy(p))
     for direction in (1, -1):
-        out |= _walk(order, me_index, direction, excluded, unhealthy, host_of)
+        out |= _walk(order, me_index, direction, excluded, unhealthy, host_of, known_healthy)
     if express:
         live = [i for i in range(n) if i == me_index or not excluded(order[i])]
         if len(live) >= EXPRESS_MIN_PEERS:
@@ -75,6 +78,7 @@ def _walk(
     excluded: Callable[[A], bool],
     unhealthy: Callable[[A], bool],
     host_of: Callable[[A], str],
+    healthy: Callable[[A], bool],
 ) -> set[A]:
     n = len(order)
     me = order[me_index]
@@ -89,7 +93,7 @@ def _walk(
             break
         if excluded(peer):
             continue
-        if skip_host is not None and host_of(peer) == skip_host and unhealthy(peer):
+        if skip_host is not None and host_of(peer) == skip_host and not healthy(peer):
             continue
         chosen.add(peer)
         if not unhealthy(peer):

@@ -8,7 +8,8 @@ section 2.7)::
     our DEAD rung (silent past the dead limit, our HUNG unrefuted)  -> pending; a gather (REACH_QUERY), one at a time
     the gather ends -> majority: we reach more than half of the processes we hold alive (half: and the lowest one)
                     -> every live process that did not answer is suspected: a SUSPECT flood each
-    a node that had bytes from the suspect within the dead limit, or the suspect itself -> RECOVERED (refuted)
+    a node that had bytes from the suspect within the dead limit, or the suspect itself -> HEARD (refuted),
+                    and the refutation clears the suspect's whole *run* (below)
     majority: pending deaths now; suspicions unrefuted for CONFIRM unresponsive limits   -> PEER_DEAD, flooded
     minority: both wait one more dead limit (gathering again meanwhile: a heal makes us the majority again)
     while a gather leaves processes unreached, gather again every gather time limit: a refuted suspect that is
@@ -21,6 +22,23 @@ measures at once what this node can still reach; what it cannot, and nobody on i
 limit, is dead by the same rule as a silent neighbour (a process cut off only briefly, or a gather leg lost, was
 heard by somebody within the dead limit, who refutes).
 
+Why a refutation clears a run. The suspects of one gather fall into runs: processes consecutive in table order
+(the ring) that the gather did not reach. Only a run's edges and its skip links are linked to reachable processes,
+so a region cut off for less than the dead limit has an inside that no reachable node ever heard: those suspicions
+go unrefuted although the region was reachable moments ago. Every path from this side into a run crosses a link to
+one of its members, held by a node of this side; so if any member was heard within the dead limit, the run may have
+been cut off for less than the dead limit, and none of it is declared. The run is suspected again at the next gather,
+and declared once nobody has heard any of it for the dead limit.
+
+Why each suspicion is flooded and refuted about once per gather. Many nodes gather at about the same time (every
+node linked to a silent process, every node of a cut-off side), each suspecting the same processes, and every node
+that heard a suspect would refute each of their floods: floods times refuters, each a flood of the whole job. So a
+node floods no SUSPECT about a process another node's SUSPECT flood named less than ``ECHO`` ago, and refutes none
+about a process a HEARD flood named less than ``ECHO`` ago; a suspicion itself is not raised against a run of
+which a member was refuted less than ``ECHO`` ago. Every flood reaches every node that can be reached, so the floods
+a node skips were seen, within flood latency, by the nodes that needed them; ``ECHO`` is shorter than the time
+between two gathers of one node, so a suspicion that lasts is raised and answered again at each of its gathers.
+
 Why the smaller side waits. Death is permanent, and a partition that heals just after the dead limit would carry
 each side's fresh verdicts into the other, where the processes they name are alive: a union of the two dead lists
 that takes live processes out of the job. With the smaller side one dead limit behind, a partition that heals in
@@ -30,13 +48,15 @@ that lasts longer leaves both sides complete, and the reunion rule (``reunion.py
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from . import wire
 from .connections import Conn
 from .events import Kind
 from .liveness import CONFIRM
-from .peers import PeerKey
+from .peers import Addr, PeerInfo, PeerKey
+from .reunion import Side
 from .snapshot import JobSnapshot
 
 if TYPE_CHECKING:
@@ -44,6 +64,9 @@ if TYPE_CHECKING:
 
 #: The query id of reachability gathers (the stuck sweeper's is -1; a client's are positive).
 REACH_QUERY = -2
+#: How long a SUSPECT or HEARD flood about a process stands for all, in gather leg timeouts: shorter than the time
+#: from one gather of a node to its next (a leg timeout and the hard extra).
+ECHO = 1.0
 
 
 class Suspicion:
@@ -51,6 +74,11 @@ class Suspicion:
         self.node = node
         self.pending: dict[PeerKey, float] = {}  # silence verdicts of our ladder -> since when
         self.suspects: dict[PeerKey, float] = {}  # processes the last gather did not reach -> since when
+        self.runs: dict[PeerKey, frozenset[PeerKey]] = {}  # an unreached process -> its run (see the module's doc)
+        self._suspected: dict[PeerKey, float] = {}  # the last SUSPECT flood seen or sent about a process -> when
+        self._heard: dict[PeerKey, float] = {}  # the last HEARD flood seen or sent about a process -> when
+        self._final: dict[PeerKey, float] = {}  # the smaller side's last SUSPECT before a death (``_last_call``)
+        self._pruned = float("-inf")
         self.majority = True  # what the last reachability gather said
         self.unreached = False  # whether it left live processes unreached (then we gather again)
         self._gathering = False
@@ -71,9 +99,11 @@ class Suspicion:
         if node.expelled or node.leaving:
             return
         live = node.live_peers()
-        reached = sum(1 for p in live if p.addr in snap.responses)
-        lowest = live[0].addr if live else node.me.addr  # the table is sorted
-        self.majority = 2 * reached > len(live) or (2 * reached == len(live) and lowest in snap.responses)
+        answered = [p for p in live if p.addr in snap.responses]  # the table is sorted: the first is the lowest
+        lowest = live[0].addr if live else node.me.addr
+        self.majority = 2 * len(answered) > len(live) or (2 * len(answered) == len(live) and lowest in snap.responses)
+        side = Side(len(answered), answered[0].addr if answered else node.me.addr)
+        node.reunion.measured(side, snap.timeouts == 0, now)
         for key in list(self.pending):
             # It answered: it is alive and reachable now (a partition healed, a link came back, a paused process
             # resumed while the gather ran), so the silence of our link to it is not a death.
@@ -83,34 +113,53 @@ class Suspicion:
         for key in list(self.suspects):
             if key.addr in snap.responses:
                 del self.suspects[key]
-        self.unreached = False
-        for p in live:
-            if p.addr in snap.responses:
-                continue
-            self.unreached = True
-            if p.key in self.suspects or p.key in self.pending:
-                continue
-            self.suspects[p.key] = now
-            node.pass_on(node.floods.verdict(wire.FloodKind.SUSPECT, p.key), except_conn=None)
+        self.runs = unreached_runs(live, snap.responses)
+        self.unreached = bool(self.runs)
+        for run in set(self.runs.values()):
+            if any(self._lately(self._heard, key, now) for key in run):
+                continue  # a member was heard lately: the run may have been reachable moments ago
+            for key in run:
+                if key in self.suspects or key in self.pending:
+                    continue
+                self.suspects[key] = now
+                if not self._lately(self._suspected, key, now):
+                    self._suspected[key] = now
+                    node.pass_on(node.floods.verdict(wire.FloodKind.SUSPECT, key), except_conn=None)
         self._decide(now)
 
     def on_suspect(self, conn: Conn, msg: wire.Flood, subject: PeerKey, now: float) -> None:
         """A SUSPECT flood: refute it if we are the suspect or heard it within the dead limit; else pass it on."""
         node = self.node
         if subject == node.me.key or node.links.heard_within(subject, node.timers.dead, now):
-            stamp = now if subject == node.me.key else node.links.stamp(subject)
-            node.pass_on(node.floods.verdict(wire.FloodKind.RECOVERED, subject, stamp), except_conn=None)
+            if not self._lately(self._heard, subject, now):
+                self._heard[subject] = now
+                stamp = now if subject == node.me.key else node.links.stamp(subject)
+                node.pass_on(node.floods.verdict(wire.FloodKind.HEARD, subject, stamp), except_conn=None)
             return
+        self._suspected[subject] = now
         node.pass_on(msg, except_conn=conn.id)
 
-    def refuted(self, subject: PeerKey) -> None:
-        """A RECOVERED flood about that process: somebody heard it."""
-        self.suspects.pop(subject, None)
+    def refuted(self, subject: PeerKey, now: float) -> None:
+        """A HEARD flood about that process: somebody heard it within the dead limit, so its whole run may have been
+        reachable lately (its suspicions are dropped; a pending verdict about it only if its last call was out: the
+        ladder's own refutation, a vouch, handles the others)."""
+        self._heard[subject] = now
+        for key in self.runs.get(subject, (subject,)):
+            self.suspects.pop(key, None)
+        if self._final.pop(subject, None) is not None:
+            self.pending.pop(subject, None)  # its last call was answered: somebody reachable hears it
 
     def tick(self, now: float) -> None:
+        node = self.node
+        if now - self._pruned >= ECHO * node.timers.leg_timeout:
+            self._pruned = now
+            for seen in (self._suspected, self._heard):
+                for key in [k for k, at in seen.items() if not self._lately(seen, k, now)]:
+                    del seen[key]
+        for key in [k for k in self._final if k not in self.pending and k not in self.suspects]:
+            del self._final[key]  # dropped meanwhile (answered a gather, heard again, refuted, declared)
         if not self.pending and not self.suspects and not self.unreached:
             return
-        node = self.node
         for key in list(self.pending):
             if node.verdicts.gone(key) or node.links.still_silent(key, now) is None:
                 del self.pending[key]  # declared by somebody else, heard again, or no longer a link of ours
@@ -126,11 +175,23 @@ class Suspicion:
         self._decide(now)
 
     def forgive(self, gap: float) -> None:
-        for d in (self.pending, self.suspects):
+        for d in (self.pending, self.suspects, self._final):
             for key in d:
                 d[key] += gap
 
+    def _lately(self, seen: dict[PeerKey, float], key: PeerKey, now: float) -> bool:
+        at = seen.get(key)
+        return at is not None and now - at < ECHO * self.node.timers.leg_timeout
+
     # --- deciding ------------------------------------------------------------------------------------------------
+
+    @property
+    def gathering(self) -> bool:
+        return self._gathering
+
+    def measure(self, now: float) -> None:
+        """A reachability gather for the reunion rule, which measures a side with it (``reunion.py``)."""
+        self._gather(now)
 
     def _gather(self, now: float) -> None:
         node = self.node
@@ -147,7 +208,7 @@ class Suspicion:
             return
         wait = 0.0 if self.majority else node.timers.dead
         for key, since in list(self.pending.items()):
-            if now - since >= wait:
+            if now - since >= wait and self._last_call(key, wait, now):
                 del self.pending[key]
                 silence = node.links.still_silent(key, now) or node.timers.dead
                 node.emit(
@@ -158,6 +219,50 @@ class Suspicion:
                 )
                 node.verdicts.declare_dead(key, now, None)
         for key, since in list(self.suspects.items()):
-            if now - since >= max(wait, CONFIRM * node.timers.unresponsive):
+            if now - since >= max(wait, CONFIRM * node.timers.unresponsive) and self._last_call(key, wait, now):
                 del self.suspects[key]
                 node.verdicts.declare_dead(key, now, "unreachable, and nobody reachable heard it for the dead limit")
+
+    def _last_call(self, key: PeerKey, wait: float, now: float) -> bool:
+        """On the smaller side a death is declared a dead limit after it was due, when the network may have healed
+        meanwhile: one more SUSPECT flood first, and the death only if nobody refutes it for CONFIRM unresponsive
+        limits. (Sweep seed 46: a suspicion raised during a partition came due after the heal and was declared;
+        the verdict reached processes of the larger side that the larger side still held alive, and through them
+        the larger side, about a process it heard all along.)"""
+        if not wait:
+            return True
+        called = self._final.get(key)
+        if called is None:
+            if self._lately(self._heard, key, now):
+                # Refuted just before the call (a HEARD to another node's SUSPECT): the call is answered, and
+                # the refuters would not answer it again within ECHO.
+                self.pending.pop(key, None)
+                self.suspects.pop(key, None)
+                return False
+            self._final[key] = now
+            if not self._lately(self._suspected, key, now):
+                self._suspected[key] = now
+                node = self.node
+                node.pass_on(node.floods.verdict(wire.FloodKind.SUSPECT, key), except_conn=None)
+            return False
+        return now - called >= CONFIRM * self.node.timers.unresponsive
+
+
+def unreached_runs(live: list[PeerInfo], answered: Container[Addr]) -> dict[PeerKey, frozenset[PeerKey]]:
+    """Each live process that did not answer -> its run: the maximal stretch of consecutive unanswered processes
+    around it in table order, wrapping (``live`` is sorted and holds the root, which answers every gather)."""
+    n = len(live)
+    start = next((i for i, p in enumerate(live) if p.addr in answered), None)
+    if start is None:
+        return {}
+    runs: dict[PeerKey, frozenset[PeerKey]] = {}
+    current: list[PeerKey] = []
+    for step in range(1, n + 1):
+        p = live[(start + step) % n]
+        if p.addr not in answered:
+            current.append(p.key)
+        elif current:
+            run = frozenset(current)
+            runs.update(dict.fromkeys(current, run))
+            current = []
+    return runs

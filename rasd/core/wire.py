@@ -27,7 +27,7 @@ from .peers import Addr, PeerInfo, PeerKey
 #: 2: deaths keyed by (address, incarnation); restart records in gather replies. 3: the waiting flag. 4: the
 #: sender's clock in keepalives and stamps in floods, SUSPECT and OUTVOTED floods, a probe's side in CONNINIT and the
 #: OUTNUMBERED nack (docs/architecture.md 2.7).
-VERSION = 4
+VERSION = 5
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -59,6 +59,7 @@ class Nack(enum.IntEnum):
     DUPLICATE = 2  # a simultaneous connect lost the tie-break; the other connection stays
     LEAVING = 3  # the acceptor is shutting down
     OUTNUMBERED = 4  # a reunion probe: the acceptor's side of a healed partition is the smaller one; it leaves
+    MEASURE = 5  # a reunion probe: a side is not measured yet; both gather, and the prober probes again
 
 
 class FloodKind(enum.IntEnum):
@@ -68,6 +69,7 @@ class FloodKind(enum.IntEnum):
     RECOVERED = 4
     OUTVOTED = 5  # the subject's side of a healed partition outnumbers the origin's, and holds it dead
     SUSPECT = 6  # the origin cannot reach the subject since a silence death nearby: has anybody heard it?
+    HEARD = 7  # a SUSPECT answered: the origin had bytes from the subject within the dead limit (or is the subject)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -96,7 +98,8 @@ class ConnInit:
     peers_hash: int
     dead_hash: int
     # A reunion probe (docs/architecture.md 2.7): the connector holds the acceptor dead and says how large its own
-    # side is: how many processes it holds alive, itself included, and the lowest address among them.
+    # side is: how many processes answered its last reachability gather, itself included (0: not measured lately),
+    # and the lowest address among them.
     side_live: int = 0
     side_lowest: Addr | None = None
 
@@ -132,8 +135,8 @@ class Flood:
     kind: FloodKind
     subject: Addr
     incarnation: int
-    # HUNG: the subject's clock in the last keepalive the origin had from it; RECOVERED: the same, from a node that
-    # hears it. A refutation must be fresher than the verdict on the subject's own clock (liveness.py).
+    # HUNG: the subject's clock in the last keepalive the origin had from it; RECOVERED and HEARD: the same, from a
+    # node that hears it. A refutation must be fresher than the verdict on the subject's own clock (liveness.py).
     stamp: float = 0.0
 
 

@@ -185,7 +185,7 @@ def check_seed(seed: int, n: int | None = None, timers: Timers = SWEEP_TIMERS) -
         # Property: no reachable node declared dead (only the verdicts new since the last step).
         verdicts = sc.dead_verdicts()
         for observer, subject, at in verdicts[seen_dead:]:
-            if not sc.may_be_declared_dead(subject, at):
+            if not sc.may_be_declared_dead(subject, at, observer):
                 out.violations.append(f"t={at:.2f}: node {observer} declared reachable node {subject} dead")
         seen_dead = len(verdicts)
         # Property: gathers terminate.

@@ -92,15 +92,18 @@ class Scenario:
         doomed = self.doomed(grace)
         return [s.index for s in self.sim.nodes if s.index not in doomed]
 
-    def may_be_declared_dead(self, subject: int, at: float) -> bool:
+    def may_be_declared_dead(self, subject: int, at: float, observer: int | None = None) -> bool:
         """A verdict about ``subject`` at ``at`` is justified only if it was killed by then, or had been silent for
         about the dead limit by then because it was paused past it, or a partition that cut it off from part of the
-        job had lasted the dead limit by then (either side may be declared dead by the other, and the verdict
-        travels once the partition heals: which side keeps its verdicts is checked at the end). Slack: the last
-        message heard from it may predate the pause by up to a keepalive interval (and a tick)."""
+        job had lasted the dead limit by then. With ``observer`` (who holds the verdict), that partition must have
+        had the two on opposite sides, or ``subject`` on the smaller one: either side may declare the other dead,
+        and the larger side's verdicts travel into the smaller one once it heals (which side keeps its verdicts is
+        checked at the end), but nothing justifies a verdict about a process of the larger side held on the larger
+        side. Slack: the last message heard from it may predate the pause by up to a keepalive interval (and a
+        tick)."""
         if subject in self.rec.killed and self.rec.killed[subject] <= at:
             return True
-        if self.separated_past_dead(subject, at):
+        if self.separated_past_dead(subject, at, observer):
             return True
         if subject in self.rec.paused:
             start, end = self.rec.paused[subject]
@@ -109,14 +112,18 @@ class Scenario:
                 return True
         return False
 
-    def separated_past_dead(self, node: int, at: float) -> bool:
+    def separated_past_dead(self, node: int, at: float, observer: int | None = None) -> bool:
         """Whether a partition with ``node`` on one side lasted (or, still open, has lasted) the dead limit by ``at``,
-        less the slack of ``may_be_declared_dead``."""
+        less the slack of ``may_be_declared_dead``; with ``observer``, a partition with the two on opposite sides or
+        ``node`` on the smaller side."""
         slack = self.timers.keepalive + 2 * self.timers.tick
         spans = [(x, y, start, end) for x, y, start, end in self.rec.partitions]
         spans += [(x, y, start, float("inf")) for x, y, start in self._open.values()]
         for x, y, start, end in spans:
-            cut = node in x or node in y
+            if observer is None:
+                cut = node in x or node in y
+            else:
+                cut = node in min(x, y, key=len) or (node in x and observer in y) or (node in y and observer in x)
             if cut and end - start >= self.timers.dead - slack and at >= start + self.timers.dead - slack:
                 return True
         return False

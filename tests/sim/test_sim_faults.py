@@ -122,7 +122,7 @@ def test_no_node_is_declared_dead_while_reachable(big):
     wrong = [
         (observer, subject, at)
         for observer, subject, at in sc.dead_verdicts()
-        if not sc.may_be_declared_dead(subject, at)
+        if not sc.may_be_declared_dead(subject, at, observer)
     ]
     assert wrong == []
 

@@ -20,10 +20,13 @@ from rasd.core import wire
 from rasd.core.config import Timers
 from rasd.core.events import Kind
 from rasd.core.peers import Addr
-from rasd.core.reunion import PROBE_EVERY, Side
+from rasd.core.reunion import MEASURED_FOR, PROBE_EVERY, Side
 from rasd.sim import Simulation
 
 FACTOR = 0.2
+
+#: Each test runs a simulation of seconds (a test over a second is slow, README).
+pytestmark = pytest.mark.slow
 TIMERS = dataclasses.replace(Timers().scaled(FACTOR), tick=Timers().scaled(FACTOR).keepalive / 2)
 N = 64
 
@@ -61,7 +64,8 @@ def test_a_partition_past_the_dead_limit_gives_each_side_its_verdict_and_after_t
         lambda: not all(sim.nodes[i].node.expelled for i in minority), limit=4 * PROBE_EVERY * t.hang
     ), [i for i in minority if not sim.nodes[i].node.expelled]
     left_after = sim.now - healed
-    assert left_after <= 2 * PROBE_EVERY * t.hang + t.handshake
+    # Two probe intervals at most to meet, one gather's hard limit if the first probe finds a side not measured.
+    assert left_after <= 2 * PROBE_EVERY * t.hang + t.leg_timeout + t.gather_extra + t.handshake
     sim.run_until(sim.now + t.dead)
     # The larger side is untouched and agrees: the same dead set, the same table, a complete gather.
     for i in majority:
@@ -167,15 +171,23 @@ def test_one_broken_link_past_the_dead_limit_kills_nobody():
     assert all(sim.key(11) not in s.node.hung for s in sim.nodes)
 
 
-def test_a_probe_carries_the_side_only_to_a_process_held_dead():
-    sim = Simulation(8, seed=6, timers=TIMERS)
+def test_a_probe_carries_the_measured_side_only_to_a_process_held_dead():
+    t = TIMERS
+    sim = Simulation(8, seed=6, timers=t)
     sim.start()
     sim.run_until(1.0)
-    node = sim.nodes[0].node
+    node = sim.nodes[3].node
     conn = next(iter(node.conns.values()))
-    plain = node.reunion.conninit(conn)
-    assert plain.side_lowest is None
+    assert node.reunion.conninit(conn, sim.now).side_lowest is None  # not a probe: no side
     conn.probe = True
-    probe = node.reunion.conninit(conn)
+    unmeasured = node.reunion.conninit(conn, sim.now)
+    assert (unmeasured.side_live, unmeasured.side_lowest) == (0, sim.addr(3))  # live 0: not measured (and itself)
+    # A reachability gather measures the side: what it reached, the lowest address among them.
+    node.suspicion.measure(sim.now)
+    sim.run_until(sim.now + t.leg_timeout)
+    probe = node.reunion.conninit(conn, sim.now)
     assert (probe.side_live, probe.side_lowest) == (8, sim.addr(0))
     assert wire.decode_body(wire.encode(probe)[4:]) == probe
+    # A measurement stands MEASURED_FOR gather hard limits, no longer.
+    sim.run_until(sim.now + MEASURED_FOR * (t.leg_timeout + t.gather_extra))
+    assert node.reunion.conninit(conn, sim.now).side_live == 0

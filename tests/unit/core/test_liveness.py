@@ -27,7 +27,14 @@ def seen(
 
 
 def test_the_ladder_lists_every_rung_once_in_the_order_they_apply():
-    assert [rung for rung, _ in LADDER] == [Rung.UNRESPONSIVE, Rung.CONNECT_TIMEOUT, Rung.HUNG, Rung.DEAD, Rung.RESET]
+    assert [rung for rung, _ in LADDER] == [
+        Rung.UNRESPONSIVE,
+        Rung.CONNECT_TIMEOUT,
+        Rung.UNREACHED,
+        Rung.HUNG,
+        Rung.DEAD,
+        Rung.RESET,
+    ]
 
 
 def test_each_rung_is_reached_just_past_its_limit_not_at_it():
@@ -66,8 +73,11 @@ def test_a_peer_never_heard_is_flagged_hung_at_the_dead_limit_before_it_can_be_d
 def test_a_peer_without_a_connection_is_flagged_by_the_connect_timeout_only_if_it_was_ever_heard():
     gone = dict(ready=False, disconnected=T.connect_warn + 0.01)
     assert step(seen(**gone), T) == [Rung.CONNECT_TIMEOUT]
-    assert step(seen(**gone, heard_ever=False), T) == []
+    # Never heard: only marked unreached (bridged by fallback links, no event), once.
+    assert step(seen(**gone, heard_ever=False), T) == [Rung.UNREACHED]
+    assert step(seen(**gone, heard_ever=False)._replace(unreached=True), T) == []
     assert step(seen(ready=False, disconnected=T.connect_warn), T) == []
+    assert step(seen(ready=False, disconnected=T.connect_warn, heard_ever=False), T) == []
     # Silence past the reset limit resets only a ready connection; a peer never heard is not HUNG before the dead
     # limit.
     assert step(seen(T.reset + 1, ready=False, heard_ever=False), T) == []

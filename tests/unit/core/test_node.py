@@ -525,6 +525,9 @@ def test_a_dead_flood_about_oneself_expels_the_zombie():
     (cid,) = [c.id for c in b.ready_conns(h["a"].node.me.addr)]
     h.call("b", lambda: b.node.received(cid, wire.encode(flood), h.now))
     assert b.node.expelled and first(b, Kind.PEER_DEAD, b.node.me.addr) is not None
+    # It passed the verdict on before leaving: those linked to it were most likely cut off with it.
+    passed = [m for _, m in b.sent if isinstance(m, wire.Flood) and m.flood_id == 999]
+    assert len(passed) == 1 and passed[0].subject == b.node.me.addr
 
 
 def test_a_death_is_flooded_to_peers_that_did_not_see_it():
@@ -556,6 +559,29 @@ def test_a_stale_verdict_about_another_incarnation_is_ignored():
     before = beliefs(b.node)
     h.call("b", lambda: b.node.received(cid, wire.encode(flood), h.now))
     assert not b.node.is_dead(c.addr) and beliefs(b.node) == before
+
+
+@pytest.mark.parametrize("kind", [wire.FloodKind.DEAD, wire.FloodKind.HUNG, wire.FloodKind.SUSPECT])
+def test_a_verdict_from_a_process_held_dead_is_neither_applied_nor_passed_on(kind):
+    # A zombie's verdict, or the other side's of a healed partition carried by a process both sides hold alive.
+    t = Timers().scaled(0.1)
+    h = Harness()
+    for i, name in enumerate("abcd", start=1):
+        h.add(name, peer(i, f"10.0.0.{i}"), t)
+    h.introduce()
+    h.advance(2 * t.keepalive, t.tick)
+    d = h["d"].node.me
+    h.kill("d")
+    h.run()
+    a, b = h["a"], h["b"]
+    assert a.node.is_dead(d.addr)
+    subject = b.node.me  # about the very process that carries it, which a hears
+    flood = wire.Flood(d.addr, 4242, kind, subject.addr, subject.incarnation, 0.01)
+    (cid,) = [x.id for x in a.ready_conns(b.node.me.addr)]
+    before, sent = beliefs(a.node)[:5], len(a.sent)  # (the contacts' last-heard times move: b spoke)
+    h.call("a", lambda: a.node.received(cid, wire.encode(flood), h.now))
+    assert beliefs(a.node)[:5] == before and not a.node.is_dead(subject.addr)
+    assert not [m for _, m in a.sent[sent:] if isinstance(m, wire.Flood)]  # not passed on, not refuted
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -53,6 +53,18 @@ def test_a_fallback_of_a_fallback_on_another_host_skips_the_rest_of_that_host():
     assert got == {0, 2, 3, 4, 8}
 
 
+def test_host_skipping_skips_processes_not_known_healthy_when_told_which_are():
+    # With a notion of "known healthy" (links.py: heard, not delayed), a host's processes nobody vouches for are
+    # skipped whole once its first fallback is unhealthy: 5, 6, 7 are unknown here, not unhealthy.
+    order = list(range(16))
+    got = ring.links(
+        order, 1, set().__contains__, {2, 3, 4}.__contains__, lambda i: f"h{i // 4}", True, {0}.__contains__
+    )
+    assert got == {0, 2, 3, 4, 8}
+    # Without it (every peer not unhealthy counts as healthy) the walk stops at 5.
+    assert links(16, 1, bad={2, 3, 4}, per_host=4) == {0, 2, 3, 4, 5}
+
+
 def test_host_skipping_keeps_a_healthy_process_of_that_host():
     got = links(16, 1, bad={2, 3, 4, 5, 7}, per_host=4)
     assert got == {0, 2, 3, 4, 6}  # 6 is healthy: the walk stops there, 5 skipped with its host

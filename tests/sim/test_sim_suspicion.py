@@ -1,0 +1,195 @@
+"""Silence deaths decided with the job's view (rasd/core/suspicion.py): a region is declared dead only once nobody on
+this side has heard any of it for the dead limit.
+
+On the simulator, 64 nodes on 8 hosts, timers scaled by 0.2 (dead limit 12 s of virtual time). A region of three
+hosts has an inside (the middle host) whose ring and skip links all stay inside the region, so no node outside ever
+hears it directly: only its edges are heard. A reachability gather that runs while the region is cut off (here,
+started by a process paused for good elsewhere) leaves the whole region unreached; the run rule keeps the inside
+alive while the edges were heard within the dead limit, and lets the whole region be declared once they were not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, strategies as st
+
+from rasd.core import wire
+from rasd.core.actions import Send
+from rasd.core.config import Timers
+from rasd.core.events import Kind
+from rasd.core.liveness import CONFIRM
+from rasd.core.peers import Addr, PeerInfo
+from rasd.core.reunion import spread
+from rasd.core.suspicion import ECHO, unreached_runs
+from rasd.sim import Simulation
+
+FACTOR = 0.2
+TIMERS = dataclasses.replace(Timers().scaled(FACTOR), tick=Timers().scaled(FACTOR).keepalive / 2)
+N = 64
+REGION = set(range(0, 24))  # hosts 0, 1 and 2: the inside (host 1) has every link inside the region
+PAUSED = 40  # paused for good: its silence death starts the reachability gathers
+
+
+def dead_about(sim: Simulation, nodes: set[int]) -> list[tuple[int, int, float]]:
+    idx = sim.addr_index
+    return [
+        (o, idx[e.addr], at) for o, at, e in sim.events(Kind.PEER_DEAD) if idx[e.addr] in nodes and idx[e.addr] != o
+    ]
+
+
+def _job(seed: int) -> tuple[Simulation, set[int]]:
+    """The 64-node job, settled at t = 1 s, and the processes outside REGION."""
+    sim = Simulation(N, seed=seed, timers=TIMERS, procs_per_host=8, record=frozenset({Kind.PEER_DEAD}))
+    sim.start(bootstrap="quiet")
+    sim.run_until(1.0)
+    return sim, set(range(N)) - REGION
+
+
+@pytest.mark.slow
+def test_a_region_cut_off_for_less_than_the_dead_limit_while_gathers_run_loses_nobody():
+    t = TIMERS
+    sim, rest = _job(11)
+    sim.pause(PAUSED)
+    # Cut off from 0.6 to 1.5 dead limits after the pause: the paused process's silence death (about one dead limit
+    # in) and every reachability gather it starts fall inside the partition.
+    sim.run_until(1.0 + 0.6 * t.dead)
+    p = sim.partition(REGION, rest)
+    sim.run_until(1.0 + 1.5 * t.dead)
+    sim.heal(p)
+    sim.run_until(sim.now + 2 * t.dead)
+    assert dead_about(sim, REGION) == []
+    assert not any(sim.nodes[i].node.expelled for i in REGION)
+    # The paused process was declared dead, by everyone (the region too, after the heal).
+    for s in sim.nodes:
+        if s.index != PAUSED:
+            assert s.node.dead == {sim.key(PAUSED)}, s.index
+
+
+@pytest.mark.slow
+def test_a_region_cut_off_past_the_dead_limit_is_declared_whole_inside_included():
+    t = TIMERS
+    sim, rest = _job(12)
+    sim.partition(REGION, rest)
+    region = {sim.key(i) for i in REGION}
+    assert sim.run_while(lambda: not all(sim.nodes[i].node.dead == region for i in rest), limit=2 * t.dead)
+    took = sim.now - 1.0
+    assert t.dead < took <= t.dead + 3 * (t.leg_timeout + t.gather_extra), took
+    # No verdict about the region before the dead limit, by anyone (its last keepalive before the cut may be one
+    # interval old, and a verdict waits for a tick).
+    earliest = 1.0 + t.dead - t.keepalive - 2 * t.tick
+    assert min(at for _, _, at in dead_about(sim, REGION)) >= earliest
+
+
+def _live(n: int) -> list[PeerInfo]:
+    return [PeerInfo(Addr("10.0.0.1", 20000 + i), 100 + i, "h", 1, i) for i in range(n)]
+
+
+def _answered(live: list[PeerInfo], indexes: set[int]) -> set[Addr]:
+    return {live[i].addr for i in indexes}
+
+
+def test_unreached_processes_fall_into_runs_of_consecutive_ones_wrapping_around_the_ring():
+    live = _live(10)
+    runs = unreached_runs(live, _answered(live, {2, 3, 7}))
+    index = {p.key: i for i, p in enumerate(live)}
+    by_index = {index[k]: {index[m] for m in run} for k, run in runs.items()}
+    assert by_index[0] == by_index[9] == by_index[1] == {8, 9, 0, 1}
+    assert by_index[4] == by_index[6] == {4, 5, 6}
+    assert set(by_index) == {0, 1, 4, 5, 6, 8, 9}
+    assert unreached_runs(live, _answered(live, set(range(10)))) == {}
+
+
+@given(st.integers(min_value=1, max_value=300))
+def test_probes_visit_every_member_of_a_gap_once_per_round(n):
+    assert sorted(spread(turn, n) for turn in range(n)) == list(range(n))
+
+
+def test_the_first_probes_of_a_long_gap_land_far_from_its_near_end():
+    # A process whose own side left holds them dead too: they are the near end of its gap.
+    first = [spread(turn, 63) for turn in range(3)]
+    assert len(set(first)) == 3 and sum(i >= 8 for i in first) == 2  # 8: one host of processes
+
+
+def _smaller_side_node():
+    """Node 0 of a settled 8-node job, made to believe it is on the smaller side of a partition."""
+    t = TIMERS
+    sim = Simulation(8, seed=1, timers=t)
+    sim.start()
+    sim.run_until(2.0)
+    node = sim.nodes[0].node
+    node.suspicion.majority = False
+    return sim, node
+
+
+def test_the_smaller_side_makes_a_last_call_before_a_death_and_a_refutation_answers_it():
+    t = TIMERS
+    sim, node = _smaller_side_node()
+    s, key, now = node.suspicion, sim.key(3), sim.now
+    s.suspects[key] = now - t.dead - 1  # due: suspected more than a dead limit ago
+    s._decide(now)
+    calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.SUSPECT and m.subject == key.addr]
+    assert len({m.flood_id for m in calls}) == 1 and not node.verdicts.gone(key)  # the call went out; no death yet
+    s.refuted(key, now + 0.1)  # somebody reachable heard it
+    s._decide(now + CONFIRM * t.unresponsive)
+    assert not node.verdicts.gone(key) and key not in s.suspects
+    # Unanswered, the same call ends in the death.
+    s.suspects[key] = now - t.dead - 1
+    later = now + 2 * ECHO * t.leg_timeout
+    s._decide(later)
+    s._decide(later + CONFIRM * t.unresponsive)
+    assert node.verdicts.gone(key)
+
+
+def test_a_refutation_seen_just_before_the_last_call_answers_it():
+    # Another node's SUSPECT, refuted, moments before ours came due: the refuters would not answer again within ECHO.
+    t = TIMERS
+    sim, node = _smaller_side_node()
+    s, key, now = node.suspicion, sim.key(3), sim.now
+    s.pending[key] = now - t.dead - 1
+    s._suspected[key] = now - 1.0
+    s.refuted(key, now - 0.5)
+    s._decide(now)
+    s._decide(now + CONFIRM * t.unresponsive)
+    assert not node.verdicts.gone(key) and key not in s.pending
+
+
+def test_a_last_call_of_an_earlier_suspicion_is_not_taken_for_a_later_one():
+    t = TIMERS
+    sim, node = _smaller_side_node()
+    s, key, now = node.suspicion, sim.key(3), sim.now
+    s.suspects[key] = now - t.dead - 1
+    s._decide(now)  # the last call starts ...
+    del s.suspects[key]  # ... and a gather reaches it (the heal)
+    for k in range(5):
+        s.tick(now + 0.1 * k)
+    later = now + 10 * t.dead  # another partition, the same process suspected again and due
+    s.majority = False
+    s.suspects[key] = later - t.dead - 1
+    s._decide(later)
+    assert not node.verdicts.gone(key), "declared without a last call of its own"
+
+
+def sent_floods(node) -> list[wire.Flood]:
+    out = []
+    for a in node._flush():
+        if isinstance(a, Send):
+            msg = wire.decode_body(a.data[4:])
+            if isinstance(msg, wire.Flood):
+                out.append(msg)
+    return out
+
+
+def test_a_suspicion_is_answered_by_heard_not_by_a_recovered_about_an_old_hang():
+    # RECOVERED refutes a HUNG verdict ("heard after its origin did", maybe long ago); only HEARD ("heard within the
+    # dead limit") answers a suspicion (sweep seed 471).
+    sim, node = _smaller_side_node()
+    s, key, now = node.suspicion, sim.key(3), sim.now
+    conn = next(c for c in node.conns.values() if c.peer is not None)
+    origin = sim.addr(5)
+    for kind, flood_id, cleared in ((wire.FloodKind.RECOVERED, 901, False), (wire.FloodKind.HEARD, 902, True)):
+        s.suspects[key] = now
+        flood = wire.Flood(origin, flood_id, kind, key.addr, key.incarnation, 0.0)
+        node.received(conn.id, wire.encode(flood), now)
+        assert (key not in s.suspects) is cleared, kind

@@ -2,10 +2,10 @@
 
 Belongs here: flood ids (one counter per node for every kind of flood, so (origin, id) names one flood), the
 memory of floods already seen, and what a node does with a flood it sees first: apply it, then pass it on to every
-other ready connection. Two kinds travel this way: process verdicts (``wire.Flood``: DEAD, LEFT, HUNG, RECOVERED)
-and communicator verdicts (``wire.CommVerdict``: COMM_STUCK and its clear). The verdicts themselves live in
-``verdicts.py`` and ``sweeper.py``; the dead and departed sets are also hashed into every keepalive as a backstop
-for a missed flood (``gossip.py``).
+other ready connection. Two kinds travel this way: process verdicts (``wire.Flood``: DEAD, LEFT, HUNG, RECOVERED,
+and the reachability rules' SUSPECT, HEARD and OUTVOTED) and communicator verdicts (``wire.CommVerdict``:
+COMM_STUCK and its clear). The verdicts themselves live in ``verdicts.py`` and ``sweeper.py``; the dead and departed
+sets are also hashed into every keepalive as a backstop for a missed flood (``gossip.py``).
 """
 
 from __future__ import annotations

@@ -127,8 +127,8 @@ class Reunion:
             target, at = self._again
             if now < at or node.suspicion.gathering:
                 return  # our own gather first: the probe carries its measure
-            if self.side(now) is None:
-                node.suspicion.measure(now)  # it ended too long ago: once more
+            if self.side(now, complete=True) is None:
+                node.suspicion.measure(now)  # it ended too long ago, or lost a leg: once more
                 return
             self._again = None
             if node.is_dead(target):
@@ -151,7 +151,7 @@ class Reunion:
         when it answered, takes about as long as ours), a gather's hard limit later after that (its gather waits on
         a silent leg)."""
         node = self.node
-        if again is None or self.side(now) is None:
+        if again is None or self.side(now, complete=True) is None:
             node.suspicion.measure(now)
         if again is not None:
             if again != self._measured_for:
@@ -189,11 +189,12 @@ class Reunion:
         return Ruling.WE_LOSE
 
     def conninit(self, conn: Conn, now: float) -> wire.ConnInit:
-        """The CONNINIT this node sends on ``conn``: on a probe, with its measured side (live 0: none lately)."""
+        """The CONNINIT this node sends on ``conn``: on a probe, with its measured side (live 0: none lately, or only
+        by a gather that lost a leg, which could make the larger side lose)."""
         node = self.node
         msg = wire.ConnInit(node.me, node.table.hash, node.verdicts.dead_hash)
         if conn.probe:
-            side = self.side(now) or Side(0, node.me.addr)
+            side = self.side(now, complete=True) or Side(0, node.me.addr)  # a lost leg can hide part of it
             msg = wire.ConnInit(node.me, node.table.hash, node.verdicts.dead_hash, side.live, side.lowest)
         return msg
 

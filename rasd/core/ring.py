@@ -3,8 +3,8 @@
 The mesh is a ring over the table sorted by address (docs/architecture.md §2.3): each node links to the next and
 the previous live peer. When the primary peer of a direction is unhealthy (silent, or not reachable for a while),
 the node also links to the next peer beyond it in that direction, and keeps walking while those are unhealthy too
-(a chain of fallbacks). A fallback beyond a fallback on another host skips the rest of that host's processes, so a
-dead host of 8 processes costs one hop, not 8 (unless one of them is already known healthy).
+(a chain of fallbacks). Past two unhealthy processes of another host, the walk skips the rest of that host's
+processes but those known healthy, so a dead host of 8 processes costs two hops, not 8.
 
 ::
 
@@ -86,6 +86,7 @@ def _walk(
     i = me_index
     fallbacks = 0
     skip_host: str | None = None
+    bad_on_host: dict[str, int] = {}  # unhealthy processes met on each host in this walk
     for _ in range(n - 1):
         i = (i + direction) % n
         peer = order[i]
@@ -93,15 +94,21 @@ def _walk(
             break
         if excluded(peer):
             continue
-        if skip_host is not None and host_of(peer) == skip_host and not healthy(peer):
+        host = host_of(peer)
+        # The rest of a skipped host, once two of its processes were unhealthy in this walk: only its processes
+        # known healthy are kept (a host cut off whole is crossed in one step, sweep seed 5152). After one, the walk
+        # goes on through it as through any host, or a live process between silent ones could be left with no live
+        # link at all.
+        if skip_host == host and bad_on_host.get(host, 0) >= 2 and not healthy(peer):
             continue
         chosen.add(peer)
         if not unhealthy(peer):
             break
+        bad_on_host[host] = bad_on_host.get(host, 0) + 1
         fallbacks += 1
         if fallbacks > MAX_FALLBACKS:
             break
         # A fallback of a fallback on another host skips the rest of that host.
-        if fallbacks >= 2 and host_of(peer) != host_of(me):
-            skip_host = host_of(peer)
+        if fallbacks >= 2 and host != host_of(me):
+            skip_host = host
     return chosen

@@ -11,6 +11,7 @@ section 2.7)::
     a node that had bytes from the suspect within the dead limit, or the suspect itself -> HEARD (refuted),
                     and the refutation clears the suspect's whole *run* (below)
     majority: pending deaths now; suspicions unrefuted for CONFIRM unresponsive limits   -> PEER_DEAD, flooded
+    minority: a dead limit later, a last call first (one more SUSPECT, unrefuted for CONFIRM) -> PEER_DEAD, flooded
     minority: both wait one more dead limit (gathering again meanwhile: a heal makes us the majority again)
     while a gather leaves processes unreached, gather again every gather time limit: a refuted suspect that is
     still unreachable is suspected again, until nobody has heard it for the dead limit

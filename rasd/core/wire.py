@@ -26,7 +26,8 @@ from .peers import Addr, PeerInfo, PeerKey
 
 #: 2: deaths keyed by (address, incarnation); restart records in gather replies. 3: the waiting flag. 4: the
 #: sender's clock in keepalives and stamps in floods, SUSPECT and OUTVOTED floods, a probe's side in CONNINIT and the
-#: OUTNUMBERED nack (docs/architecture.md 2.7).
+#: OUTNUMBERED nack (docs/architecture.md 2.7). 5: a probe's side measured by a reachability gather and the MEASURE
+#: nack; the HEARD flood.
 VERSION = 5
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128

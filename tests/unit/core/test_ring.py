@@ -49,25 +49,35 @@ def test_fallbacks_skip_dead_peers():
 def test_a_fallback_of_a_fallback_on_another_host_skips_the_rest_of_that_host():
     # 4 hosts of 4 processes; me is 1 (host 0). Host 1 (4..7) is all silent, and so is my successor 2, 3.
     got = links(16, 1, bad={2, 3, 4, 5, 6, 7}, per_host=4)
-    # 2 and 3 on my own host are walked one by one; 4 is the first fallback on host 1, the rest of host 1 skipped.
-    assert got == {0, 2, 3, 4, 8}
+    # 2 and 3 on my own host are walked one by one; 4 and 5 are the first two fallbacks on host 1, the rest of
+    # host 1 is skipped.
+    assert got == {0, 2, 3, 4, 5, 8}
 
 
-def test_host_skipping_skips_processes_not_known_healthy_when_told_which_are():
-    # With a notion of "known healthy" (links.py: heard, not delayed), a host's processes nobody vouches for are
-    # skipped whole once its first fallback is unhealthy: 5, 6, 7 are unknown here, not unhealthy.
-    order = list(range(16))
-    got = ring.links(
-        order, 1, set().__contains__, {2, 3, 4}.__contains__, lambda i: f"h{i // 4}", True, {0}.__contains__
-    )
-    assert got == {0, 2, 3, 4, 8}
-    # Without it (every peer not unhealthy counts as healthy) the walk stops at 5.
-    assert links(16, 1, bad={2, 3, 4}, per_host=4) == {0, 2, 3, 4, 5}
+def known(n, me, bad, healthy, per_host):
+    order = list(range(n))
+    host = lambda i: f"h{i // per_host}"  # noqa: E731 - a one-line key
+    return ring.links(order, me, set().__contains__, set(bad).__contains__, host, False, set(healthy).__contains__)
+
+
+def test_a_host_with_two_unhealthy_processes_keeps_only_those_known_healthy():
+    # With a notion of "known healthy" (links.py: heard, not delayed), a host cut off whole is crossed at once: once
+    # two of its processes were unhealthy, the rest of it that nobody vouches for (6, 7) is skipped too.
+    assert known(16, 1, bad={2, 3, 4, 5}, healthy={0}, per_host=4) == {0, 2, 3, 4, 5, 8}
+    # Without it (every peer not unhealthy counts as healthy) the walk stops at 6.
+    assert links(16, 1, bad={2, 3, 4, 5}, per_host=4) == {0, 2, 3, 4, 5, 6}
+
+
+def test_a_live_process_between_silent_ones_is_not_skipped_after_one_silent_process_of_its_host():
+    # 2 hosts of 4; 0, 1, 3, 4, 7 silent; 2, 5, 6 live. 5 walks back over 4 (own host) and 3 (host 0, the second
+    # fallback): one silent process of host 0 is not enough to skip 2, which nobody else links to.
+    got = known(8, 5, bad={0, 1, 3, 4, 7}, healthy={6}, per_host=4)
+    assert 2 in got
 
 
 def test_host_skipping_keeps_a_healthy_process_of_that_host():
     got = links(16, 1, bad={2, 3, 4, 5, 7}, per_host=4)
-    assert got == {0, 2, 3, 4, 6}  # 6 is healthy: the walk stops there, 5 skipped with its host
+    assert got == {0, 2, 3, 4, 5, 6}  # 5 is the second silent one of host 1, 6 is healthy: the walk stops there
 
 
 def test_the_walk_is_bounded_by_max_fallbacks():

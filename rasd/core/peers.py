@@ -25,6 +25,7 @@ import functools
 import hashlib
 import ipaddress
 import random
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -38,6 +39,13 @@ class Addr(NamedTuple):
 
     def sort_key(self) -> tuple[int, bytes, int]:
         return _sort_key(self.host, self.port)
+
+    def __hash__(self) -> int:
+        # Not the host text's hash, which Python salts per process (PYTHONHASHSEED): sets and dicts of addresses
+        # and keys iterate in one order in every process, so a simulator seed replays exactly (tests/reliability/
+        # sweep.py prints a one-line reproduction). Equal addresses still hash equal; a tuple equal to an Addr
+        # need not, and none is mixed with Addrs as a key.
+        return hash((zlib.crc32(self.host.encode("utf-8", "surrogatepass")), self.port))
 
     def __str__(self) -> str:
         # NCCL's socket format, used in logs and in events about unknown peers: IP<port>.

@@ -36,9 +36,14 @@ node linked to a silent process, every node of a cut-off side), each suspecting 
 that heard a suspect would refute each of their floods: floods times refuters, each a flood of the whole job. So a
 node floods no SUSPECT about a process another node's SUSPECT flood named less than ``ECHO`` ago, and refutes none
 about a process a HEARD flood named less than ``ECHO`` ago; a suspicion itself is not raised against a run of
-which a member was refuted less than ``ECHO`` ago. Every flood reaches every node that can be reached, so the floods
-a node skips were seen, within flood latency, by the nodes that needed them; ``ECHO`` is shorter than the time
-between two gathers of one node, so a suspicion that lasts is raised and answered again at each of its gathers.
+which a member was refuted less than ``ECHO`` ago. ``ECHO`` is shorter than the time between two gathers of one
+node, so a suspicion that lasts is raised and answered again at each of its gathers. A flood reaches every node
+reachable when it goes out, but none that became reachable just after (a partition healing): so a SUSPECT that went
+by before our suspicion was raised does not stand for it. A death needs a SUSPECT flood sent or seen after the
+suspicion (or the last call) began, unrefuted for CONFIRM; without one we flood our own first (``_answered``). And
+the suspect itself answers every SUSPECT about itself, however lately it answered one: a reachable process is
+never declared dead unheard (sweep seed 5482). A refuter other than the suspect still skips within ``ECHO``
+(docs/architecture.md section 10).
 
 Why the smaller side waits. Death is permanent, and a partition that heals just after the dead limit would carry
 each side's fresh verdicts into the other, where the processes they name are alive: a union of the two dead lists
@@ -79,6 +84,7 @@ class Suspicion:
         self._suspected: dict[PeerKey, float] = {}  # the last SUSPECT flood seen or sent about a process -> when
         self._heard: dict[PeerKey, float] = {}  # the last HEARD flood seen or sent about a process -> when
         self._final: dict[PeerKey, float] = {}  # the smaller side's last SUSPECT before a death (``_last_call``)
+        self._called: dict[PeerKey, float] = {}  # the first SUSPECT flood sent or seen since a suspicion (or call)
         self._pruned = float("-inf")
         self.majority = True  # what the last reachability gather said
         self.unreached = False  # whether it left live processes unreached (then we gather again)
@@ -123,21 +129,29 @@ class Suspicion:
                 if key in self.suspects or key in self.pending:
                     continue
                 self.suspects[key] = now
+                self._called.pop(key, None)
                 if not self._lately(self._suspected, key, now):
-                    self._suspected[key] = now
-                    node.pass_on(node.floods.verdict(wire.FloodKind.SUSPECT, key), except_conn=None)
+                    self._call(key, now)
         self._decide(now)
 
     def on_suspect(self, conn: Conn, msg: wire.Flood, subject: PeerKey, now: float) -> None:
         """A SUSPECT flood: refute it if we are the suspect or heard it within the dead limit; else pass it on."""
         node = self.node
-        if subject == node.me.key or node.links.heard_within(subject, node.timers.dead, now):
+        if subject == node.me.key:
+            # The suspect answers every SUSPECT about itself, however lately it answered one: its last HEARD may
+            # have gone out before this suspecter could be reached (a partition healing; sweep seed 5482).
+            self._heard[subject] = now
+            node.pass_on(node.floods.verdict(wire.FloodKind.HEARD, subject, now), except_conn=None)
+            return
+        if node.links.heard_within(subject, node.timers.dead, now):
             if not self._lately(self._heard, subject, now):
                 self._heard[subject] = now
-                stamp = now if subject == node.me.key else node.links.stamp(subject)
+                stamp = node.links.stamp(subject)
                 node.pass_on(node.floods.verdict(wire.FloodKind.HEARD, subject, stamp), except_conn=None)
             return
         self._suspected[subject] = now
+        if (subject in self.suspects or subject in self._final) and subject not in self._called:
+            self._called[subject] = now  # our suspicion's call: it went out after we suspected
         node.pass_on(msg, except_conn=conn.id)
 
     def refuted(self, subject: PeerKey, now: float) -> None:
@@ -157,8 +171,9 @@ class Suspicion:
             for seen in (self._suspected, self._heard):
                 for key in [k for k, at in seen.items() if not self._lately(seen, k, now)]:
                     del seen[key]
-        for key in [k for k in self._final if k not in self.pending and k not in self.suspects]:
-            del self._final[key]  # dropped meanwhile (answered a gather, heard again, refuted, declared)
+        for d in (self._final, self._called):
+            for key in [k for k in d if k not in self.pending and k not in self.suspects]:
+                del d[key]  # dropped meanwhile (answered a gather, heard again, refuted, declared)
         if not self.pending and not self.suspects and not self.unreached:
             return
         for key in list(self.pending):
@@ -176,7 +191,7 @@ class Suspicion:
         self._decide(now)
 
     def forgive(self, gap: float) -> None:
-        for d in (self.pending, self.suspects, self._final):
+        for d in (self.pending, self.suspects, self._final, self._called):
             for key in d:
                 d[key] += gap
 
@@ -220,7 +235,11 @@ class Suspicion:
                 )
                 node.verdicts.declare_dead(key, now, None)
         for key, since in list(self.suspects.items()):
-            if now - since >= max(wait, CONFIRM * node.timers.unresponsive) and self._last_call(key, wait, now):
+            if (
+                now - since >= max(wait, CONFIRM * node.timers.unresponsive)
+                and (wait or self._answered(key, since, now))
+                and self._last_call(key, wait, now)
+            ):
                 del self.suspects[key]
                 node.verdicts.declare_dead(key, now, "unreachable, and nobody reachable heard it for the dead limit")
 
@@ -241,12 +260,33 @@ class Suspicion:
                 self.suspects.pop(key, None)
                 return False
             self._final[key] = now
+            self._called.pop(key, None)
             if not self._lately(self._suspected, key, now):
-                self._suspected[key] = now
-                node = self.node
-                node.pass_on(node.floods.verdict(wire.FloodKind.SUSPECT, key), except_conn=None)
+                self._call(key, now)
             return False
-        return now - called >= CONFIRM * self.node.timers.unresponsive
+        return self._answered(key, called, now)
+
+    def _call(self, key: PeerKey, now: float) -> None:
+        """Our SUSPECT flood about ``key``: its suspect, and anybody who heard it within the dead limit, refute."""
+        self._suspected[key] = now
+        self._called.setdefault(key, now)
+        node = self.node
+        node.pass_on(node.floods.verdict(wire.FloodKind.SUSPECT, key), except_conn=None)
+
+    def _answered(self, key: PeerKey, since: float, now: float) -> bool:
+        """Whether a suspicion (or last call) begun at ``since`` has had its chance to be refuted: a SUSPECT flood
+        about ``key``, ours or another node's seen here, went out after ``since`` and stood CONFIRM unresponsive
+        limits. When we flooded none because another node's SUSPECT had just gone by (``ECHO``), and none came
+        after ours began, we flood ours once CONFIRM has passed: the other flood may have gone out over a network
+        that did not reach the suspect (sweep seed 5482: a SUSPECT flooded on the smaller side of a partition that
+        healed moments later stood in for a suspicion raised after the heal; the suspect, reachable, never saw it)."""
+        confirm = CONFIRM * self.node.timers.unresponsive
+        called = self._called.get(key)
+        if called is None:
+            if now - since >= confirm:
+                self._call(key, now)
+            return False
+        return now - called >= confirm
 
 
 def unreached_runs(live: list[PeerInfo], answered: Container[Addr]) -> dict[PeerKey, frozenset[PeerKey]]:

@@ -25,6 +25,7 @@ keepalives, not 60) so that a schedule costs less; the rules and their order are
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import sys
 import time
@@ -76,6 +77,8 @@ class Outcome:
     gathers: int = 0
     steps: int = 0
     seconds: float = 0.0
+    messages: int = 0  # sent by all nodes: with the verdicts' digest, what shows that a seed replays exactly
+    verdicts: str = ""  # a digest of every PEER_DEAD (observer, subject, virtual time)
 
     def repro(self) -> str:
         return f"python tests/reliability/sweep.py --seed {self.seed}"
@@ -214,9 +217,7 @@ def check_seed(seed: int, n: int | None = None, timers: Timers = SWEEP_TIMERS) -
             break
     # At the end: every dead node known to all live nodes, dead lists and tables converged. The smaller side of a
     # partition past the dead limit may have left the job (expelled), as a whole or in part: the rest agree on it.
-    cut_off = {
-        i for x, y, a, b in sc.rec.partitions if b - a >= timers.dead - timers.keepalive for i in min(x, y, key=len)
-    }
+    cut_off = {i for x, y, a, b in sc.rec.partitions if b - a >= timers.dead - sc.slack() for i in min(x, y, key=len)}
     gone_with_partition = {i for i in cut_off if sim.nodes[i].node.expelled}
     # A pause that ended just past the dead limit may end either way, but the same way everywhere (Scenario.undecided):
     # it counts as dead if it expelled itself.
@@ -234,6 +235,8 @@ def check_seed(seed: int, n: int | None = None, timers: Timers = SWEEP_TIMERS) -
             out.violations.append(f"end: survivor {i} dead list differs: lacks {missing[:4]} has extra {extra[:4]}")
     if len({node.table.hash for node in survivors}) > 1:
         out.violations.append("end: the survivors' peer tables differ")
+    out.messages = sim.messages_sent
+    out.verdicts = hashlib.sha1(repr(sc.dead_verdicts()).encode()).hexdigest()[:12]
     out.seconds = time.monotonic() - began
     return out
 
@@ -249,7 +252,10 @@ def _main(argv: list[str]) -> int:
     for seed in seeds:
         out = check_seed(seed, args.nodes)
         status = "ok" if not out.violations else "VIOLATED"
-        print(f"seed {seed}: {out.nodes} nodes, {out.steps} steps, {out.gathers} gathers, {out.seconds:.1f}s {status}")
+        print(
+            f"seed {seed}: {out.nodes} nodes, {out.steps} steps, {out.gathers} gathers, {out.seconds:.1f}s {status}"
+            f" ({out.messages} messages, verdicts {out.verdicts})"
+        )
         for v in out.violations:
             print(f"  {v}")
         if out.violations:

@@ -70,14 +70,53 @@ class Scenario:
         return CONFIRM * t.unresponsive + t.leg_timeout + t.gather_extra + t.keepalive + 2 * t.tick
 
     def doomed(self, grace: float = 0.0) -> set[int]:
-        """Nodes the job must end up declaring dead: killed, or paused longer than the dead limit (and ``grace``)."""
-        limit = self.timers.dead + grace
-        return set(self.rec.killed) | {i for i, (a, b) in self.rec.paused.items() if b - a > limit}
+        """Nodes the job must end up declaring dead: killed, or paused past the time their verdict was due
+        (``verdict_due``, with ``grace``)."""
+        return set(self.rec.killed) | {i for i, (a, b) in self.rec.paused.items() if b > self.verdict_due(i, grace)}
 
     def undecided(self, grace: float) -> set[int]:
-        """Nodes paused past the dead limit, resumed within ``grace`` of it: dead everywhere or alive everywhere."""
-        dead, limit = self.timers.dead, self.timers.dead + grace
-        return {i for i, (a, b) in self.rec.paused.items() if dead < b - a <= limit and i not in self.rec.killed}
+        """Nodes paused past the dead limit, resumed before their verdict was due: dead everywhere or alive
+        everywhere."""
+        dead = self.timers.dead
+        return {
+            i
+            for i, (a, b) in self.rec.paused.items()
+            if dead < b - a and b <= self.verdict_due(i, grace) and i not in self.rec.killed
+        }
+
+    def verdict_due(self, i: int, grace: float) -> float:
+        """When the job must have declared paused node ``i`` dead: a dead limit and ``grace`` into its pause, or
+        later when a partition cut off its ring neighbours while it was silent. Its silence then belongs to the
+        partition's run of unreached processes, which is declared only once none of the run was heard for the dead
+        limit (rasd/core/suspicion.py, "Why a refutation clears a run"): a dead limit into the partition, or at the
+        heal, when it is alone again (sweep seed 5614: paused inside a host cut off for 1.4 dead limits)."""
+        start, _ = self.rec.paused[i]
+        due = start + self.timers.dead + grace
+        spans = [(x, y, a, b) for x, y, a, b in self.rec.partitions]
+        spans += [(x, y, a, float("inf")) for x, y, a in self._open.values()]
+        for x, y, a, b in spans:
+            if a < due and b > start and self._run_meets(i, min(x, y, key=len), max(a, start)):
+                due = max(due, min(b, a + self.timers.dead) + grace)
+        return due
+
+    def _run_meets(self, i: int, group: frozenset[int], at: float) -> bool:
+        """Whether the stretch of consecutive nodes silent at ``at`` (paused or killed) around ``i``, in table
+        order, has a neighbour in ``group`` (the simulator numbers nodes in table order)."""
+        n = len(self.sim.nodes)
+
+        def silent(j: int) -> bool:
+            if j in self.rec.killed and self.rec.killed[j] <= at:
+                return True
+            span = self.rec.paused.get(j)
+            return span is not None and span[0] <= at < span[1]
+
+        for step in (1, -1):
+            j = (i + step) % n
+            while j != i and silent(j) and j not in group:
+                j = (j + step) % n
+            if j in group:
+                return True
+        return False
 
     def zombies(self) -> set[int]:
         """Paused past the dead limit and resumed since."""
@@ -91,6 +130,11 @@ class Scenario:
     def survivors(self, grace: float = 0.0) -> list[int]:
         doomed = self.doomed(grace)
         return [s.index for s in self.sim.nodes if s.index not in doomed]
+
+    def slack(self) -> float:
+        """How much earlier than the record says a silence may have begun: the last message heard may predate the
+        fault by up to a keepalive interval, and a verdict waits for a tick (two, at the edges)."""
+        return self.timers.keepalive + 2 * self.timers.tick
 
     def may_be_declared_dead(self, subject: int, at: float, observer: int | None = None) -> bool:
         """A verdict about ``subject`` at ``at`` is justified only if it was killed by then, or had been silent for
@@ -107,7 +151,7 @@ class Scenario:
             return True
         if subject in self.rec.paused:
             start, end = self.rec.paused[subject]
-            slack = self.timers.keepalive + 2 * self.timers.tick
+            slack = self.slack()
             if end - start > self.timers.dead and at >= start + self.timers.dead - slack:
                 return True
         return False
@@ -116,7 +160,7 @@ class Scenario:
         """Whether a partition with ``node`` on one side lasted (or, still open, has lasted) the dead limit by ``at``,
         less the slack of ``may_be_declared_dead``; with ``observer``, a partition with the two on opposite sides or
         ``node`` on the smaller side."""
-        slack = self.timers.keepalive + 2 * self.timers.tick
+        slack = self.slack()
         spans = [(x, y, start, end) for x, y, start, end in self.rec.partitions]
         spans += [(x, y, start, float("inf")) for x, y, start in self._open.values()]
         for x, y, start, end in spans:

@@ -171,9 +171,10 @@ def test_a_last_call_of_an_earlier_suspicion_is_not_taken_for_a_later_one():
     assert not node.verdicts.gone(key), "declared without a last call of its own"
 
 
-def sent_floods(node) -> list[wire.Flood]:
+def sent_floods(node, actions=None) -> list[wire.Flood]:
+    """The floods among ``actions``, or among what the node has queued to send."""
     out = []
-    for a in node._flush():
+    for a in node._flush() if actions is None else actions:
         if isinstance(a, Send):
             msg = wire.decode_body(a.data[4:])
             if isinstance(msg, wire.Flood):
@@ -193,3 +194,51 @@ def test_a_suspicion_is_answered_by_heard_not_by_a_recovered_about_an_old_hang()
         flood = wire.Flood(origin, flood_id, kind, key.addr, key.incarnation, 0.0)
         node.received(conn.id, wire.encode(flood), now)
         assert (key not in s.suspects) is cleared, kind
+
+
+def _suspect_flood(sim: Simulation, origin: int, flood_id: int, subject: int) -> bytes:
+    key = sim.key(subject)
+    return wire.encode(wire.Flood(sim.addr(origin), flood_id, wire.FloodKind.SUSPECT, key.addr, key.incarnation, 0.0))
+
+
+def test_a_suspicion_needs_a_suspect_flood_sent_after_it_began():
+    # Sweep seed 5482: a suspicion raised just after a heal flooded nothing, because a SUSPECT about the same process
+    # had gone by moments before, flooded on the smaller side while the partition held: the suspect never saw it,
+    # never refuted, and was declared dead although reachable. Such a suspicion floods its own before a death.
+    t = TIMERS
+    sim, node = _smaller_side_node()
+    s, now = node.suspicion, sim.now
+    s.majority = True
+    confirm = CONFIRM * t.unresponsive
+    old, late = sim.key(3), sim.key(4)  # node 0 links to neither: it passes SUSPECTs about them on
+    s._suspected[old] = now - confirm - 0.5  # another node's SUSPECT, before ours was raised
+    s.suspects[old] = now - confirm
+    sent_floods(node)
+    s._decide(now)
+    calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.SUSPECT and m.subject == old.addr]
+    assert len({m.flood_id for m in calls}) == 1 and not node.verdicts.gone(old)
+    s._decide(now + confirm - 0.01)
+    assert not node.verdicts.gone(old)
+    s._decide(now + confirm)
+    assert node.verdicts.gone(old)
+    # Another node's SUSPECT seen after ours was raised stands for it: no flood of our own, a death CONFIRM after it.
+    conn = next(c for c in node.conns.values() if c.peer is not None)
+    s.suspects[late] = now
+    sent = node.received(conn.id, _suspect_flood(sim, 5, 921, 4), now + 0.1)
+    s._decide(now + 0.1 + confirm)
+    assert node.verdicts.gone(late)
+    sent += node._flush()
+    suspects = [m for m in sent_floods(node, sent) if m.kind is wire.FloodKind.SUSPECT]
+    assert suspects and all(m.origin == sim.addr(5) for m in suspects)  # passed the other's on, sent none of ours
+
+
+def test_the_suspect_answers_every_suspect_about_itself():
+    # However lately it answered one: its last HEARD may have gone out before this suspecter could be reached.
+    sim, node = _smaller_side_node()
+    conn = next(c for c in node.conns.values() if c.peer is not None)
+    now = sim.now
+    sent_floods(node)
+    sent = node.received(conn.id, _suspect_flood(sim, 5, 931, 0), now)
+    sent += node.received(conn.id, _suspect_flood(sim, 6, 932, 0), now + 0.1)
+    heard = [m for m in sent_floods(node, sent) if m.kind is wire.FloodKind.HEARD and m.subject == node.me.addr]
+    assert len({m.flood_id for m in heard}) == 2

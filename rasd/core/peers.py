@@ -45,7 +45,7 @@ class Addr(NamedTuple):
         # and keys iterate in one order in every process, so a simulator seed replays exactly (tests/reliability/
         # sweep.py prints a one-line reproduction). Equal addresses still hash equal; a tuple equal to an Addr
         # need not, and none is mixed with Addrs as a key.
-        return hash((zlib.crc32(self.host.encode("utf-8", "surrogatepass")), self.port))
+        return _host_hash(self.host) ^ self.port
 
     def __str__(self) -> str:
         # NCCL's socket format, used in logs and in events about unknown peers: IP<port>.
@@ -69,6 +69,12 @@ def host_order(host: str) -> tuple[int, bytes]:
 def addr_order(addr: Addr) -> tuple[int, bytes, int]:
     """The order of the peer table (host, then port), for any address (``host_order``)."""
     return (*host_order(addr.host), addr.port)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _host_hash(host: str) -> int:
+    # Cached: addresses are hashed for every table, link and connection lookup, and a job has few hosts.
+    return zlib.crc32(host.encode("utf-8", "surrogatepass"))
 
 
 @functools.lru_cache(maxsize=1 << 16)

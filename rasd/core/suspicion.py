@@ -41,9 +41,10 @@ node, so a suspicion that lasts is raised and answered again at each of its gath
 reachable when it goes out, but none that became reachable just after (a partition healing): so a SUSPECT that went
 by before our suspicion was raised does not stand for it. A death needs a SUSPECT flood sent or seen after the
 suspicion (or the last call) began, unrefuted for CONFIRM; without one we flood our own first (``_answered``). And
-the suspect itself answers every SUSPECT about itself, however lately it answered one: a reachable process is
-never declared dead unheard (sweep seed 5482). A refuter other than the suspect still skips within ``ECHO``
-(docs/architecture.md section 10).
+the suspect itself answers every SUSPECT about itself, however lately it answered one, and a refuter that answered
+lately passes the SUSPECT on towards it: a reachable process is never declared dead without having been asked
+(sweep seed 5482). A refuter other than the suspect still sends one HEARD per ``ECHO`` (docs/architecture.md
+section 10).
 
 Why the smaller side waits. Death is permanent, and a partition that heals just after the dead limit would carry
 each side's fresh verdicts into the other, where the processes they name are alive: a union of the two dead lists
@@ -143,12 +144,14 @@ class Suspicion:
             self._heard[subject] = now
             node.pass_on(node.floods.verdict(wire.FloodKind.HEARD, subject, now), except_conn=None)
             return
-        if node.links.heard_within(subject, node.timers.dead, now):
-            if not self._lately(self._heard, subject, now):
-                self._heard[subject] = now
-                stamp = node.links.stamp(subject)
-                node.pass_on(node.floods.verdict(wire.FloodKind.HEARD, subject, stamp), except_conn=None)
+        if node.links.heard_within(subject, node.timers.dead, now) and not self._lately(self._heard, subject, now):
+            self._heard[subject] = now
+            stamp = node.links.stamp(subject)
+            node.pass_on(node.floods.verdict(wire.FloodKind.HEARD, subject, stamp), except_conn=None)
             return
+        # Not heard by us, or heard and answered lately (maybe before this suspecter could be reached): no second
+        # HEARD, but the SUSPECT goes on, towards the suspect, which answers every one; stopped here, it would stop
+        # next to the suspect, whose links all heard it.
         self._suspected[subject] = now
         if (subject in self.suspects or subject in self._final) and subject not in self._called:
             self._called[subject] = now  # our suspicion's call: it went out after we suspected
@@ -235,6 +238,9 @@ class Suspicion:
                 )
                 node.verdicts.declare_dead(key, now, None)
         for key, since in list(self.suspects.items()):
+            if node.verdicts.gone(key):
+                del self.suspects[key]  # declared just above, as a pending death of ours
+                continue
             if (
                 now - since >= max(wait, CONFIRM * node.timers.unresponsive)
                 and (wait or self._answered(key, since, now))

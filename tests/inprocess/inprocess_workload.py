@@ -286,7 +286,8 @@ def main() -> None:
             },
         )
         tensor = torch.ones(sizes[0])
-        for step in range(steps):
+        # "restart_steps": how many steps the iterations after a restart run (default: as many as the first).
+        for step in range(steps if iteration == 0 else SCENARIO.get("restart_steps", steps)):
             tensor.fill_(1.0)
             dist.all_reduce(tensor)
             if int(tensor[0].item()) != world_size:

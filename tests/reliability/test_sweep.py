@@ -91,3 +91,24 @@ def test_a_seed_replays_exactly_in_another_process():
         assert run.returncode == 0, run.stdout + run.stderr
         lines.append(re.search(r"\((\d+) messages, verdicts (\w+)\)", run.stdout).groups())
     assert lines[0] == lines[1]
+
+
+def test_a_pause_watched_from_the_larger_side_is_due_at_the_dead_limit_whatever_partition_follows():
+    # The checker's allowance for a pause hidden in a partition's run (Scenario.verdict_due, seed 5614) must not
+    # cover a paused node that a process of the larger side still links to: that one measures its silence from the
+    # pause. Node 15 sits next to host 2 (16 to 23), cut off 1.8 s into the pause; node 14 links to it.
+    t = sweep.SWEEP_TIMERS
+    sim = sweep.Simulation(64, seed=3, timers=t, procs_per_host=8)
+    sc = sweep.Scenario(sim)
+    sim.start(bootstrap="quiet")
+    sc.run_until(1.0)
+    sc.pause([15])
+    sc.run_until(1.0 + 0.5 * t.dead)
+    host = set(range(16, 24))
+    sc.partition(host, set(range(64)) - host - {15})
+    assert 15 in sc.rec.watched[(frozenset(host), sim.now)]
+    grace = sc.grace()
+    assert sc.verdict_due(15, grace) == pytest.approx(1.0 + t.dead + grace)
+    # Told that nobody outside links to it, the checker would wait for the partition's run.
+    sc.rec.watched[(frozenset(host), sim.now)].clear()
+    assert sc.verdict_due(15, grace) > 1.0 + t.dead + grace

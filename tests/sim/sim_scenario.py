@@ -18,6 +18,8 @@ class Record:
     killed: dict[int, float] = field(default_factory=dict)
     paused: dict[int, tuple[float, float]] = field(default_factory=dict)  # node -> (from, to); to = inf if never
     partitions: list[tuple[frozenset[int], frozenset[int], float, float]] = field(default_factory=list)
+    # (a partition's smaller side, its start) -> the nodes paused then that a node of the larger side linked to
+    watched: dict[tuple[frozenset[int], float], set[int]] = field(default_factory=dict)
 
 
 class Scenario:
@@ -52,6 +54,13 @@ class Scenario:
     def partition(self, a, b):
         p = self.sim.partition(set(a), set(b))
         self._open[p] = (p[0], p[1], self.sim.now)
+        small = min(p[0], p[1], key=len)
+        outside = [s for s in self.sim.nodes if s.index not in small and s.alive and not s.paused]
+        self.rec.watched[(small, self.sim.now)] = {
+            i
+            for i, (start, end) in self.rec.paused.items()
+            if end == float("inf") and any(self.sim.addr(i) in s.node.links.contacts for s in outside)
+        }
         return p
 
     def heal(self, p) -> None:
@@ -86,17 +95,26 @@ class Scenario:
 
     def verdict_due(self, i: int, grace: float) -> float:
         """When the job must have declared paused node ``i`` dead: a dead limit and ``grace`` into its pause, or
-        later when a partition cut off its ring neighbours while it was silent. Its silence then belongs to the
-        partition's run of unreached processes, which is declared only once none of the run was heard for the dead
-        limit (rasd/core/suspicion.py, "Why a refutation clears a run"): a dead limit into the partition, or at the
-        heal, when it is alone again (sweep seed 5614: paused inside a host cut off for 1.4 dead limits)."""
+        later when a partition cut off its ring neighbours while it was silent and left nobody outside linked to
+        it. Its silence then belongs to the partition's run of unreached processes, which is declared only once
+        none of the run was heard for the dead limit (rasd/core/suspicion.py, "Why a refutation clears a run"): a
+        dead limit into the partition, or at the heal, when it is alone again (sweep seed 5614: paused inside a
+        host cut off for 1.4 dead limits, every node linked to it inside the host). A node outside still linked to
+        it measures its silence from the pause, whatever the partition does. (A pause that began after the
+        partition is due as usual: its silence, not the partition's, is the later.)"""
         start, _ = self.rec.paused[i]
         due = start + self.timers.dead + grace
         spans = [(x, y, a, b) for x, y, a, b in self.rec.partitions]
         spans += [(x, y, a, float("inf")) for x, y, a in self._open.values()]
-        for x, y, a, b in spans:
-            if a < due and b > start and self._run_meets(i, min(x, y, key=len), max(a, start)):
-                due = max(due, min(b, a + self.timers.dead) + grace)
+        moved = True
+        while moved:  # an extension may bring an earlier-listed partition within reach
+            moved = False
+            for x, y, a, b in spans:
+                small = min(x, y, key=len)
+                hidden = start <= a and i not in self.rec.watched.get((small, a), ())
+                later = min(b, a + self.timers.dead) + grace
+                if a < due < later and b > start and hidden and self._run_meets(i, small, a):
+                    due, moved = later, True
         return due
 
     def _run_meets(self, i: int, group: frozenset[int], at: float) -> bool:

@@ -242,3 +242,20 @@ def test_the_suspect_answers_every_suspect_about_itself():
     sent += node.received(conn.id, _suspect_flood(sim, 6, 932, 0), now + 0.1)
     heard = [m for m in sent_floods(node, sent) if m.kind is wire.FloodKind.HEARD and m.subject == node.me.addr]
     assert len({m.flood_id for m in heard}) == 2
+
+
+def test_a_refuter_that_answered_lately_passes_the_suspect_flood_on_towards_the_suspect():
+    # Its HEARD went out lately, maybe before this suspecter could be reached; it sends no second one (ECHO), and the
+    # SUSPECT must not stop next to the suspect, which answers every SUSPECT about itself.
+    sim, node = _smaller_side_node()
+    s, now = node.suspicion, sim.now
+    conn = next(c for c in node.conns.values() if c.peer is not None)
+    neighbour = sim.key(1)
+    assert node.links.heard_within(neighbour, TIMERS.dead, now)
+    sent = node.received(conn.id, _suspect_flood(sim, 5, 941, 1), now)
+    first = sent_floods(node, sent)
+    assert [m.kind for m in first if m.subject == neighbour.addr] and all(m.kind is wire.FloodKind.HEARD for m in first)
+    sent = node.received(conn.id, _suspect_flood(sim, 6, 942, 1), now + 0.1)
+    second = sent_floods(node, sent)
+    assert second and all(m.kind is wire.FloodKind.SUSPECT and m.flood_id == 942 for m in second)
+    assert s._lately(s._heard, neighbour, now + 0.1)

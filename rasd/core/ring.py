@@ -15,6 +15,14 @@ processes but those known healthy, so a dead host of 8 processes costs two hops,
 Skip links (``express``) shorten the gather tree: besides its ring neighbours every node links to the peers
 ``stride`` positions away in each direction, where ``stride`` is about the square root of the live count, so a
 flood reaches every node in about ``2 * sqrt(N)`` hops instead of ``N / 2``.
+
+Far links. A node none of whose ring and skip links is known healthy, and some unhealthy, is cut off from the job
+as far as its links go,
+though the network may reach it: the middle of a silent region by address, more than ``MAX_FALLBACKS`` processes
+and a stride from its edges (sweep seed 3152: a process of the larger side of a partition, inside the cut-off
+region by address, reached by no gather, was declared dead). Such a node also links to ``FAR_LINKS`` peers spread
+evenly over the live table, as fallbacks: most of them lie outside any region a partition cuts off. They stay
+while its ring and skip links are unhealthy, so they do not come and go with their own health.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ A = TypeVar("A")
 MAX_FALLBACKS = 16
 #: Below this many live peers a ring alone is shallow enough.
 EXPRESS_MIN_PEERS = 64
+#: Links spread over the table of a node whose ring and skip links are all unhealthy (with express links only).
+FAR_LINKS = 4
 
 
 def links(
@@ -67,6 +77,14 @@ def links(
                         nxt = order[live[(pos + direction * (stride + 1)) % len(live)]]
                         if nxt != me:
                             out.add(nxt)
+            out.discard(me)
+            # Isolated: no link known healthy, and some known unhealthy (at start-up none is either). Fallbacks
+            # still connecting count as neither, or a walk in progress would hold the far links back (seed 3152).
+            if any(unhealthy(p) for p in out) and not any(known_healthy(p) for p in out):
+                for k in range(1, FAR_LINKS + 1):
+                    far = order[live[(pos + k * len(live) // (FAR_LINKS + 1)) % len(live)]]
+                    if far != me:
+                        out.add(far)
     out.discard(me)
     return out
 

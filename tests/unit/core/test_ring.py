@@ -145,11 +145,43 @@ def test_links_never_include_self_or_excluded_peers(data, n, per_host, express):
         after = next(i % n for i in range(me + 1, me + n) if i % n in live)
         before = next(i % n for i in range(me - 1, me - n, -1) if i % n in live)
         assert after in got and before in got
-    # Bounded: two walks of at most 1 + MAX_FALLBACKS, plus 4 express links.
-    assert len(got) <= 2 * (ring.MAX_FALLBACKS + 1) + 4
+    # Bounded: two walks of at most 1 + MAX_FALLBACKS, plus 4 express links, plus the far links of a cut-off node.
+    assert len(got) <= 2 * (ring.MAX_FALLBACKS + 1) + 4 + ring.FAR_LINKS
     # Healthy peers end a walk: with nobody unhealthy the links are the neighbours (and express ones).
     if not bad:
         assert len(got) <= 4
+
+
+def test_a_node_whose_every_link_is_unhealthy_links_far_across_the_table():
+    # Sweep seed 3152: in the middle of a cut-off region by address, its walks and skip links all end inside it.
+    n = 1024
+    region = set(range(256, 440)) - {357}
+    got = links(n, 357, bad=region, per_host=8)
+    far = {(357 + k * n // (ring.FAR_LINKS + 1)) % n for k in range(1, ring.FAR_LINKS + 1)}
+    assert far <= got and not far & region
+    # One healthy link (the region ends next door) and there are none; nor without express links.
+    assert not far & links(n, 357, bad=region - set(range(358, 440)), per_host=8)
+    assert not far & links(n, 357, bad=region, per_host=8, express=False)
+    # Fallbacks still connecting (neither healthy nor unhealthy) do not hold the far links back; at start-up, with
+    # no link known healthy and none unhealthy, there are none.
+    order = list(range(n))
+    walking = {355, 359}
+    got = ring.links(
+        order,
+        357,
+        set().__contains__,
+        (region - walking).__contains__,
+        lambda i: f"h{i // 8}",
+        True,
+        lambda i: i not in region,
+    )
+    assert far <= got
+    assert not far & ring.links(
+        order, 357, set().__contains__, set().__contains__, lambda i: f"h{i // 8}", True, lambda i: False
+    )
+    # Dead peers are not counted in the spread, and never chosen.
+    dead = set(range(0, 1024, 3)) - region - {357}
+    assert not links(n, 357, dead=dead, bad=region, per_host=8) & dead
 
 
 def test_it_works_on_any_sortable_item():

@@ -16,13 +16,12 @@ Skip links (``express``) shorten the gather tree: besides its ring neighbours ev
 ``stride`` positions away in each direction, where ``stride`` is about the square root of the live count, so a
 flood reaches every node in about ``2 * sqrt(N)`` hops instead of ``N / 2``.
 
-Far links. A node none of whose ring and skip links is known healthy, and some unhealthy, is cut off from the job
-as far as its links go,
-though the network may reach it: the middle of a silent region by address, more than ``MAX_FALLBACKS`` processes
-and a stride from its edges (sweep seed 3152: a process of the larger side of a partition, inside the cut-off
-region by address, reached by no gather, was declared dead). Such a node also links to ``FAR_LINKS`` peers spread
-evenly over the live table, as fallbacks: most of them lie outside any region a partition cuts off. They stay
-while its ring and skip links are unhealthy, so they do not come and go with their own health.
+Far links. A node none of whose ring and skip links is known healthy, and some unhealthy, is cut off from the job as
+far as its links go, though the network may reach it: the middle of a silent region by address, more than
+``MAX_FALLBACKS`` processes and a stride from its edges (sweep seed 3152: a process of the larger side of a
+partition, inside the cut-off region by address, reached by no gather, was declared dead). Such a node also links to
+``FAR_LINKS`` peers spread evenly over the live table, as fallbacks: most of them lie outside any region a partition
+cuts off. They stay while its ring and skip links are unhealthy, so they do not come and go with their own health.
 """
 
 from __future__ import annotations

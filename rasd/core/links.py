@@ -274,8 +274,13 @@ class Links:
 
     def _dead(self, contact: Contact, seen: Observation, now: float) -> None:
         # Silent past the dead limit and our HUNG verdict unrefuted: the verdict is decided with the job's view of
-        # who can reach whom (suspicion.py), not here.
-        self.node.suspicion.silent(contact.key, now)
+        # who can reach whom (suspicion.py), not here. Our HUNG flood goes out once more first, its last call: the
+        # earlier ones may have gone out while we were cut off, where nobody who hears the peer could refute them
+        # (sweep seed 3432, docs/reliability.md 2.3); the death waits CONFIRM after this one.
+        if self.node.suspicion.silent(contact.key, now):
+            contact.hung_refreshed = now
+            flood = self.node.floods.verdict(wire.FloodKind.HUNG, contact.key, self.stamp(contact.key))
+            self.node.pass_on(flood, except_conn=None)
 
     def still_silent(self, key: PeerKey, now: float) -> float | None:
         """How long that linked process has been silent to us (heard or vouched for), or None if it is no longer a

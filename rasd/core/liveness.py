@@ -17,8 +17,9 @@ every contact once and climbs the ladder::
                                                                          links around it, as for the two above
     HUNG              unvouched > hang, heard before (or unvouched       PEER_HUNG verdict, flooded
                       > dead); re-flagged every HUNG_REFRESH hang limits
-    DEAD              unvouched > dead, and our HUNG verdict has stood   PEER_TIMEOUT_DEAD, PEER_DEAD, flooded; stop
-                      unrefuted for CONFIRM unresponsive limits
+    DEAD              unvouched > dead, and our HUNG verdict has stood   pending: our HUNG flooded once more (its last
+                      unrefuted for CONFIRM unresponsive limits          call) and a gather; suspicion.py declares it
+                                                                         (PEER_TIMEOUT_DEAD, PEER_DEAD, flooded); stop
     RESET             ready link silent > reset                          PEER_KEEPALIVE_TIMEOUT; socket reset, retried
 
 *Unvouched* is the silence the verdicts read: since we last heard the peer, or since another node vouched for it

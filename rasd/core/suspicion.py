@@ -5,7 +5,8 @@ Belongs here: the silence verdicts our ladder reached (*pending*), the reachabil
 this node is on the larger side of the job, and declaring the deaths. Theory of operation (docs/architecture.md
 section 2.7)::
 
-    our DEAD rung (silent past the dead limit, our HUNG unrefuted)  -> pending; a gather (REACH_QUERY), one at a time
+    our DEAD rung (silent past the dead limit, our HUNG unrefuted)  -> pending; our HUNG once more (its last call,
+                    links.py) and a gather (REACH_QUERY), one at a time; no death before the last call stood CONFIRM
     the gather ends -> majority: we reach more than half of the processes we hold alive (half: and the lowest one)
                     -> every live process that did not answer is suspected: a SUSPECT flood each
     a node that had bytes from the suspect within the dead limit, or the suspect itself -> HEARD (refuted),
@@ -94,11 +95,14 @@ class Suspicion:
 
     # --- inputs --------------------------------------------------------------------------------------------------
 
-    def silent(self, key: PeerKey, now: float) -> None:
-        """Our ladder's DEAD rung: that linked process is silent past the dead limit and nobody refuted our HUNG."""
-        if key not in self.pending:
-            self.pending[key] = now
-            self._gather(now)
+    def silent(self, key: PeerKey, now: float) -> bool:
+        """Our ladder's DEAD rung: that linked process is silent past the dead limit and nobody refuted our HUNG.
+        True when the verdict is newly pending (the caller floods its HUNG once more: its last call)."""
+        if key in self.pending:
+            return False
+        self.pending[key] = now
+        self._gather(now)
+        return True
 
     def reached(self, snap: JobSnapshot, now: float) -> None:
         """A reachability gather ended: are we the larger side, and whom can we not reach?"""
@@ -226,10 +230,14 @@ class Suspicion:
         if self._gathering:
             return
         wait = 0.0 if self.majority else node.timers.dead
+        confirm = CONFIRM * node.timers.unresponsive
         for key, since in list(self.pending.items()):
-            if now - since >= wait and self._last_call(key, wait, now):
+            silence = node.links.still_silent(key, now)
+            if silence is None:
+                del self.pending[key]  # heard again, or vouched for: its last HUNG was refuted
+                continue
+            if now - since >= max(wait, confirm) and self._last_call(key, wait, now):
                 del self.pending[key]
-                silence = node.links.still_silent(key, now) or node.timers.dead
                 node.emit(
                     Kind.PEER_TIMEOUT_DEAD,
                     now,

@@ -82,6 +82,31 @@ def test_a_region_cut_off_past_the_dead_limit_is_declared_whole_inside_included(
     assert min(at for _, _, at in dead_about(sim, REGION)) >= earliest
 
 
+@pytest.mark.slow
+def test_a_silence_death_is_called_again_after_a_heal_before_it_is_declared():
+    # Sweep seed 3432: process 21 sits by address inside a cut-off region (host 2) but on the larger side. Its ring
+    # neighbours 20 and 22, cut off, hold it silent and flood HUNG on their side only, where nobody can refute it. The
+    # partition heals just before the dead limit, moments after 21 is paused for good: their silence passes the dead
+    # limit on the larger side, whose nodes heard 21 until its pause. The HUNG flood of the DEAD rung (its last
+    # call) is refuted by them, and 21 dies only a dead limit into its pause.
+    t = TIMERS
+    sim, _ = _job(13)
+    cut = set(range(16, 24)) - {21}
+    p = sim.partition(cut, set(range(N)) - cut)
+    heal = 1.0 + 0.94 * t.dead
+    sim.run_until(heal - 0.5)
+    sim.pause(21)
+    paused = sim.now
+    sim.run_until(heal)
+    sim.heal(p)
+    sim.run_until(paused + 2 * t.dead)
+    deaths = dead_about(sim, {21})
+    assert deaths, "the paused process was never declared"
+    earliest = paused + t.dead - t.keepalive - 2 * t.tick
+    assert min(at for _, _, at in deaths) >= earliest, sorted(deaths, key=lambda d: d[2])[:3]
+    assert dead_about(sim, set(range(N)) - {21}) == []
+
+
 def _live(n: int) -> list[PeerInfo]:
     return [PeerInfo(Addr("10.0.0.1", 20000 + i), 100 + i, "h", 1, i) for i in range(n)]
 

@@ -9,6 +9,7 @@ import pytest
 from rasd.core import node as core, wire
 from rasd.core.config import Timers
 from rasd.core.events import Kind
+from rasd.core.liveness import CONFIRM
 from rasd.core.peers import Addr
 
 from .harness import SECRET, Harness, peer
@@ -289,7 +290,6 @@ def test_the_ladder_of_a_silent_peer_on_the_exact_tick_times(factor):
         (t.unresponsive, Kind.PEER_UNRESPONSIVE),
         (t.hang, Kind.PEER_HUNG),
         (t.reset, Kind.PEER_KEEPALIVE_TIMEOUT),
-        (t.dead, Kind.PEER_DEAD),
     ]
     for limit, kind in rungs:
         h.advance(limit, t.tick, ["a"])
@@ -297,6 +297,16 @@ def test_the_ladder_of_a_silent_peer_on_the_exact_tick_times(factor):
         h.tick(limit + 1e-9, ["a"])
         e = first(a, kind, baddr)
         assert e is not None and e.at == limit + 1e-9, f"{kind} not right after {limit}"
+    # The DEAD rung: our HUNG verdict goes out once more (its last call), and the death comes CONFIRM later.
+    h.advance(t.dead, t.tick, ["a"])
+    h.tick(t.dead + 1e-9, ["a"])
+    assert a.node.suspicion.pending
+    confirm = CONFIRM * t.unresponsive
+    h.advance(t.dead + 1e-9 + confirm - t.tick / 2, t.tick, ["a"])
+    assert first(a, Kind.PEER_DEAD, baddr) is None, "PEER_DEAD before the last call stood CONFIRM"
+    h.tick(t.dead + 2e-9 + confirm, ["a"])
+    e = first(a, Kind.PEER_DEAD, baddr)
+    assert e is not None and e.at == t.dead + 2e-9 + confirm
     assert first(a, Kind.PEER_TIMEOUT_DEAD, baddr) is not None
     for kind in (Kind.PEER_UNRESPONSIVE, Kind.PEER_HUNG, Kind.PEER_KEEPALIVE_TIMEOUT, Kind.PEER_DEAD):
         assert count(a, kind, baddr) == 1
@@ -366,10 +376,12 @@ def test_without_fast_death_a_crashed_peer_is_dead_only_at_the_dead_limit(factor
     h.kill("b")
     h.run()
     assert first(a, Kind.PEER_DISCONNECTED, baddr) is not None
-    h.advance(last_heard + t.dead, t.tick)
+    # Dead once silent past the dead limit and the last call of its HUNG verdict stood CONFIRM (liveness.py).
+    due = last_heard + t.dead + CONFIRM * t.unresponsive
+    h.advance(due, t.tick)
     assert not a.node.is_dead(baddr)
     assert first(a, Kind.PEER_UNRESPONSIVE, baddr) is not None  # the connect warning came on the way
-    h.tick(last_heard + t.dead + t.tick)
+    h.advance(due + 2 * t.tick, t.tick)
     assert a.node.is_dead(baddr)
 
 
@@ -491,7 +503,7 @@ def test_a_dead_peer_that_comes_back_is_told_it_is_dead_and_expels_itself_for_go
     a, b = h["a"], h["b"]
     baddr = b.node.me.addr
     h.pause("b")
-    h.advance(t.dead + 2 * t.tick, t.tick, ["a"])
+    h.advance(t.dead + CONFIRM * t.unresponsive + 2 * t.tick, t.tick, ["a"])
     assert a.node.is_dead(baddr)
     table = a.node.table.hash
     h.resume("b")

@@ -97,6 +97,7 @@ def _sweep_task(seeds: list[int]) -> dict:
     return {
         "kind": "sweep",
         "seeds": len(results),
+        "seed_list": seeds,
         "nodes": [r.nodes for r in results],
         "violations": [(r.seed, r.violations[:3], r.repro()) for r in results if r.violations],
         "steps": sum(r.steps for r in results),
@@ -113,7 +114,7 @@ def _run_task(task: tuple) -> dict:
 class CpuWork:
     """The fuzz and sweep tasks on 2 worker processes, in the background; results gathered as they come."""
 
-    def __init__(self, fuzz_inputs: int, sim_seeds: int, workers: int = 2) -> None:
+    def __init__(self, fuzz_inputs: int, sim_seeds: int, workers: int = 2, sim_first: int = 0) -> None:
         tasks: list[tuple] = []
         for port in ("mesh", "client"):
             left, seed = fuzz_inputs, 0
@@ -121,7 +122,7 @@ class CpuWork:
                 tasks.append(("fuzz", (port, min(FUZZ_CHUNK, left), 1000 * seed + (port == "client"))))
                 left -= FUZZ_CHUNK
                 seed += 1
-        seeds = list(range(sim_seeds))
+        seeds = list(range(sim_first, sim_first + sim_seeds))
         sweeps = [("sweep", seeds[i : i + SWEEP_CHUNK]) for i in range(0, sim_seeds, SWEEP_CHUNK)]
         # The fuzz volume first (its figure is per port), then seeds until the budget runs out.
         self.tasks = tasks + sweeps
@@ -567,6 +568,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fault-every", type=float, default=15.0, help="seconds between soak faults")
     parser.add_argument("--fuzz-inputs", type=int, default=1_000_000, help="per port")
     parser.add_argument("--sim-seeds", type=int, default=10_000)
+    parser.add_argument("--sim-first", type=int, default=0, help="the first sweep seed (the others follow it)")
     parser.add_argument("--mismatch-queries", type=int, default=10_000, help="per job (swarm, gloo)")
     parser.add_argument(
         "--cpu-minutes",
@@ -588,7 +590,7 @@ def main(argv: list[str]) -> int:
         skip |= {"soak", "partition"}
     work = Path(tempfile.mkdtemp(prefix="torchras-faults-"))
     began = time.monotonic()
-    cpu = CpuWork(args.fuzz_inputs, args.sim_seeds, args.workers)
+    cpu = CpuWork(args.fuzz_inputs, args.sim_seeds, args.workers, args.sim_first)
     soak_out = soak(args.soak_minutes, cpu, args.fault_every, work) if "soak" not in skip else {}
     cpu.wait(began + args.cpu_minutes * 60 if args.cpu_minutes else float("inf"))
     part = partitions(work) if "partition" not in skip else {}
@@ -606,6 +608,7 @@ def main(argv: list[str]) -> int:
             sizes[n] = sizes.get(n, 0) + 1
     violations = [v for r in sweep_results for v in r["violations"]]
     sim_seeds = sum(r["seeds"] for r in sweep_results)
+    swept = sorted(s for r in sweep_results for s in r["seed_list"])
 
     rows = [
         ("fuzz inputs, mesh port (frames; node pre-/post-auth)", f"{fuzz_by_port['mesh']:,}", ""),
@@ -623,6 +626,8 @@ def main(argv: list[str]) -> int:
         ("sim seeds (nodes: count)", sim_seeds, ", ".join(f"{n}: {c}" for n, c in sorted(sizes.items()))),
         ("sim property violations", len(violations), "target 0"),
     ]
+    if swept:
+        rows.append(("sim seeds run (first, last)", f"{swept[0]}, {swept[-1]}", "chunks of 10, whole chunks only"))
     if soak_out:
         c = soak_out["clients"]
         rows += [

@@ -20,6 +20,7 @@ import logging
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,13 @@ class RankShouldRestart(BaseException):
 
     def __str__(self) -> str:
         return self.args[0] if self.args else self.message
+
+
+def _where(thread_id: int) -> str:
+    """The stack of that thread, innermost call last: where a main thread that does not leave the function is
+    (an asynchronous exception waits for the next Python bytecode; a call blocked in C++ never runs one)."""
+    frame = sys._current_frames().get(thread_id)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(no such thread)"
 
 
 def _set_async_exc(thread_id: int, exc_type: type | None) -> int:
@@ -229,7 +237,10 @@ class MonitorThread(threading.Thread):
             with self.atomic_lock:
                 if self._main_out:
                     break
-                log.warning("the main thread did not leave the function; raising again")
+                log.warning(
+                    "the main thread did not leave the function; raising again. It is in:\n%s",
+                    _where(self.main_thread_id),
+                )
                 self._swallowed.clear()
                 _set_async_exc(self.main_thread_id, exc_type)
                 last_raise = time.monotonic()

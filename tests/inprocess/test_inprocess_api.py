@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 import threading
 import time
@@ -361,6 +362,27 @@ def test_monitor_thread_aborts_and_raises_into_the_main_thread():
         _spin(20)
     monitor.leave_function()
     assert monitor.shutdown(5) and len(aborts) == 1
+
+
+def _swallowing_loop(seconds: float) -> None:
+    try:
+        _spin(seconds)
+    except RankShouldRestart:
+        _spin(seconds)  # user code that swallowed the restart: the monitor raises again
+
+
+def test_monitor_thread_raises_again_and_says_where_the_main_thread_is(caplog):
+    store, aborts, lock = HashStore().iteration_store(0), [], threading.RLock()
+    monitor = _monitor_thread(store, aborts, lock)
+    monitor.soft_timeout = 0.3
+    monitor.start()
+    threading.Timer(0.2, store.record_interrupted, args=([InterruptionRecord(2, Interruption.EXCEPTION)],)).start()
+    with caplog.at_level(logging.WARNING, logger="inprocess.monitor_thread"), pytest.raises(RankShouldRestart):
+        _swallowing_loop(20)
+    monitor.leave_function()
+    assert monitor.shutdown(5)
+    (warning,) = [r.getMessage() for r in caplog.records if "did not leave" in r.getMessage()]
+    assert "_swallowing_loop" in warning and "_spin" in warning
 
 
 def test_monitor_thread_waits_for_an_atomic_section():

@@ -8,7 +8,8 @@ Phases, in one run:
   process in its place). 100 concurrent clients (34/33/33 per host, each a thread in a client process inside the
   host): four in five ask STATUS in a loop (a query is *answered* when a report arrives, retrying the handshake
   and up to 3 connections; *unanswered* otherwise), one in five holds a MONITOR session. Both cores are kept
-  saturated by other programs: the fuzz and sweep workers below, then busy loops once those are done. Counted: a
+  saturated by other programs: the fuzz and sweep workers below, then busy loops once those are done (or, with
+  ``--busy-loops 0``, programs the user started beside the run, such as a long sweep). Counted: a
   false verdict is a PEER_DEAD about a member that was not killed, or a PEER_HUNG about one that was neither
   stopped nor killed; every kill must be known dead by every member alive at the end; RSS and open fds of the
   members never killed, from the end of the warm-up to the end.
@@ -266,7 +267,7 @@ def _member_usage(pids: list[int]) -> dict[int, tuple[int, int]]:
     return usage
 
 
-def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path) -> dict:
+def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path, busy_loops: int = 2) -> dict:
     from multihost import HostSwarm
     from netns import Network
     from rasd.core.config import Timers
@@ -314,8 +315,8 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path) -> dic
             now = time.monotonic()
             if usage_start is None and now - started >= warmup:
                 usage_start = _member_usage([original[i] for i in original])
-            if cpu.done and not busy:
-                busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+            if cpu.done and not busy and busy_loops:
+                busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy_loops)]
             if now >= next_fault:
                 next_fault = now + fault_every
                 live = [i for i in range(sw.n) if sw.alive(i)]
@@ -578,6 +579,13 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--skip", default="", help="comma-separated phases to skip: soak,partition,timing")
     parser.add_argument("--workers", type=int, default=2, help="processes for the fuzz and sweep work")
+    parser.add_argument(
+        "--busy-loops",
+        type=int,
+        default=2,
+        help="busy-looping processes that keep the cores saturated during the soak once the fuzz and sweep work is"
+        " done (0: programs started beside this run saturate them, e.g. tests/reliability/sweep.py processes)",
+    )
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     import tempfile
@@ -591,7 +599,7 @@ def main(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="torchras-faults-"))
     began = time.monotonic()
     cpu = CpuWork(args.fuzz_inputs, args.sim_seeds, args.workers, args.sim_first)
-    soak_out = soak(args.soak_minutes, cpu, args.fault_every, work) if "soak" not in skip else {}
+    soak_out = soak(args.soak_minutes, cpu, args.fault_every, work, args.busy_loops) if "soak" not in skip else {}
     cpu.wait(began + args.cpu_minutes * 60 if args.cpu_minutes else float("inf"))
     part = partitions(work) if "partition" not in skip else {}
     tim = timing(args.mismatch_queries, work) if "timing" not in skip else {}

@@ -22,7 +22,12 @@ timeout. It does three things:
 Timeouts are evaluated against deadlines on *every* turn of the loop, whatever arrives on the socket, so no
 choice of intervals can starve them (the reference skips its checks while stamps keep arriving).
 
-This file imports only the standard library at module level: torch is imported once the process runs.
+This file imports only the standard library at module level. For the default store (``inprocess.store.TCPStore``, and
+a TCPStore from a factory the monitor cannot import) the process never imports torch: it talks to the store server
+with ``inprocess.tcpstore_client`` and uses the restart vocabulary of ``inprocess.store_mixin``, which saves every
+rank's monitor seconds of start-up and hundreds of MB of memory. For any other store (etcd, a file, a user's own
+factory, which the monitor calls as the reference's does), or if that client's hand-shake fails, it imports torch
+and opens the store as the trainer does.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ if __name__ == "__main__":  # run as a script: keep this package's folder off sy
         _sys.path.pop(0)
 
 import base64
+import importlib
 import json
 import logging
 import os
@@ -46,6 +52,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from typing import Any
 
 log = logging.getLogger("inprocess.monitor_process")
@@ -53,7 +60,8 @@ log = logging.getLogger("inprocess.monitor_process")
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# The monitor's start-up (a fresh interpreter importing torch) may take this long whatever barrier_timeout is.
+# The monitor's start-up (a fresh interpreter, importing torch for stores other than a TCPStore) may take this long
+# whatever barrier_timeout is.
 STARTUP_BUDGET = 120.0
 
 
@@ -175,10 +183,13 @@ class MonitorProcess:
 
     def store_ready(self, namespace: str, store: Any) -> None:
         """The trainer's store exists: the monitor connects its own client (never a server) to ``namespace``."""
-        from .store import connection_parameters
+        from .store import TCPStore, connection_parameters
 
         message: dict = dict(t="store_ready", namespace=namespace, factory=self._factory)
-        if self._factory is None:
+        # Parameters where the monitor cannot call the factory, and for the default store (this package's
+        # TCPStore), whose monitor connects with the torch-free client. A user's factory that the monitor can import
+        # is called there, whatever store it makes, as the reference's monitor calls it.
+        if self._factory is None or type(store) is TCPStore:
             message["parameters"] = connection_parameters(store)
         self._send(message)
 
@@ -296,20 +307,44 @@ class _Monitor:
             self.stop_requested = True
 
     def connect_store(self, message: dict) -> None:
-        from inprocess.store import NamespaceStore, open_connection
-
         try:
-            if message.get("factory"):
-                factory, kwargs = pickle.loads(base64.b64decode(message["factory"]))
-                raw = factory(**kwargs)
-            else:
-                raw = open_connection(message["parameters"])
-            self.base_store = NamespaceStore(message["namespace"], raw)
+            self.base_store = self.torch_free_store(message) or self.torch_store(message)
             self.sock.sendall(_encode(dict(t="ready")))
-            log.info("connected to the store")
+            log.info("connected to the store (client: %s)", type(self.base_store.base_store).__name__)
         except Exception as error:  # reported to the trainer
             log.exception("cannot connect to the store")
             self.sock.sendall(_encode(dict(t="error", error=repr(error))))
+
+    def torch_free_store(self, message: dict) -> Any:
+        """The call's namespace over ``inprocess.tcpstore_client`` if the store is a TCPStore; None otherwise.
+
+        None too if the client cannot open its connection (one log line): ``torch_store`` then tries torch's.
+        """
+        parameters = message.get("parameters") or {}
+        if parameters.get("kind") != "tcp":
+            return None
+        loaded = set(sys.modules)
+        try:
+            store_mixin, tcpstore_client = _import_torch_free("store_mixin", "tcpstore_client")
+            client = tcpstore_client.TCPStoreClient(parameters["host"], parameters["port"], parameters["timeout"])
+        except Exception as error:  # noqa: BLE001 - any failure: torch's client is the fallback
+            log.warning("torch-free store client failed (%s); connecting with torch's client", error)
+            for name in set(sys.modules) - loaded:  # the next imports run inprocess/__init__.py, as before
+                del sys.modules[name]
+            return None
+        log.debug("torch-free store client connected to %s:%s", parameters["host"], parameters["port"])
+        return store_mixin.PrefixedStore(message["namespace"], client)
+
+    def torch_store(self, message: dict) -> Any:
+        """The call's namespace over a torch store: the factory sent by reference, or ``open_connection``."""
+        from inprocess.store import NamespaceStore, open_connection
+
+        if message.get("factory"):
+            factory, kwargs = pickle.loads(base64.b64decode(message["factory"]))
+            raw = factory(**kwargs)
+        else:
+            raw = open_connection(message["parameters"])
+        return NamespaceStore(message["namespace"], raw)
 
     # ---- timeouts -------------------------------------------------------------------------------------------
 
@@ -487,6 +522,19 @@ class _Monitor:
             now = time.monotonic()
             self.check(now)
             self.heartbeats(now)
+
+
+def _import_torch_free(*names: str) -> list[types.ModuleType]:
+    """Import ``inprocess.<name>`` for each name without running ``inprocess/__init__.py``, which imports torch.
+
+    The package is entered through a bare module standing for it (``__path__`` only), so the submodules and their
+    relative imports load as usual and nothing else of the package does. Only for modules that import no torch.
+    """
+    if "inprocess" not in sys.modules:
+        package = types.ModuleType("inprocess", "inprocess, without its __init__ (the monitor's torch-free path)")
+        package.__path__ = [os.path.join(_PACKAGE_PARENT, "inprocess")]
+        sys.modules["inprocess"] = package
+    return [importlib.import_module(f"inprocess.{name}") for name in names]
 
 
 def _read_first_message(sock: socket.socket, timeout: float) -> tuple[dict, bytes]:

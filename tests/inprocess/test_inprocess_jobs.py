@@ -165,6 +165,9 @@ def test_an_external_verdict_restarts_without_the_hung_rank(launch):
     job = launch(
         {
             "steps": 40,  # long enough that the COMM_STUCK verdict lands inside iteration 1
+            # A rank between two collectives when its peers abort for COMM_STUCK can start one more on a
+            # connection gloo already dropped, which waits for this timeout (docs/inprocess.md section 2, item 8).
+            "pg_timeout": 15,
             "wrapper": {"soft_timeout": 100, "hard_timeout": 110, "barrier_timeout": 200},
             "faults": [
                 {"iteration": 0, "rank": 3, "step": 4, "kind": "stop"},

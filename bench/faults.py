@@ -62,10 +62,17 @@ SWEEP_CHUNK = 10
 # CPU work: fuzz and sweeps, in worker processes
 
 
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 def _fuzz_task(task: tuple[str, int, int]) -> dict:
     import fuzz
 
     port, count, seed = task
+    rss_before = _rss()
     rng = random.Random(seed)
     pool = fuzz.corpus()
     if port == "client":
@@ -88,6 +95,9 @@ def _fuzz_task(task: tuple[str, int, int]) -> dict:
         "verdict_examples": out.verdict_changes[:5],
         "verdict_changes": len(out.verdict_changes),
         "slowest_s": out.slowest_s,
+        "pid": os.getpid(),
+        "rss_before": rss_before,
+        "rss_after": _rss(),
     }
 
 
@@ -110,6 +120,27 @@ def _run_task(task: tuple) -> dict:
     kind, arg = task
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     return _fuzz_task(arg) if kind == "fuzz" else _sweep_task(arg)
+
+
+def _fuzz_rss_growth_pct(results: list[dict]) -> float | None:
+    """Memory over the fuzz volume: for each worker process and port, its RSS at the end of its first fuzz task of
+    that port (targets, corpus and interpreter warm) against the end of its last; the largest growth, in percent.
+    Every task builds fresh targets, so what a target leaks past its task shows up as growth from task to task.
+    (Per port: a worker that runs a client task after a mesh task holds the mesh task's high-water mark.)"""
+    growth: list[float] = []
+    for pid, port in {(r["pid"], r["port"]) for r in results}:
+        mine = [r["rss_after"] for r in results if (r["pid"], r["port"]) == (pid, port)]
+        if len(mine) >= 2:
+            growth.append(100.0 * (mine[-1] / mine[0] - 1))
+    return round(max(growth), 1) if growth else None
+
+
+def _first_task_growth_mb(results: list[dict]) -> list[float]:
+    """Each worker's RSS growth during its first fuzz task (imports, corpus and one task's targets)."""
+    firsts: dict[int, dict] = {}
+    for r in results:
+        firsts.setdefault(r["pid"], r)
+    return [(r["rss_after"] - r["rss_before"]) / 2**20 for r in firsts.values()]
 
 
 class CpuWork:
@@ -610,6 +641,7 @@ def main(argv: list[str]) -> int:
     fuzz_crashes = sum(r["crash_count"] for r in fuzz_results)
     fuzz_hangs = sum(r["hangs"] for r in fuzz_results)
     fuzz_verdict_changes = sum(r["verdict_changes"] for r in fuzz_results)
+    fuzz_rss_growth_pct = _fuzz_rss_growth_pct(fuzz_results)
     sizes: dict[int, int] = {}
     for r in sweep_results:
         for n in r["nodes"]:
@@ -625,6 +657,12 @@ def main(argv: list[str]) -> int:
             "fuzz crashes / hangs / verdict changes",
             f"{fuzz_crashes} / {fuzz_hangs} / {fuzz_verdict_changes}",
             "target 0 / 0 / 0",
+        ),
+        (
+            "fuzz worker RSS growth, first task's end to last's",
+            "-" if fuzz_rss_growth_pct is None else f"{fuzz_rss_growth_pct} %",
+            "memory flat: the largest of any worker; its first task, warm-up included: "
+            + ", ".join(f"{mb:+.1f} MB" for mb in _first_task_growth_mb(fuzz_results)),
         ),
         (
             "fuzz slowest single input",
@@ -711,6 +749,7 @@ def main(argv: list[str]) -> int:
         "fuzz_crashes": fuzz_crashes,
         "fuzz_hangs": fuzz_hangs,
         "fuzz_verdict_changes": fuzz_verdict_changes,
+        "fuzz_rss_growth_pct": fuzz_rss_growth_pct,
         "soak_minutes": soak_out.get("minutes", 0),
         "soak_false_verdicts": soak_out["false_dead"] + soak_out["false_hung"] if soak_out else None,
         "soak_unanswered_queries": soak_out["clients"]["unanswered"] if soak_out else None,

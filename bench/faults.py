@@ -36,6 +36,7 @@ and, last, one JSON line. Usage: .venv/bin/python bench/faults.py [--soak-minute
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -55,6 +56,7 @@ for extra in (REPO / "tests", REPO / "tests" / "reliability", REPO / "tests" / "
 
 CLIENT_PORT = 28028
 FUZZ_CHUNK = 20_000
+SOAK_SAMPLES = 8  # memory samples of every live member through the soak, after its warm-up
 SWEEP_CHUNK = 10
 
 
@@ -342,10 +344,16 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path, busy_l
         usage_start = None
         faults = {"stops": 0, "kills": 0}
         next_fault = started + warmup
+        # Every live member's RSS and fds, SOAK_SAMPLES times from the end of the warm-up: the shape of the growth.
+        samples: list[dict[int, tuple[int, int]]] = []
+        next_sample = started + warmup
         while time.monotonic() - started < seconds:
             now = time.monotonic()
             if usage_start is None and now - started >= warmup:
                 usage_start = _member_usage([original[i] for i in original])
+            if now - started >= warmup and now >= next_sample:
+                next_sample = now + (seconds - warmup) / SOAK_SAMPLES
+                samples.append(_member_usage([sw.members[i].pid for i in range(sw.n) if sw.alive(i)]))
             if cpu.done and not busy and busy_loops:
                 busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy_loops)]
             if now >= next_fault:
@@ -371,6 +379,7 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path, busy_l
                     faults["kills"] += 1
             time.sleep(0.2)
         usage_end = _member_usage([original[i] for i in original])
+        samples.append(_member_usage([sw.members[i].pid for i in range(sw.n) if sw.alive(i)]))
         clients: dict[str, Any] = {
             "asked": 0,
             "answered": 0,
@@ -427,9 +436,31 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path, busy_l
             "rss_growth_pct": round(100 * (rss1 / rss0 - 1), 2),
             "fd_growth": fds1 - fds0,
             "members_measured": len(same),
+            **_growth_shape(samples),
             "cpu_work_done_during_soak": cpu.done,
         }
     return result
+
+
+def _growth_shape(samples: list[dict[int, tuple[int, int]]]) -> dict:
+    """How memory grew over the soak, beyond its two ends: per interval between samples, the RSS growth of the
+    members alive at both of its samples (same pids, summed), and the same over the second half alone. A leak grows
+    at a steady rate; structures filling towards their bounds grow less and less."""
+
+    def growth(a: dict[int, tuple[int, int]], b: dict[int, tuple[int, int]]) -> tuple[float | None, int]:
+        same = set(a) & set(b)
+        before = sum(a[p][0] for p in same)
+        return (round(100 * (sum(b[p][0] for p in same) / before - 1), 2) if before else None), len(same)
+
+    if len(samples) < 3:
+        return {}
+    middle = samples[len(samples) // 2]
+    second_half, members = growth(middle, samples[-1])
+    return {
+        "rss_growth_by_interval_pct": [growth(a, b)[0] for a, b in itertools.pairwise(samples)],
+        "rss_growth_second_half_pct": second_half,
+        "members_second_half": members,
+    }
 
 
 def _known_before(sw, i: int, addr: str) -> bool:
@@ -698,6 +729,12 @@ def main(argv: list[str]) -> int:
                 f"{soak_out['rss_growth_pct']} %",
                 f"fds {soak_out['fd_growth']:+d} over {soak_out['members_measured']} members",
             ),
+            (
+                "soak RSS growth over the second half",
+                f"{soak_out.get('rss_growth_second_half_pct')} %",
+                f"{soak_out.get('members_second_half')} members alive through it; by interval (%): "
+                + ", ".join(map(str, soak_out.get("rss_growth_by_interval_pct", []))),
+            ),
         ]
     if part:
         rows += [
@@ -756,6 +793,8 @@ def main(argv: list[str]) -> int:
         "soak_queries": soak_out["clients"]["asked"] if soak_out else None,
         "soak_rss_growth_pct": soak_out.get("rss_growth_pct"),
         "soak_fd_growth": soak_out.get("fd_growth"),
+        "soak_rss_growth_second_half_pct": soak_out.get("rss_growth_second_half_pct"),
+        "soak_rss_growth_by_interval_pct": soak_out.get("rss_growth_by_interval_pct"),
         "partition_false_dead": part.get("false_dead"),
         "sim_seeds": sim_seeds,
         "sim_violations": len(violations),

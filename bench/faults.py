@@ -341,7 +341,6 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path, busy_l
             )
         started = time.monotonic()
         warmup = min(60.0, seconds / 10)
-        usage_start = None
         faults = {"stops": 0, "kills": 0}
         next_fault = started + warmup
         # Every live member's RSS and fds, SOAK_SAMPLES times from the end of the warm-up: the shape of the growth.
@@ -349,8 +348,6 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path, busy_l
         next_sample = started + warmup
         while time.monotonic() - started < seconds:
             now = time.monotonic()
-            if usage_start is None and now - started >= warmup:
-                usage_start = _member_usage([original[i] for i in original])
             if now - started >= warmup and now >= next_sample:
                 next_sample = now + (seconds - warmup) / SOAK_SAMPLES
                 samples.append(_member_usage([sw.members[i].pid for i in range(sw.n) if sw.alive(i)]))
@@ -378,7 +375,6 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path, busy_l
                     sw.replace(i)
                     faults["kills"] += 1
             time.sleep(0.2)
-        usage_end = _member_usage([original[i] for i in original])
         samples.append(_member_usage([sw.members[i].pid for i in range(sw.n) if sw.alive(i)]))
         clients: dict[str, Any] = {
             "asked": 0,
@@ -421,10 +417,10 @@ def soak(minutes: float, cpu: CpuWork, fault_every: float, workdir: Path, busy_l
             p.kill()
             p.wait()
         # The same processes at both ends: the members alive at the end of the warm-up and never killed since.
-        before = usage_start or {}
-        same = sorted(set(before) & set(usage_end))
+        before, after = (samples[0], samples[-1]) if samples else ({}, {})
+        same = sorted(set(before) & set(after) & set(original.values()))
         rss0, fds0 = (sum(before[p][k] for p in same) for k in (0, 1)) if same else (1, 0)
-        rss1, fds1 = (sum(usage_end[p][k] for p in same) for k in (0, 1)) if same else (1, 0)
+        rss1, fds1 = (sum(after[p][k] for p in same) for k in (0, 1)) if same else (1, 0)
         result = {
             "minutes": round((time.monotonic() - started) / 60, 2),
             "faults": faults,

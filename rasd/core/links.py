@@ -278,9 +278,17 @@ class Links:
         # earlier ones may have gone out while we were cut off, where nobody who hears the peer could refute them
         # (sweep seed 3432, docs/reliability.md 2.3); the death waits CONFIRM after this one.
         if self.node.suspicion.silent(contact.key, now):
-            contact.hung_refreshed = now
-            flood = self.node.floods.verdict(wire.FloodKind.HUNG, contact.key, self.stamp(contact.key))
-            self.node.pass_on(flood, except_conn=None)
+            self.last_call(contact.key, now)
+
+    def last_call(self, key: PeerKey, now: float) -> None:
+        """Flood our HUNG verdict about that linked process once more: its silence death waits CONFIRM after this
+        (suspicion.py calls again when a heal put this node on the larger side after the first call went out)."""
+        contact = self.contacts.get(key.addr)
+        if contact is None or contact.key != key:
+            return
+        contact.hung_refreshed = now
+        flood = self.node.floods.verdict(wire.FloodKind.HUNG, key, self.stamp(key))
+        self.node.pass_on(flood, except_conn=None)
 
     def still_silent(self, key: PeerKey, now: float) -> float | None:
         """How long that linked process has been silent to us (heard or vouched for), or None if it is no longer a

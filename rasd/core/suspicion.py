@@ -12,6 +12,7 @@ section 2.7)::
     a node that had bytes from the suspect within the dead limit, or the suspect itself -> HEARD (refuted),
                     and the refutation clears the suspect's whole *run* (below)
     majority: pending deaths now; suspicions unrefuted for CONFIRM unresponsive limits   -> PEER_DEAD, flooded
+              (the first majority after a minority calls everything older again first: ``_call_again``)
     minority: a dead limit later, a last call first (one more SUSPECT, unrefuted for CONFIRM) -> PEER_DEAD, flooded
     minority: both wait one more dead limit (gathering again meanwhile: a heal makes us the majority again)
     while a gather leaves processes unreached, gather again every gather time limit: a refuted suspect that is
@@ -113,6 +114,7 @@ class Suspicion:
         live = node.live_peers()
         answered = [p for p in live if p.addr in snap.responses]  # the table is sorted: the first is the lowest
         lowest = live[0].addr if live else node.me.addr
+        was_majority = self.majority
         self.majority = 2 * len(answered) > len(live) or (2 * len(answered) == len(live) and lowest in snap.responses)
         side = Side(len(answered), answered[0].addr if answered else node.me.addr)
         node.reunion.measured(side, snap.timeouts == 0, now)
@@ -125,6 +127,8 @@ class Suspicion:
         for key in list(self.suspects):
             if key.addr in snap.responses:
                 del self.suspects[key]
+        if self.majority and not was_majority:
+            self._call_again(now)
         self.runs = unreached_runs(live, snap.responses)
         self.unreached = bool(self.runs)
         for run in set(self.runs.values()):
@@ -279,6 +283,26 @@ class Suspicion:
                 self._call(key, now)
             return False
         return self._answered(key, called, now)
+
+    def _call_again(self, now: float) -> None:
+        """This gather put us on the larger side after the last one put us on the smaller: every last call and
+        suspicion older than this gather went out where only the smaller side could hear it, so nobody who hears
+        the process had the chance to refute. Each pending death is called again (our HUNG once more) and waits
+        CONFIRM from now; each older suspicion is dropped, to be raised afresh by this gather with a SUSPECT flood
+        that reaches the larger side. (Sweep seed 7705: a silence death pending on the cut-off side since before
+        the heal was declared by the first gather after it, with a last call nobody on the larger side had seen,
+        about a process the larger side heard all along.)"""
+        began = self._gathered
+        for key, since in list(self.pending.items()):
+            if since < began:
+                self.pending[key] = now
+                self._final.pop(key, None)
+                self.node.links.last_call(key, now)
+        for key, since in list(self.suspects.items()):
+            if since < began:
+                del self.suspects[key]
+                self._called.pop(key, None)
+                self._final.pop(key, None)
 
     def _call(self, key: PeerKey, now: float) -> None:
         """Our SUSPECT flood about ``key``: its suspect, and anybody who heard it within the dead limit, refute."""

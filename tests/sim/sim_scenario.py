@@ -20,6 +20,9 @@ class Record:
     partitions: list[tuple[frozenset[int], frozenset[int], float, float]] = field(default_factory=list)
     # (a partition's smaller side, its start) -> the nodes paused then that a node of the larger side linked to
     watched: dict[tuple[frozenset[int], float], set[int]] = field(default_factory=dict)
+    # (a partition's smaller side, its start) -> the nodes paused later, while it held, that no node outside the
+    # smaller side linked to then
+    unlinked: dict[tuple[frozenset[int], float], set[int]] = field(default_factory=dict)
 
 
 class Scenario:
@@ -42,6 +45,11 @@ class Scenario:
 
     def pause(self, nodes) -> None:
         for i in nodes:
+            for x, y, a in self._open.values():
+                small = min(x, y, key=len)
+                outside = [s for s in self.sim.nodes if s.index not in small and s.index != i]
+                if not any(self.sim.addr(i) in s.node.links.contacts for s in outside if s.alive and not s.paused):
+                    self.rec.unlinked.setdefault((small, a), set()).add(i)
             self.sim.pause(i)
             self.rec.paused[i] = (self.sim.now, float("inf"))
 
@@ -100,8 +108,15 @@ class Scenario:
         none of the run was heard for the dead limit (rasd/core/suspicion.py, "Why a refutation clears a run"): a
         dead limit into the partition, or at the heal, when it is alone again (sweep seed 5614: paused inside a
         host cut off for 1.4 dead limits, every node linked to it inside the host). A node outside still linked to
-        it measures its silence from the pause, whatever the partition does. (A pause that began after the
-        partition is due as usual: its silence, not the partition's, is the later.)"""
+        it measures its silence from the pause, whatever the partition does. A pause that began later, while the
+        partition held, is likewise held back with the run when no node outside linked to it at its start
+        (``Record.unlinked``; sweep seed 7357).
+
+        The run is declared a dead limit and ``grace`` after the later of the partition's start and the pause, if
+        the partition lasts that long. If it heals sooner, the run may never be declared: the heal refutes it, and
+        the paused node, alone again, is due ``grace`` after the heal (sweep seed 7357: a partition of 1.6 dead
+        limits healed before the larger side declared the run; the node, paused just after the partition began,
+        was suspected again alone after the heal)."""
         start, _ = self.rec.paused[i]
         due = start + self.timers.dead + grace
         spans = [(x, y, a, b) for x, y, a, b in self.rec.partitions]
@@ -111,8 +126,12 @@ class Scenario:
             moved = False
             for x, y, a, b in spans:
                 small = min(x, y, key=len)
-                hidden = start <= a and i not in self.rec.watched.get((small, a), ())
-                later = min(b, a + self.timers.dead) + grace
+                if start <= a:
+                    hidden = i not in self.rec.watched.get((small, a), ())
+                else:
+                    hidden = i in self.rec.unlinked.get((small, a), ())
+                declared = max(a, start) + self.timers.dead + grace
+                later = declared if b >= declared else b + grace
                 if a < due < later and b > start and hidden and self._run_meets(i, small, a):
                     due, moved = later, True
         return due

@@ -17,11 +17,13 @@ from hypothesis import given, strategies as st
 
 from rasd.core import wire
 from rasd.core.actions import Send
+from rasd.core.comms import ProcessData
 from rasd.core.config import Timers
 from rasd.core.events import Kind
 from rasd.core.liveness import CONFIRM
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.reunion import spread
+from rasd.core.snapshot import JobSnapshot
 from rasd.core.suspicion import ECHO, unreached_runs
 from rasd.sim import Simulation
 
@@ -284,3 +286,61 @@ def test_a_refuter_that_answered_lately_passes_the_suspect_flood_on_towards_the_
     second = sent_floods(node, sent)
     assert second and all(m.kind is wire.FloodKind.SUSPECT and m.flood_id == 942 for m in second)
     assert s._lately(s._heard, neighbour, now + 0.1)
+
+
+def _majority_snapshot(sim: Simulation, node, missing) -> JobSnapshot:
+    """The end of a reachability gather that every process but ``missing`` answered."""
+    live = node.live_peers()
+    return JobSnapshot(
+        peers=tuple(live), responses={p.addr: ProcessData() for p in live if p.key != missing}, timeouts=1
+    )
+
+
+@pytest.mark.parametrize("refuted", [False, True])
+def test_a_silence_death_called_on_the_smaller_side_is_called_again_when_a_heal_makes_it_the_larger(refuted):
+    # Sweep seed 7705: a node cut off past the dead limit found a link of the larger side silent; its last call (the
+    # HUNG flood of the DEAD rung) went out on the smaller side only, where nobody hears that process. The first
+    # gather after the heal measured the larger side and declared the death at once, about a process the larger side
+    # heard all along. Now that gather calls again (our HUNG once more) and the death waits CONFIRM for an answer.
+    t = TIMERS
+    sim, node = _smaller_side_node()
+    s, now = node.suspicion, sim.now
+    contact = next(iter(node.links.contacts.values()))
+    key = contact.key
+    contact.last_heard = contact.vouched = now - t.dead - 1.0  # silent past the dead limit
+    s.pending[key] = now - CONFIRM * t.unresponsive - 0.1  # its last call went out, on the smaller side, and stood
+    s._gathering, s._gathered = True, now - 0.01  # and this gather began after it
+    sent_floods(node)
+    s.reached(_majority_snapshot(sim, node, key), now)
+    assert s.majority and not node.verdicts.gone(key), "declared on a last call nobody on the larger side saw"
+    calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.HUNG and m.subject == key.addr]
+    assert calls, "no second last call"
+    confirm = CONFIRM * t.unresponsive
+    s._decide(now + confirm - 0.01)
+    assert not node.verdicts.gone(key)
+    if refuted:
+        # A node of the larger side hears it and answers the call (its RECOVERED, stamped with the peer's clock).
+        node.links.vouch(key, node.links.stamp(key) + 10 * t.hang, now + 0.1)
+    s._decide(now + confirm)
+    assert node.verdicts.gone(key) is not refuted
+
+
+def test_suspicions_raised_on_the_smaller_side_are_raised_afresh_when_a_heal_makes_it_the_larger():
+    # The same for a suspicion: its SUSPECT went out on the smaller side; after the heal it is raised again, with a
+    # flood the larger side sees, and declared only CONFIRM after that one.
+    t = TIMERS
+    sim, node = _smaller_side_node()
+    s, now = node.suspicion, sim.now
+    key = sim.key(3)
+    s.suspects[key] = now - t.dead - 1.0
+    s._called[key] = now - t.dead - 1.0  # its SUSPECT went out then
+    s._gathering, s._gathered = True, now - 0.01
+    sent_floods(node)
+    s.reached(_majority_snapshot(sim, node, key), now)
+    assert not node.verdicts.gone(key) and s.suspects.get(key) == now
+    calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.SUSPECT and m.subject == key.addr]
+    assert calls, "no SUSPECT flood of the larger side"
+    s._decide(now + CONFIRM * t.unresponsive - 0.01)
+    assert not node.verdicts.gone(key)
+    s._decide(now + CONFIRM * t.unresponsive)
+    assert node.verdicts.gone(key)

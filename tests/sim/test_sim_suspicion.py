@@ -288,7 +288,7 @@ def test_a_refuter_that_answered_lately_passes_the_suspect_flood_on_towards_the_
     assert s._lately(s._heard, neighbour, now + 0.1)
 
 
-def _majority_snapshot(sim: Simulation, node, missing) -> JobSnapshot:
+def _majority_snapshot(node, missing) -> JobSnapshot:
     """The end of a reachability gather that every process but ``missing`` answered."""
     live = node.live_peers()
     return JobSnapshot(
@@ -311,7 +311,7 @@ def test_a_silence_death_called_on_the_smaller_side_is_called_again_when_a_heal_
     s.pending[key] = now - CONFIRM * t.unresponsive - 0.1  # its last call went out, on the smaller side, and stood
     s._gathering, s._gathered = True, now - 0.01  # and this gather began after it
     sent_floods(node)
-    s.reached(_majority_snapshot(sim, node, key), now)
+    s.reached(_majority_snapshot(node, key), now)
     assert s.majority and not node.verdicts.gone(key), "declared on a last call nobody on the larger side saw"
     calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.HUNG and m.subject == key.addr]
     assert calls, "no second last call"
@@ -336,7 +336,7 @@ def test_suspicions_raised_on_the_smaller_side_are_raised_afresh_when_a_heal_mak
     s._called[key] = now - t.dead - 1.0  # its SUSPECT went out then
     s._gathering, s._gathered = True, now - 0.01
     sent_floods(node)
-    s.reached(_majority_snapshot(sim, node, key), now)
+    s.reached(_majority_snapshot(node, key), now)
     assert not node.verdicts.gone(key) and s.suspects.get(key) == now
     calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.SUSPECT and m.subject == key.addr]
     assert calls, "no SUSPECT flood of the larger side"

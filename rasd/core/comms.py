@@ -25,6 +25,7 @@ OP_TYPES: tuple[str, ...] = (
     "Barrier",
     "Send",
     "Recv",
+    "Other",  # a collective whose type torch's records do not tell (rasd.torch.records)
 )
 N_OPS = len(OP_TYPES)
 

@@ -52,16 +52,29 @@ def _ranks(ranks: tuple[int, ...]) -> str:
 
 
 def attribute(comm: MergedCommunicator) -> StuckVerdict | None:
-    """The first op type whose counters disagree, and who is behind or inside it; None when they agree."""
+    """Who is behind (launched fewer operations in all) or inside one (launched more than completed), and the
+    first op type where they differ; None when every rank launched as many as the others and completed them all.
+
+    The ranks are judged on totals over all op types: a total is exact where a split by type may be an estimate
+    (collectives that torch issues beneath the Python hooks are typed from the Flight Recorder, rasd.torch.records),
+    so a split that differs between ranks alone never makes a verdict."""
     records = [comm.ranks[k].record for k in sorted(comm.ranks)]
-    for op in range(len(OP_TYPES)):
-        launched = [r.launched[op] for r in records]
-        top = max(launched)
-        behind = tuple(r.comm_rank for r in records if r.launched[op] < top)
-        inside = tuple(r.comm_rank for r in records if r.launched[op] > r.completed[op])
-        if behind or inside:
-            return StuckVerdict(comm.comm_hash, op, top, behind, inside, _global(comm, behind), _global(comm, inside))
-    return None
+    totals = [sum(r.launched) for r in records]
+    top_total = max(totals)
+    behind = tuple(r.comm_rank for r, t in zip(records, totals, strict=True) if t < top_total)
+    inside = tuple(r.comm_rank for r, t in zip(records, totals, strict=True) if t > sum(r.completed))
+    if not behind and not inside:
+        return None
+    op = next(
+        (
+            op
+            for op in range(len(OP_TYPES))
+            if len({r.launched[op] for r in records}) > 1 or any(r.launched[op] > r.completed[op] for r in records)
+        ),
+        len(OP_TYPES) - 1,
+    )
+    top = max(r.launched[op] for r in records)
+    return StuckVerdict(comm.comm_hash, op, top, behind, inside, _global(comm, behind), _global(comm, inside))
 
 
 def _global(comm: MergedCommunicator, ranks: tuple[int, ...]) -> tuple[int, ...]:

@@ -5,7 +5,7 @@ NCCL prints its JSON with printf: 2-space indents, one key per line, empty array
 additions (an NCCL client ignores unknown keys; none is removed or renamed):
 
 - top level: ``torchras_version`` and ``torch_version`` after NCCL's version keys;
-- ``collective_counts`` lists all 11 op types, NCCL's five first;
+- ``collective_counts`` lists all 12 op types, NCCL's five first;
 - per rank: ``hostname``, ``incarnation`` (null when the process is unknown) and ``completed_counts``;
 - per missing rank: ``hostname``, ``incarnation`` and ``status.left`` (its process left the job cleanly);
 - in ``ras``: ``dead_count``, ``left_count``, ``waiting_count`` (processes that joined and wait to be admitted)

@@ -15,10 +15,12 @@ never a wait) says it is done. The queue is drained before every snapshot (and b
 grows long), so a rank stuck inside an NCCL kernel shows as launched and not
 completed, as NCCL's own RAS counts it (docs/operations.md, "Counting on GPUs").
 
-The cost per call is a dict lookup and two list increments (about a microsecond). A call on a group this process
-does not belong to, or before ``init_process_group``, goes straight through. ``uninstall()`` puts the originals
-back. Collectives that torch issues from C++ without passing through these functions (DDP's gradient buckets) are
-not counted per op type; see docs/operations.md.
+The cost per call is a dict lookup, two list increments and two reads of the group's sequence number (about two
+microseconds, bench/overhead.py). A call on a group this process does not belong to, or before
+``init_process_group``, goes straight through. ``uninstall()`` puts the originals back. Collectives that torch
+issues from C++ without passing through these functions (DDP's gradient buckets, functional collectives) are
+counted from the process group's own records by ``rasd.torch.records``: the sequence numbers a hooked call
+consumes are remembered, so nothing is counted twice (docs/operations.md, "What is counted").
 
 The first ``init_process_group`` also starts this process's RAS node from the default group's store.
 """
@@ -32,6 +34,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from time import monotonic
 from typing import Any
@@ -43,6 +46,7 @@ import torch.distributed.distributed_c10d as c10d
 from rasd.api import RasHandle
 from rasd.core.comms import OP_TYPES, RESULT_IN_PROGRESS, runs_of
 from rasd.core.registry import CommRegistry, LocalComm
+from rasd.torch.records import RecordCounter
 
 log = logging.getLogger("rasd")
 
@@ -90,6 +94,10 @@ class TorchHooks:
         self.registry = registry
         self.start_mesh = start_mesh
         self.by_group: dict[int, LocalComm] = {}  # id(ProcessGroup) -> its communicator
+        #: id(ProcessGroup) -> its ``_get_sequence_number_for_group`` (how many collectives it has launched).
+        self.seq_readers: dict[int, Callable[[], int]] = {}
+        #: What torch's own records add beneath these hooks (DDP's buckets, functional collectives).
+        self.records = RecordCounter()
         self.originals: dict[tuple[Any, str], Callable] = {}
         self.groups_created = 0
         #: id(LocalComm) -> the CUDA works of that communicator not yet completed on the GPU, oldest first.
@@ -136,6 +144,7 @@ class TorchHooks:
         params = list(inspect.signature(fn).parameters)
         group_at = params.index("group") if "group" in params else None
         by_group = self.by_group
+        seq_readers = self.seq_readers
 
         @functools.wraps(fn)
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -144,9 +153,15 @@ class TorchHooks:
             group = kwargs.get("group")
             if group is None and group_at is not None and len(args) > group_at:
                 group = args[group_at]
-            comm = by_group.get(id(group if group is not None else c10d.GroupMember.WORLD))
+            key = id(group if group is not None else c10d.GroupMember.WORLD)
+            comm = by_group.get(key)
             if comm is None:
                 return fn(*args, **kwargs)
+            read_seq = seq_readers.get(key)
+            before = _seq_of(read_seq)
+            if before < 0:
+                read_seq = None
+            comm.hooked_from = before  # the ids this call consumes are the hooks', not beneath them
             comm.launch(op, monotonic())
             _nested.inside = True
             try:
@@ -156,6 +171,8 @@ class TorchHooks:
                 raise
             finally:
                 _nested.inside = False
+                if read_seq is not None:
+                    _consumed(comm, before, read_seq)
             if comm.device >= 0:
                 self._queue_gpu_work(result if isinstance(result, dist.Work) else None, comm, op)
             elif isinstance(result, dist.Work):
@@ -212,9 +229,18 @@ class TorchHooks:
                     del self.gpu_pending[key]
 
     def snapshot(self) -> Any:
-        """This process's communicators for a report: the registry's counters after counting finished GPU work."""
+        """This process's communicators for a report: the registry's counters after counting finished GPU work
+        and what torch's records show beneath the hooks."""
         self.drain_gpu_work()
-        return self.registry.snapshot(monotonic())
+        now = monotonic()
+        self.records.refresh(now)
+        return self.registry.snapshot(now)
+
+    def _count_records(self, pg: Any, comm: LocalComm, created_ns: int) -> None:
+        """Count ``pg``'s collectives beneath the hooks too (rasd.torch.records)."""
+        self.records.add(pg, comm, created_ns)
+        if id(comm) in self.records.groups:
+            self.seq_readers[id(pg)] = pg._get_sequence_number_for_group
 
     def begin_epoch(self, epoch: int) -> None:
         """Groups created from now on belong to restart iteration ``epoch`` (every rank numbers them afresh)."""
@@ -231,17 +257,18 @@ class TorchHooks:
                 from rasd.net.client_port import move_nccl_ras_port
 
                 move_nccl_ras_port()  # before NCCL's first communicator reads it
+            created_ns = time.time_ns()
             result = fn(*args, **kwargs)
-            self._register_default()
+            self._register_default(created_ns)
             if self.start_mesh:
                 _start_mesh(self)
             return result
 
         return init_process_group
 
-    def _register_default(self) -> None:
+    def _register_default(self, created_ns: int = 0) -> None:
         pg = c10d._get_default_group()
-        self.by_group[id(pg)] = self.registry.register(
+        comm = self.by_group[id(pg)] = self.registry.register(
             LocalComm(
                 comm_hash=_hash(self.epoch, "world", dist.get_world_size()),
                 size=dist.get_world_size(),
@@ -250,6 +277,7 @@ class TorchHooks:
                 device=_device_of(pg),
             )
         )
+        self._count_records(pg, comm, created_ns)
 
     def _wrap_new_group(self, fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -271,6 +299,7 @@ class TorchHooks:
                         init_state=RESULT_IN_PROGRESS,
                     )
                 )
+            created_ns = time.time_ns()
             try:
                 pg = fn(*args, **kwargs)
             except Exception:
@@ -281,6 +310,7 @@ class TorchHooks:
                 pending.init_state = 0
                 pending.device = _device_of(pg)
                 self.by_group[id(pg)] = pending
+                self._count_records(pg, pending, created_ns)
             elif pending is not None:
                 self.registry.unregister(pending)
             return pg
@@ -305,9 +335,11 @@ class TorchHooks:
                         self.gpu_pending.pop(id(comm), None)
                 for comm in doomed:
                     self.registry.unregister(comm)
+                    self.records.remove(comm)
                 ids = {id(c) for c in doomed}
                 for key in [k for k, c in self.by_group.items() if id(c) in ids]:
                     del self.by_group[key]
+                    self.seq_readers.pop(key, None)
 
         return destroy_process_group
 
@@ -321,6 +353,26 @@ class TorchHooks:
             return fn(group, *args, **kwargs)
 
         return abort_process_group
+
+
+def _seq_of(read_seq: Callable[[], int] | None) -> int:
+    """The group's sequence number, or -1 (no reader, or an aborted group that cannot tell)."""
+    if read_seq is None:
+        return -1
+    try:
+        return int(read_seq())
+    except Exception:  # noqa: BLE001 - never raise into training
+        return -1
+
+
+def _consumed(comm: LocalComm, before: int, read_seq: Callable[[], int]) -> None:
+    """After a hooked call: the sequence ids it consumed are the hooks' (one per collective torch launched for
+    it; two for ``all_gather_object``, none for an NCCL send)."""
+    after = _seq_of(read_seq)
+    if after > before:
+        comm.hooked_seqs.extend(range(before + 1, after + 1))
+        comm.hooked_seq += after - before
+    comm.hooked_from = -1
 
 
 def _on_completion(work: Any, comm: LocalComm, op: int) -> None:

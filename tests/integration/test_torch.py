@@ -56,6 +56,7 @@ OPS_WORLD = {
     "Barrier": 1,
     "Send": 2,
     "Recv": 2,
+    "Other": 0,
 }
 OPS_PAIR = {op: (1 if op == "AllReduce" else 0) for op in OP_TYPES}
 

@@ -1,0 +1,180 @@
+"""A user's DDP and FSDP2 script (``user_job.py``) under plain ``torchrun``, 4 gloo ranks, changed only by wrapping
+its training function in ``inprocess.Wrapper``:
+
+- the report counts every collective the job performed, DDP's buckets and FSDP2's gathers included, equal to
+  what torch's own records say (the group's sequence number, the Flight Recorder's entries by name);
+- a rank blocked in one long call (``time.sleep``, ``queue.Queue.get``, a socket read) is named in the report while
+  it is blocked (COMM_STUCK: the rank behind), the restart reaches it, and the job finishes all its steps at full
+  size in the same processes: nobody is killed, torchrun never tears the job down.
+
+Deadlines are generous (2 shared cores); speed is measured in bench/time_lost.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ras_client import ask
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).with_name("user_job.py")
+REPOSITORY = Path(__file__).resolve().parents[2]
+WORLD = 4
+#: The report's names for the Flight Recorder's gloo ops in a DDP or FSDP2 job (gloo runs reduce_scatter as an
+#: all-reduce and records it so; the hooks see FSDP2's reduce_scatter_tensor call itself).
+FR_NAME = {"gloo:all_reduce": "AllReduce", "gloo:broadcast": "Broadcast", "gloo:all_gather": "AllGather"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _free_base_port() -> int:
+    """A port p with p, p+1 and p+2 free (torchrun's store, the Wrapper's store, the application's store)."""
+    for _ in range(100):
+        base = _free_port()
+        if base + 2 >= 65536:
+            continue
+        try:
+            for p in (base + 1, base + 2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no three consecutive free ports")
+
+
+class Job:
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.out = tmp / "out"
+        self.out.mkdir()
+        self.port = _free_port()
+        master = _free_base_port()
+        self.log = open(tmp / "torchrun.log", "w")  # noqa: SIM115 - closed in stop()
+        environ = dict(os.environ, TORCHRAS_ADDR=f"127.0.0.1:{self.port}", PYTHONUNBUFFERED="1", **(env or {}))
+        environ["PYTHONPATH"] = os.pathsep.join([str(REPOSITORY), environ.get("PYTHONPATH", "")])
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}"]
+        cmd += ["--master-addr=127.0.0.1", f"--master-port={master}", str(SCRIPT), "--out", str(self.out), *args]
+        self.proc = subprocess.Popen(
+            cmd, env=environ, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.tmp = tmp
+
+    def results(self, deadline: float) -> dict[int, dict]:
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            done = {int(p.stem[4:]): p for p in self.out.glob("rank*.json")}
+            if len(done) == WORLD:
+                time.sleep(0.2)  # written whole by now
+                return {r: json.loads(p.read_text()) for r, p in done.items()}
+            assert self.proc.poll() is None, f"torchrun ended with {self.proc.returncode}:\n{self.logs()}"
+            time.sleep(0.5)
+        raise AssertionError(f"the job did not finish within {deadline}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        self.log.flush()
+        return (self.tmp / "torchrun.log").read_text()[-6000:]
+
+    def report(self) -> dict:
+        return json.loads(ask(self.port, b"SET FORMAT json\nSTATUS\n").removeprefix("OK\n"))
+
+    def stop(self) -> int | None:
+        (self.out / "release").touch()
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(10)
+            return None
+        finally:
+            self.log.close()
+
+
+def _world_comm(report: dict) -> dict:
+    comms = [c for c in report["communicators"] if c["size"] == WORLD]
+    assert comms, report
+    return comms[-1]
+
+
+def _check_counts(job: Job, results: dict[int, dict]) -> None:
+    """Every rank's counts in the report equal what torch recorded; DDP's / FSDP2's own collectives included."""
+    comm = None
+    for _ in range(20):  # a quiet job's records are read at the next gather or two
+        comm = _world_comm(job.report())
+        totals = {r["rank"]: sum(r["collective_counts"].values()) for r in comm["ranks"]}
+        settled = all(r["collective_counts"] == r["completed_counts"] for r in comm["ranks"])
+        if settled and totals == {rank: res["seq"] for rank, res in results.items()}:
+            break
+        time.sleep(1.0)
+    assert comm is not None
+    for rank_doc in comm["ranks"]:
+        res = results[rank_doc["rank"]]
+        counts = rank_doc["collective_counts"]
+        assert sum(counts.values()) == res["seq"], (rank_doc, res)  # every collective, none twice
+        assert counts == rank_doc["completed_counts"], rank_doc  # the job is idle: all completed
+        recorded: dict[str, int] = {}
+        for name, n in res["fr_names"].items():
+            recorded[FR_NAME[name]] = recorded.get(FR_NAME[name], 0) + n
+        # The hooks type FSDP2's reduce_scatter_tensor as ReduceScatter where gloo records an all_reduce.
+        reported = {op: n for op, n in counts.items() if n}
+        if "ReduceScatter" in reported:
+            reported["AllReduce"] = reported.get("AllReduce", 0) + reported.pop("ReduceScatter")
+        assert reported == recorded, (rank_doc["rank"], counts, res)
+        assert counts["AllReduce"] + counts["ReduceScatter"] >= res["steps"], counts  # the gradients of each step
+
+
+@pytest.mark.parametrize("model", ["ddp", "fsdp"])
+def test_the_report_counts_every_collective_of_ddp_and_fsdp(tmp_path: Path, model: str) -> None:
+    job = Job(tmp_path, "--model", model, "--steps", "30")
+    try:
+        results = job.results(deadline=180)
+        assert {r["steps"] for r in results.values()} == {30}
+        _check_counts(job, results)
+    finally:
+        assert job.stop() == 0, job.logs()
+
+
+@pytest.mark.parametrize("kind", ["sleep", "queue", "recv"])
+def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(tmp_path: Path, kind: str) -> None:
+    env = {"TORCHRAS_STUCK_LIMIT": "6"}
+    job = Job(
+        tmp_path, "--model", "ddp", "--steps", "60", "--block", kind, "--block-rank", "2", "--block-step", "15", env=env
+    )
+    try:
+        named = None
+        end = time.monotonic() + 150
+        while named is None and time.monotonic() < end:
+            if list(job.out.glob("rank*.json")):
+                break
+            try:
+                comm = _world_comm(job.report())
+            except (AssertionError, OSError, ValueError):
+                time.sleep(1.0)
+                continue
+            stuck = comm.get("stuck")
+            if stuck and stuck["global_ranks_behind"] == [2]:
+                named = stuck
+            time.sleep(0.5)
+        assert named is not None, f"the report never named rank 2 as behind:\n{job.logs()}"
+        assert named["op"] == "AllReduce" and named["global_ranks_inside"] == [0, 1, 3], named
+        results = job.results(deadline=150)
+        assert {r["steps"] for r in results.values()} == {60}, results
+        assert {r["world"] for r in results.values()} == {WORLD}, results
+        assert all(r["iteration"] >= 1 for r in results.values()), results  # restarted in place ...
+        logs = job.logs()
+        assert "blocking in " + kind in logs
+        assert "hard timeout" not in logs.lower() and "SIGKILL" not in logs, logs  # ... nobody killed
+    finally:
+        assert job.stop() == 0, job.logs()

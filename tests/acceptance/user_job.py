@@ -1,0 +1,136 @@
+"""A user's training script, as a user writes it from the README: torch's own DDP or FSDP2 on gloo, the training
+function wrapped in ``inprocess.Wrapper``, launched by plain ``torchrun``. Nothing in it is shaped around torchras.
+
+    torchrun --nproc-per-node 4 user_job.py --model ddp --steps 40 --out DIR [--block sleep --block-rank 2 ...]
+
+``--block KIND`` makes one rank stop in one long blocking call before its forward pass at ``--block-step`` (a
+wedged data loader): ``sleep`` (time.sleep), ``queue`` (queue.Queue.get on a queue nobody fills) or ``recv``
+(a socket read from a peer that never writes). It blocks once: after the restart that the mesh's COMM_STUCK verdict
+causes, the rank trains on.
+
+Each rank writes ``DIR/rank<R>.json`` when training is done: steps trained, world size, restart iteration,
+and what torch's records say the job performed on the world group (its sequence number and its Flight Recorder
+entries by name), then waits for ``DIR/release`` (the test reads the report meanwhile) and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import queue
+import socket
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import inprocess  # noqa: E402
+
+blocked_once: list[bool] = []
+
+
+def block(kind: str) -> None:
+    """One long blocking call, as a data loader that wedged."""
+    print(f"rank {os.environ['RANK']}: blocking in {kind}", flush=True)
+    if kind == "sleep":
+        time.sleep(600)
+    elif kind == "queue":
+        queue.Queue().get()
+    elif kind == "recv":
+        left, right = socket.socketpair()
+        try:
+            left.recv(1)
+        finally:
+            left.close()
+            right.close()
+
+
+def build(model_kind: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Linear(64, 4)
+    )
+    if model_kind == "ddp":
+        wrapped: torch.nn.Module = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)
+    return wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.01)
+
+
+def train(args: argparse.Namespace, progress: dict, call_wrapper: inprocess.CallWrapper | None = None) -> None:
+    assert call_wrapper is not None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 2, world, is_master=False, use_libuv=True
+    )
+    store = dist.PrefixStore(f"iteration{call_wrapper.iteration}", store)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    model, opt = build(args.model)
+    # Every rank resumes from the step the slowest one completed (the in-memory state of a user's job).
+    start = torch.tensor([progress["step"]])
+    dist.all_reduce(start, op=dist.ReduceOp.MIN)
+    step = int(start.item())
+    while step < args.steps:
+        if args.block and rank == args.block_rank and step == args.block_step and not blocked_once:
+            blocked_once.append(True)
+            block(args.block)
+        loss = model(torch.randn(16, 32)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        step += 1
+        progress["step"] = step
+        time.sleep(args.step_time)
+    world_pg = dist.group.WORLD
+    assert world_pg is not None
+    seq = world_pg._get_sequence_number_for_group()
+    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")  # noqa: B009
+    entries = json.loads(dump(includeCollectives=True, onlyActive=False))["entries"]
+    names: dict[str, int] = {}
+    for e in entries:
+        if e["process_group"][0] == world_pg.group_name and e["time_created_ns"] >= progress["created_ns"]:
+            names[e["profiling_name"]] = names.get(e["profiling_name"], 0) + 1
+    out = Path(args.out)
+    result = {"rank": rank, "steps": step, "world": dist.get_world_size(), "iteration": call_wrapper.iteration}
+    result.update(seq=seq, fr_names=names, pid=os.getpid())
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    while not (out / "release").exists():
+        time.sleep(0.1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=("ddp", "fsdp"), default="ddp")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--step-time", type=float, default=0.05)
+    ap.add_argument("--block", choices=("sleep", "queue", "recv"), default=None)
+    ap.add_argument("--block-rank", type=int, default=2)
+    ap.add_argument("--block-step", type=int, default=15)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # The application's store, outside the wrapped function (as in nvidia-resiliency-ext's examples).
+    app_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 2, world, is_master=rank == 0, use_libuv=True
+    )
+    progress = {"step": 0, "created_ns": time.time_ns()}
+    wrapper = inprocess.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1})
+    wrapper(train)(args, progress)
+    del app_store
+
+
+if __name__ == "__main__":
+    main()

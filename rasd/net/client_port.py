@@ -187,8 +187,16 @@ class _Client(asyncio.Protocol):
 class ClientPort:
     """Serves the client port of one process (runs on the RAS thread)."""
 
-    def __init__(self, runtime: Runtime, spec: str | None = None, registry: EndpointRegistry | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        spec: str | None = None,
+        registry: EndpointRegistry | None = None,
+        counting: Callable[[], str] | None = None,
+    ) -> None:
         self.runtime = runtime
+        #: Says how this process counts collectives (rasd.torch.records), a third version line; None: no torch.
+        self.counting = counting
         self.spec = spec if spec is not None else os.environ.get("TORCHRAS_ADDR", "")
         self.registry = registry or EndpointRegistry()
         self.clients: set[_Client] = set()
@@ -296,6 +304,11 @@ class ClientPort:
     def start_status(self, client: _Client, req: StartStatus) -> None:
         node = self.runtime.node
         version_line, runtime_line = self._versions
+        if self.counting is not None:
+            try:
+                runtime_line = f"{runtime_line}\n{self.counting()}"
+            except Exception:  # a version line is not worth a failed report
+                log.debug("rasd: the counting line failed", exc_info=True)
         if req.format is Format.TEXT:
             summary = build_job_summary(node.table, node.left_addresses())
             client.write(
@@ -367,9 +380,10 @@ def move_nccl_ras_port(environ: os._Environ[str] | dict[str, str] = os.environ) 
     return moved
 
 
-async def serve(runtime: Runtime) -> ClientPort:
-    """A runtime service: open the client port and close it when the runtime stops."""
-    port = ClientPort(runtime)
+async def serve(runtime: Runtime, counting: Callable[[], str] | None = None) -> ClientPort:
+    """A runtime service: open the client port and close it when the runtime stops. ``counting`` says how this
+    process counts collectives (a third version line of the text report)."""
+    port = ClientPort(runtime, counting=counting)
     await port.open()
     runtime.on_stop.append(port.close)
     return port

@@ -426,6 +426,5 @@ def start_node(
     import rasd
     from rasd.net import client_port
 
-    return rasd.start(
-        store, rank=rank, devices=devices, prefix=prefix, local_data=hooks.snapshot, services=[client_port.serve]
-    )
+    serve = functools.partial(client_port.serve, counting=hooks.records.describe)
+    return rasd.start(store, rank=rank, devices=devices, prefix=prefix, local_data=hooks.snapshot, services=[serve])

@@ -39,6 +39,7 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,8 +130,10 @@ def _beneath_unread(group: _Group) -> int:
 class RecordCounter:
     """Adds to each registered communicator the collectives that torch's records show beneath the hooks."""
 
-    def __init__(self, flight_recorder: bool | None = None) -> None:
+    def __init__(self, flight_recorder: bool | None = None, dump: Callable[[], bytes | str] | None = None) -> None:
+        """``dump`` returns the Flight Recorder's JSON (default: torch's ``_dump_fr_trace_json``)."""
         self.flight_recorder = flight_recorder_on() if flight_recorder is None else flight_recorder
+        self.dump = dump or _dump_flight_recorder
         self.groups: dict[int, _Group] = {}  # id(LocalComm) -> the group
         self.last_read = -1e18
         self.reads = 0  # Flight Recorder dumps taken (bench/overhead.py reports them)
@@ -140,9 +143,9 @@ class RecordCounter:
     def describe(self) -> str:
         """The counting in force, for the report's runtime line."""
         if self.failed:
-            return "collectives counted by Python hooks only"
-        source = "sequence numbers and Flight Recorder" if self.flight_recorder else "sequence numbers"
-        return f"collectives counted from process-group records ({source})"
+            return "Collectives counted by the Python hooks only (this torch keeps no process-group records)"
+        source = "sequence numbers and Flight Recorder" if self.flight_recorder else "sequence numbers only"
+        return f"Collectives counted from process-group records ({source}) and Python hooks"
 
     def add(self, pg: Any, comm: LocalComm, created_ns: int) -> None:
         """Count ``pg``'s collectives into ``comm`` from now on (training thread, right after torch made it)."""
@@ -198,13 +201,9 @@ class RecordCounter:
             group.comm.beneath_unread_completed = not self.flight_recorder  # nothing will ever say otherwise
 
     def _read(self, now: float) -> None:
-        import torch
-
         started = time.perf_counter()
         try:
-            dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")  # noqa: B009 - private, untyped
-            raw = dump(includeCollectives=True, onlyActive=False)
-            entries = json.loads(raw).get("entries", [])
+            entries = json.loads(self.dump()).get("entries", [])
         except Exception as e:  # noqa: BLE001 - no usable Flight Recorder: types stay estimates
             log.info("rasd: the Flight Recorder cannot be read (%s); op types beneath the hooks count as Other", e)
             self.flight_recorder = False
@@ -259,6 +258,13 @@ class RecordCounter:
             comm.beneath_launched[group.last_op] += lost
             comm.beneath_completed[group.last_op] += lost
         group.fr_seq = settled
+
+
+def _dump_flight_recorder() -> bytes:
+    import torch
+
+    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")  # noqa: B009 - private, untyped
+    return dump(includeCollectives=True, onlyActive=False)
 
 
 def _finished(entry: dict[str, Any]) -> bool:

@@ -142,6 +142,8 @@ def test_the_report_counts_every_collective_of_ddp_and_fsdp(tmp_path: Path, mode
         results = job.results(deadline=180)
         assert {r["steps"] for r in results.values()} == {30}
         _check_counts(job, results)
+        text = ask(job.port, b"STATUS\n")
+        assert "Collectives counted from process-group records (sequence numbers and Flight Recorder)" in text
     finally:
         assert job.stop() == 0, job.logs()
 

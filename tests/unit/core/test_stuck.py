@@ -118,3 +118,31 @@ def test_a_communicator_that_disappears_clears_its_verdict():
     (v,), _ = d.observe(stuck, 1.0)
     empty = JobSnapshot(peers=(), responses={})
     assert d.observe(empty, 2.0) == ([], [v])
+
+
+def test_a_split_by_type_that_differs_while_totals_agree_is_no_verdict():
+    """Collectives beneath the hooks are typed from the Flight Recorder, which may estimate differently on two ranks
+    (an entry lost from one ring): the totals are exact, and only they judge (rasd.torch.records)."""
+    done = counts(AllReduce=40, Broadcast=3)
+    snap = snapshot(
+        {
+            0: (done, done),
+            1: (counts(AllReduce=41, Broadcast=2), counts(AllReduce=41, Broadcast=2)),
+            2: (done, done),
+            3: (done, done),
+        }
+    )
+    assert attribute(merged(snap)) is None
+
+
+def test_behind_in_total_names_the_rank_and_the_op_where_the_split_differs():
+    snap = snapshot(
+        {
+            0: (counts(AllReduce=41, Broadcast=3), counts(AllReduce=40, Broadcast=3)),
+            1: (counts(AllReduce=41, Broadcast=3), counts(AllReduce=40, Broadcast=3)),
+            2: (counts(AllReduce=40, Broadcast=3), counts(AllReduce=40, Broadcast=3)),
+            3: (counts(AllReduce=41, Broadcast=3), counts(AllReduce=40, Broadcast=3)),
+        }
+    )
+    v = attribute(merged(snap))
+    assert (v.op, v.seq, v.behind, v.inside) == (AR, 41, (2,), (0, 1, 3))

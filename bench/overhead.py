@@ -107,7 +107,10 @@ def _hook_cost_ns(calls: int = 200_000) -> float:
         return None
 
     hooks = TorchHooks(CommRegistry(), start_mesh=False)
-    hooks.by_group[id(c10d.GroupMember.WORLD)] = LocalComm(comm_hash=1, size=4, rank=0)
+    world = c10d.GroupMember.WORLD
+    hooks.by_group[id(world)] = LocalComm(comm_hash=1, size=4, rank=0)
+    # The real group's sequence number, read before and after the call as in a job (rasd.torch.records).
+    hooks.seq_readers[id(world)] = world._get_sequence_number_for_group
     counted = hooks._counting(all_reduce, OP_TYPES.index("AllReduce"))
     best = {}
     for name, fn in (("bare", all_reduce), ("counted", counted)):
@@ -119,6 +122,26 @@ def _hook_cost_ns(calls: int = 200_000) -> float:
             runs.append((time.perf_counter_ns() - started) / calls)
         best[name] = min(runs)
     return best["counted"] - best["bare"]
+
+
+def _record_read_ms(reads: int = 7) -> tuple[float, int]:
+    """The RAS thread's cost of one Flight Recorder read (dump, parse, count) with the ring as the job left it:
+    (median milliseconds, entries in the ring). The dump holds the GIL throughout (docs/operations.md)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from rasd.core.registry import LocalComm
+    from rasd.torch.records import RecordCounter, _dump_flight_recorder
+
+    entries = len(json.loads(_dump_flight_recorder())["entries"])
+    times = []
+    for _ in range(reads):
+        counter = RecordCounter(flight_recorder=True)
+        counter.add(c10d.GroupMember.WORLD, LocalComm(comm_hash=1, size=4, rank=0), created_ns=0)
+        counter.groups[next(iter(counter.groups))].fr_seq = 0  # count the whole ring, as a first read does
+        started = time.perf_counter()
+        counter._read(0.0)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times), entries
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -210,6 +233,7 @@ def worker(args: argparse.Namespace) -> int:
         )
     if rank == 0:
         out["hook_ns"] = _hook_cost_ns()
+        out["record_read_ms"], out["record_ring_entries"] = _record_read_ms()
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
@@ -325,6 +349,15 @@ def summarize(results: dict, args: argparse.Namespace) -> tuple[list[str], dict]
         f"hook cost: {hook_ns:.0f} ns per counted call = "
         + ", ".join(f"{hook_ns / 1e6 / step_ms[s] * 100:.3f}% of a {s} step ({step_ms[s]:.2f} ms)" for s in step_ms)
     )
+    read_ms, ring = results[0].get("record_read_ms"), results[0].get("record_ring_entries")
+    if read_ms is not None:
+        from rasd.torch.records import FR_READ_EVERY
+
+        lines.append(
+            f"records read (RAS thread, GIL held): {read_ms:.1f} ms per Flight Recorder read of {ring} entries; at "
+            f"most one per {FR_READ_EVERY:g} s while collectives beneath the hooks move "
+            f"({read_ms / 10 / FR_READ_EVERY:.3f}% of the time), once more when a communicator goes quiet"
+        )
     delays = []
     for data in results.values():
         for k, s in enumerate(data["stalls"]):
@@ -350,6 +383,9 @@ def summarize(results: dict, args: argparse.Namespace) -> tuple[list[str], dict]
         "stuck_limit_s": args.stuck_limit * args.factor,
         "sweep_s": 5.0 * args.factor,
         "hook_ns_per_call": round(hook_ns, 1),
+        "hook_pct_of_1ms_collective": _round(hook_ns / 1e6 * 100, 3),
+        "record_read_ms": _round(read_ms) if read_ms is not None else None,
+        "record_ring_entries": ring,
         "rasd_cpu_pct": _round(statistics.mean([v for k, v in summary.items() if k.startswith("cpu_")]), 3),
         "arm": args.arm,
     }

@@ -20,7 +20,7 @@ Per communicator the count is split into what the hooks counted and what happene
 The sequence number makes the total exact and cheap. The op type and the completion of the collectives beneath
 come from the Flight Recorder, whose dump costs about 15 us per entry of its ring *with the GIL held* (30 ms for
 2,000 entries, measured in bench/overhead.py), so it is read rarely: at the first snapshot after a group's
-collectives beneath moved, then at most once per ``FR_READ_EVERY`` seconds, and at once when a communicator has
+collectives beneath moved, then at most once per ``FR_READ_EVERY`` (30) seconds, and at once when a communicator has
 gone quiet with collectives beneath not yet read or not yet completed (a stall: exactly when the op type
 matters). Until an entry is read, its collective counts under the op type of the last one read on that
 communicator, as launched and not completed. An entry that fell out of the ring before it was read counts under
@@ -48,8 +48,10 @@ from rasd.core.registry import LocalComm
 
 log = logging.getLogger("rasd")
 
-#: Seconds between two Flight Recorder reads while collectives beneath the hooks keep moving.
-FR_READ_EVERY = 5.0
+#: Seconds between two Flight Recorder reads while collectives beneath the hooks keep moving: a read holds the GIL
+#: about 30 ms with a full ring (bench/overhead.py), 0.1 % of this interval. Until then the split by op type is an
+#: estimate; the totals never are.
+FR_READ_EVERY = 30.0
 OTHER = OP_TYPES.index("Other")
 
 #: The Flight Recorder's op names, reduced by ``_op_key`` (backend prefix, underscores and variant suffixes

@@ -1,6 +1,6 @@
 """One process of the NCCL checks in tests/gpu/test_nccl.py: the backend path of a GPU machine, end to end.
 
-Usage: ``python nccl_job.py counters OUT.json`` or ``python nccl_job.py restart OUT.json``; MASTER_ADDR,
+Usage: ``python nccl_job.py counters|ddp|restart OUT.json``; MASTER_ADDR,
 MASTER_PORT and TORCHRAS_ADDR come from the environment. One rank on one GPU: NCCL refuses two ranks on one
 device, and the machines that check this have one.
 
@@ -101,6 +101,40 @@ def counters() -> None:
         json.dump(result, f)
 
 
+def ddp() -> None:
+    """DDP on NCCL: its buckets are issued by torch's C++ reducer, counted from the group's sequence number and the
+    Flight Recorder's NCCL states (``completed`` once the watchdog saw the GPU work finish)."""
+    import torch
+    import torch.distributed as dist
+
+    import rasd
+
+    hooks = rasd.install()
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 1, True, timeout=datetime.timedelta(seconds=60)
+    )
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256).cuda(), bucket_cap_mb=0.1)
+    steps = 10
+    for _ in range(steps):
+        model(torch.randn(32, 256, device="cuda")).sum().backward()
+    torch.cuda.synchronize()
+    world = dist.group.WORLD
+    seq = world._get_sequence_number_for_group()
+    records = []
+    for _ in range(40):  # the watchdog marks entries completed within its poll interval; quiet reads follow
+        time.sleep(0.5)
+        (comm,) = [c for c in hooks.snapshot().comms if c.size == 1]
+        records.append({"launched": list(comm.ranks[0].launched), "completed": list(comm.ranks[0].completed)})
+        if records[-1]["launched"] == records[-1]["completed"] and sum(records[-1]["launched"]) == seq:
+            break
+    result = {"seq": seq, "steps": steps, "records": records, "counting": hooks.records.describe()}
+    dist.destroy_process_group()
+    with open(OUT, "w") as f:
+        json.dump(result, f)
+
+
 def restart() -> None:
     import torch
     import torch.distributed as dist
@@ -142,4 +176,4 @@ def restart() -> None:
 
 
 if __name__ == "__main__":
-    {"counters": counters, "restart": restart}[MODE]()
+    {"counters": counters, "restart": restart, "ddp": ddp}[MODE]()

@@ -93,3 +93,14 @@ def test_the_wrapper_aborts_an_nccl_communicator_checks_the_gpu_and_restarts_in_
     assert seen["returned"] == 1
     assert [i["iteration"] for i in seen["iterations"]] == [0, 1]
     assert all(i["sum"] == 2.0 * 1024 for i in seen["iterations"])
+
+
+def test_ddp_buckets_on_nccl_are_counted_from_the_records_and_completed_when_the_gpu_is_done(tmp_path):
+    seen = run_job("ddp", tmp_path)
+    from rasd.core.comms import OP_TYPES
+
+    last = seen["records"][-1]
+    assert sum(last["launched"]) == seen["seq"], seen  # every collective of the group, DDP's C++ ones included
+    assert last["launched"][OP_TYPES.index("AllReduce")] >= seen["steps"], seen  # a bucket or more per step
+    assert last["completed"] == last["launched"], seen  # NCCL's Flight Recorder state "completed"
+    assert "Flight Recorder" in seen["counting"], seen

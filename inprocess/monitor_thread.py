@@ -10,6 +10,10 @@ Hand-shake with the main thread: ``leave_function()`` (called by the main thread
 main thread as out of the function and cancels an asynchronous exception that was raised but not yet delivered,
 so the exception can never land in the wrapper's own bookkeeping. While the main thread does not acknowledge,
 the exception is raised again every ``soft_timeout`` (it may have been swallowed by user code).
+
+An asynchronous exception waits for the main thread's next bytecode; every time one is scheduled, the wake signal
+(``inprocess.wake``) follows it, so that a main thread blocked in a C call (``time.sleep``, ``queue.Queue.get``,
+a socket read, a lock, a subprocess wait) leaves the call at once instead of at the hard timeout.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from . import wake
 from .attribution import format_interruption_records
 
 log = logging.getLogger(__name__)
@@ -74,10 +79,12 @@ def restart_exception_type(message: str) -> type:
 
 
 def async_abort_main_thread(msg: str | None = None) -> None:
-    """Raise ``RankShouldRestart`` (carrying ``msg``) in the main thread, as the monitor thread does."""
+    """Raise ``RankShouldRestart`` (carrying ``msg``) in the main thread, as the monitor thread does (with the wake
+    signal, inside a wrapper call: a main thread blocked in a C call leaves it)."""
     main = threading.main_thread().ident
     assert main is not None, "the main thread has always started"
     async_raise(main, restart_exception_type(msg or RankShouldRestart.message))
+    wake.wake(main)
 
 
 def _raise_after(event: threading.Event, thread_id: int, exc_type: type) -> None:
@@ -219,6 +226,7 @@ class MonitorThread(threading.Thread):
             if not self._main_out:
                 self._raised = True  # so that leave_function cancels it if it was not delivered yet
                 _set_async_exc(self.main_thread_id, exc_type)
+                wake.wake(self.main_thread_id)
 
     def _terminate_main(self) -> None:
         exc_type = restart_exception_type(self.message)
@@ -229,6 +237,7 @@ class MonitorThread(threading.Thread):
             if not self._main_out:
                 self._raised = True
                 _set_async_exc(self.main_thread_id, exc_type)
+                wake.wake(self.main_thread_id)  # under the lock: the main thread is still in the function
         self.aborted.set()
         last_raise = time.monotonic()
         while not self._acknowledged.wait(0.05):
@@ -243,6 +252,7 @@ class MonitorThread(threading.Thread):
                 )
                 self._swallowed.clear()
                 _set_async_exc(self.main_thread_id, exc_type)
+                wake.wake(self.main_thread_id)
                 last_raise = time.monotonic()
 
     def _call_abort(self) -> None:

@@ -38,6 +38,7 @@ from . import (
     mesh_source,
     param_utils,
     store as store_module,
+    wake,
 )
 from .abort import Abort, AbortTorchDistributed, connection_key, established_connections
 from .attribution import Interruption, InterruptionRecord
@@ -277,6 +278,8 @@ class CallWrapper:
         self.joining: joining_module.JoinDriver | None = None
         self._newcomer = wrapper.joining is not None and wrapper.joining.is_newcomer()
         self._previous_unraisablehook: Callable[[Any], Any] | None = None
+        #: Whether this call holds the wake signal's handler (``inprocess.wake``), to give back at shutdown.
+        self._wake_installed = False
         try:
             self._start()
         except BaseException:
@@ -348,6 +351,8 @@ class CallWrapper:
         self.watchdog.start()
         self._previous_unraisablehook = sys.unraisablehook
         sys.unraisablehook = self._unraisablehook
+        # Before the first monitor thread starts: a restart reaches a main thread blocked in a C call.
+        self._wake_installed = wake.install()
         fault_source.register_active_call(self)
         if self.joining is not None and self._newcomer:
             self.joining.join()  # in the wait list of the running round; admitted at the next round (__call__)
@@ -804,6 +809,9 @@ class CallWrapper:
         w = self.wrapper
         if self.monitor_thread is not None and self.monitor_thread.is_alive():
             self.monitor_thread.leave_function()
+        if self._wake_installed:  # after leave_function: the monitor thread sends no wake any more
+            self._wake_installed = False
+            wake.release()
         joined_later = (
             self.state.initial_rank is not None
             and self.state.initial_world_size is not None

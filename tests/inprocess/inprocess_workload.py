@@ -10,7 +10,10 @@ import atexit
 import datetime
 import json
 import os
+import queue
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -191,6 +194,85 @@ def inject(fault: dict, call_wrapper: inprocess.CallWrapper) -> None:
         )
     if kind == "late_verdicts":
         replay_late_verdicts(call_wrapper, fault.get("expect", 1))
+    if kind == "block":  # one long blocking C call (a wedged data loader): only the wake signal reaches it
+        block(fault["how"], fault.get("seconds", 300), call_wrapper.iteration)
+    if kind == "report_stuck":  # in `delay` s, COMM_STUCK naming `behind`, as the rasd mesh reports it
+        threading.Thread(target=report_stuck, args=(call_wrapper.iteration, fault), daemon=True).start()
+    if kind == "user_signals":  # the user's SIGTERM and SIGINT handlers (scenario "user_handlers") still run
+        send_user_signals("during")
+
+
+def block(how: str, seconds: float, iteration: int) -> None:
+    """Block in one C call (``how``: sleep, queue, recv, lock, subprocess); report when and how it was left."""
+    emit(event="blocked", how=how, iteration=iteration)
+    ours, theirs = socket.socketpair()
+    lock = threading.Lock()
+    lock.acquire()
+    child = None
+    try:
+        if how == "sleep":
+            time.sleep(seconds)
+        elif how == "queue":
+            queue.Queue().get()
+        elif how == "recv":
+            ours.recv(1)
+        elif how == "lock":
+            lock.acquire()
+        elif how == "subprocess":
+            child = subprocess.Popen(["sleep", str(seconds)])
+            child.wait()
+        else:
+            raise ValueError(f"no blocking call {how!r}")
+    except BaseException as error:
+        emit(event="unblocked", how=how, error=type(error).__name__, iteration=iteration)
+        raise
+    finally:
+        ours.close()
+        theirs.close()
+        if child is not None:
+            child.kill()
+            child.wait()
+    emit(event="unblocked", how=how, error=None, iteration=iteration)
+
+
+def report_stuck(iteration: int, fault: dict) -> None:
+    from inprocess.fault_source import ExternalVerdict, report_fault
+
+    time.sleep(fault.get("delay", 1.0))
+    verdict = ExternalVerdict(
+        iteration=iteration, ranks=frozenset(fault["behind"]), kind="COMM_STUCK", reason="injected by the test"
+    )
+    emit(event="stuck_reported", applied=report_fault(verdict), iteration=iteration)
+
+
+USER_SIGNALS: list[str] = []  # what the user's handlers saw, in order
+
+
+def install_user_handlers() -> None:
+    def handler(signum: int, frame: object) -> None:
+        USER_SIGNALS.append(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+
+
+def send_user_signals(phase: str) -> None:
+    """SIGTERM and SIGINT to this process; report whether the user's handlers saw each (and the wake handler)."""
+    import inprocess.wake
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        before = len(USER_SIGNALS)
+        os.kill(os.getpid(), sig)
+        deadline = time.monotonic() + 10
+        while len(USER_SIGNALS) == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        emit(
+            event="user_signal",
+            phase=phase,
+            signal=sig.name,
+            seen=USER_SIGNALS[before:] == [sig.name],
+            wake_installed=signal.getsignal(inprocess.wake.DEFAULT) is inprocess.wake._handle,
+        )
 
 
 def reported(rank: int, name: str) -> bool:
@@ -256,6 +338,9 @@ def main() -> None:
     )
     steps = SCENARIO.get("steps", 20)
     call = 0
+    if SCENARIO.get("user_handlers"):
+        install_user_handlers()
+        send_user_signals("before")
 
     @inprocess.Wrapper(**wrapper_kwargs())
     def train(call_wrapper: inprocess.CallWrapper, sizes: tuple[int, ...] = (1,), note: str = "") -> int:
@@ -312,6 +397,8 @@ def main() -> None:
         except BaseException as error:  # reported to the test
             emit(event="raised", type=type(error).__name__, message=str(error), call=call)
             raise SystemExit(3) from error
+    if SCENARIO.get("user_handlers"):
+        send_user_signals("after")
 
 
 def end(code: int) -> None:

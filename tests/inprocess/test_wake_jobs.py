@@ -1,0 +1,163 @@
+"""Real 3-rank gloo jobs under ``inprocess.Wrapper`` with one rank blocked in a C call when a restart comes.
+
+Issue 24, part 2: a rank wedged in one long blocking call (a data loader in ``queue.Queue.get``, a socket read, a
+``time.sleep``) is reached by the restart through the wake signal (``inprocess/wake.py``) and restarts with the
+others; nobody is killed. Only a rank that holds the GIL still needs the hard timeout.
+
+The Wrapper's own timeouts are long here (soft 60 s, hard 90 s): a blocked rank that restarted with the others and
+left its call before any of them fired was reached by the wake, since nothing else could have reached it. Deadlines
+are generous and nothing asserts speed; the seconds each blocked call took to be left are printed (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from inprocess_jobs import events, iterations, started
+
+pytestmark = pytest.mark.slow
+
+JOB_DEADLINE = 300  # seconds for a whole job: start-up alone (torch imports) is slow on 2 busy cores
+SOFT_TIMEOUT = 60
+TIMEOUTS = {"soft_timeout": SOFT_TIMEOUT, "hard_timeout": 90, "barrier_timeout": 200}
+LOGS = {"inprocess": "INFO"}
+
+
+def finish(job, ranks=None) -> list:
+    codes = job.wait(JOB_DEADLINE, ranks)
+    assert None not in codes, f"job did not finish: {codes}\n{job.diagnostics()}"
+    return codes
+
+
+def monitor_log(job, rank: int) -> str:
+    path = job.directory / f"monitor{rank}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def left_by_the_restart(job, rank: int, iteration: int, how: str) -> float:
+    """Assert that initial rank ``rank`` left its blocking call of ``iteration`` by the restart; the seconds it sat."""
+    blocked = [event for event in events(job, rank, "blocked") if event["iteration"] == iteration]
+    left = [event for event in events(job, rank, "unblocked") if event["iteration"] == iteration]
+    assert blocked and blocked[0]["how"] == how, job.diagnostics()
+    assert left and left[0]["error"] == "RankShouldRestart", f"rank {rank} in {how}: {left}\n{job.diagnostics()}"
+    seconds = left[0]["time"] - blocked[0]["time"]
+    print(f"rank {rank} left {how} after {seconds:.2f} s")
+    return seconds
+
+
+def assert_no_timeout_and_no_second_raise(job, ranks) -> None:
+    for rank in ranks:
+        log = monitor_log(job, rank)
+        assert "soft timeout" not in log and "hard timeout" not in log, f"rank {rank}: {log}"
+        assert "did not leave the function" not in job.stderr(rank), job.stderr(rank)
+
+
+def test_a_rank_blocked_in_a_c_call_restarts_with_the_others(launch):
+    """One iteration per blocking call: in each, one rank blocks in it for 300 s at step 2 while another raises an
+    exception or reports COMM_STUCK (as the mesh does for a rank behind) a second later. Every blocked rank leaves
+    its call by the restart, long before any timeout; the job finishes at full size. The user's SIGTERM and SIGINT
+    handlers, installed before the Wrapper, run before, during (after five wakes) and after the wrapped call."""
+    blocked = ["sleep", "queue", "recv", "lock", "subprocess"]
+    faults = []
+    for iteration, how in enumerate(blocked):
+        victim, trigger = (iteration + 1) % 3, (iteration + 2) % 3
+        faults.append({"iteration": iteration, "rank": victim, "step": 2, "kind": "block", "how": how})
+        if iteration % 2 == 0:
+            faults.append({"iteration": iteration, "rank": trigger, "step": 2, "kind": "exception", "delay": 1.0})
+        else:
+            faults.append(
+                {"iteration": iteration, "rank": trigger, "step": 2, "kind": "report_stuck", "behind": [victim]}
+            )
+    last = len(blocked)
+    faults += [{"iteration": last, "rank": rank, "step": 1, "kind": "user_signals"} for rank in range(3)]
+    job = launch(
+        {
+            "steps": 5,
+            "env": {"TORCHRAS_ENABLE": "0"},  # the restarts come from the faults above, not from the mesh
+            "log_levels": LOGS,
+            "pg_timeout": 20,  # docs/inprocess.md section 2, item 8: shorter than the hard timeout
+            "wrapper": TIMEOUTS,
+            "user_handlers": True,
+            "faults": faults,
+        },
+        world_size=3,
+    )
+    assert finish(job) == [0, 0, 0], job.diagnostics()
+    for iteration, how in enumerate(blocked):
+        victim = (iteration + 1) % 3
+        assert left_by_the_restart(job, victim, iteration, how) < SOFT_TIMEOUT
+        for rank in range(3):
+            assert started(job, rank, iteration + 1)["world_size"] == 3, job.diagnostics()
+    for rank in range(3):
+        assert iterations(job, rank, "start") == list(range(last + 1)), job.diagnostics()
+        assert iterations(job, rank, "done") == [last], job.diagnostics()
+        signals = [(e["phase"], e["signal"], e["seen"], e["wake_installed"]) for e in events(job, rank, "user_signal")]
+        assert signals == [
+            ("before", "SIGTERM", True, False),
+            ("before", "SIGINT", True, False),
+            ("during", "SIGTERM", True, True),
+            ("during", "SIGINT", True, True),
+            ("after", "SIGTERM", True, False),
+            ("after", "SIGINT", True, False),
+        ], job.diagnostics()
+    assert all(event["applied"] for rank in range(3) for event in events(job, rank, "stuck_reported"))
+    assert_no_timeout_and_no_second_raise(job, range(3))
+
+
+def test_a_rank_in_a_long_sleep_is_restarted_by_the_mesh_comm_stuck_verdict(launch):
+    """The issue's case, end to end: rank 2 sits in one ``time.sleep(300)`` before its next collective; the rasd
+    mesh (timers scaled by 0.2: stuck limit 4 s) finds the all-reduce stuck with rank 2 behind, every rank
+    restarts, rank 2 included, and the job finishes at full size."""
+    job = launch(
+        {
+            "steps": 8,
+            "env": {"TORCHRAS_TIMEOUT_FACTOR": "0.2"},
+            "log_levels": {**LOGS, "rasd": "INFO"},
+            "pg_timeout": 20,
+            "wrapper": TIMEOUTS,
+            "faults": [{"iteration": 0, "rank": 2, "step": 3, "kind": "block", "how": "sleep"}],
+        },
+        world_size=3,
+    )
+    assert finish(job) == [0, 0, 0], job.diagnostics()
+    assert left_by_the_restart(job, 2, 0, "sleep") < SOFT_TIMEOUT
+    for rank in range(3):
+        assert started(job, rank, 0)["mesh"], job.diagnostics()
+        assert started(job, rank, 1)["world_size"] == 3
+        restart = started(job, rank, 1)["restart"]
+        assert restart is not None and restart["terminated"] == [], job.diagnostics()
+        assert re.search(r"COMM_STUCK .*rank 2 behind", restart["cause"]), restart
+        assert iterations(job, rank, "done") == [1], job.diagnostics()
+    assert_no_timeout_and_no_second_raise(job, range(3))
+
+
+def test_a_rank_holding_the_gil_is_not_reached_and_ends_at_its_hard_timeout(launch):
+    """Rank 1 holds the GIL in one C call (``sum(range(10**12))``) when rank 2 raises: its monitor thread cannot
+    even run, so no restart exception and no wake reach it; its monitor process kills it at its hard timeout (6 s,
+    on that rank only) and the others go on without it."""
+    job = launch(
+        {
+            "steps": 8,
+            "env": {"TORCHRAS_ENABLE": "0"},
+            "log_levels": LOGS,
+            "pg_timeout": 20,
+            "wrapper": TIMEOUTS,
+            "wrapper_by_rank": {"1": {"soft_timeout": 3, "hard_timeout": 6}},
+            "faults": [
+                {"iteration": 0, "rank": 1, "step": 2, "kind": "gil"},
+                {"iteration": 0, "rank": 2, "step": 2, "kind": "exception", "delay": 1.0},
+            ],
+        },
+        world_size=3,
+    )
+    codes = finish(job)
+    assert codes[0] == codes[2] == 0 and codes[1] < 0, job.diagnostics()
+    assert "hard timeout" in monitor_log(job, 1), monitor_log(job, 1)
+    assert iterations(job, 1, "start") == [0]
+    for rank in (0, 2):
+        assert started(job, rank, 1)["world_size"] == 2
+        assert started(job, rank, 1)["restart"]["terminated"] == [1], job.diagnostics()
+        assert iterations(job, rank, "done") == [1]
+    assert_no_timeout_and_no_second_raise(job, (0, 2))

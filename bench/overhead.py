@@ -110,7 +110,7 @@ def _hook_cost_ns(calls: int = 200_000) -> float:
     world = c10d.GroupMember.WORLD
     hooks.by_group[id(world)] = LocalComm(comm_hash=1, size=4, rank=0)
     # The real group's sequence number, read before and after the call as in a job (rasd.torch.records).
-    hooks.seq_readers[id(world)] = world._get_sequence_number_for_group
+    hooks.seq_readers[id(world)] = getattr(world, "_get_sequence_number_for_group")  # noqa: B009 - untyped
     counted = hooks._counting(all_reduce, OP_TYPES.index("AllReduce"))
     best = {}
     for name, fn in (("bare", all_reduce), ("counted", counted)):

@@ -8,6 +8,9 @@ wedged data loader): ``sleep`` (time.sleep), ``queue`` (queue.Queue.get on a que
 (a socket read from a peer that never writes). It blocks once: after the restart that the mesh's COMM_STUCK verdict
 causes, the rank trains on.
 
+Every 10 steps the ranks average the loss for the log with a functional collective (``funcol.all_reduce``, what
+DTensor and compiled code issue): torch runs it beneath ``torch.distributed``'s Python functions.
+
 Each rank writes ``DIR/rank<R>.json`` when training is done: steps trained, world size, restart iteration,
 and what torch's records say the job performed on the world group (its sequence number and its Flight Recorder
 entries by name), then waits for ``DIR/release`` (the test reads the report meanwhile) and exits.
@@ -29,6 +32,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
 
 import inprocess  # noqa: E402
 
@@ -93,6 +97,12 @@ def train(args: argparse.Namespace, progress: dict, call_wrapper: inprocess.Call
         opt.zero_grad()
         step += 1
         progress["step"] = step
+        if step % 10 == 0:  # the mean loss for the log, with a functional collective (as DTensor code issues them)
+            total = funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD)
+            if rank == 0:
+                print(f"step {step} loss {float(funcol.wait_tensor(total)) / world:.4f}", flush=True)
+            else:
+                funcol.wait_tensor(total)
         time.sleep(args.step_time)
     world_pg = dist.group.WORLD
     assert world_pg is not None

@@ -1,7 +1,7 @@
 """The ``rasd`` command: local jobs to try torchras with.
 
     rasd swarm --peers 8          a local job of 8 lightweight RAS processes, serving localhost:28028
-    rasd demo                     a real 4-process torch.distributed (gloo) training job with the mesh
+    rasd demo                     a real 4-process training job with the mesh: torch's DDP on gloo (rasd demo --help)
 
 While a swarm runs, type commands on its standard input (``help`` lists them), or use signals on the pids it
 prints; query it from another terminal with ``rascli -v`` or ``echo verbose status | nc localhost 28028``.
@@ -177,7 +177,15 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout-factor", type=float, default=0.0, help="scale every mesh timer (TORCHRAS_TIMEOUT_FACTOR)"
     )
     sp.add_argument("--addr", default="", help="client port address (TORCHRAS_ADDR; default localhost:28028)")
-    demo = sub.add_parser("demo", help="a real local torch.distributed training job with the mesh")
+    demo = sub.add_parser(
+        "demo",
+        help="a real local torch.distributed training job with the mesh",
+        description="A real local training job with the mesh: N gloo processes on the CPU train a small MLP\n"
+        "with torch's DistributedDataParallel (--model fsdp: FSDP2; --model manual: hand-written\n"
+        "all-reduces) under inprocess.Wrapper, which restarts them in place after a fault, from the\n"
+        "training state kept in memory. Query it from another terminal: rascli -v",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     try:
         from rasd.torch.demo import add_arguments
     except ImportError:  # no torch: ``rasd demo`` then says so when run

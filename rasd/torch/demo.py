@@ -1,30 +1,31 @@
 """``rasd demo``: a real local training job with the mesh, to see torchras work and to break on purpose.
 
-N processes (default 4) train a small model data-parallel with the gloo backend: each step all-reduces the
-gradients on the world group, and every 10 steps each pair of ranks all-reduces a metric on its own group, so the
-report has two kinds of communicators. Rank 0 prints a progress line per process group. The client port is on:
-``rascli -v`` or ``echo verbose status | nc localhost 28028`` from another terminal.
+N processes (default 4) train a small MLP with the gloo backend on the CPU, the way a user's job trains it
+(``--model``): torch's ``DistributedDataParallel`` by default, whose C++ reducer all-reduces the gradients during
+``backward()``; FSDP2 (``fully_shard`` on a CPU device mesh), which all-gathers the parameters in the forward and
+reduce-scatters the gradients in the backward; or ``manual``, one hand-written ``dist.all_reduce`` of the gradients
+per step. Every 10 steps each pair of ranks also all-reduces a metric on a two-rank group of its own, so the report
+has two kinds of communicators. Rank 0 prints a progress line for the world, each pair's first rank one for its
+pair. The client port is on: ``rascli -v`` or ``echo verbose status | nc localhost 28028`` from another terminal.
 
-Training runs inside ``inprocess.Wrapper`` (``--no-restart``: without it). Its state (model, optimizer, step) is an
-``inprocess.elastic.TorchState`` committed to memory every ``--commit-every`` steps; after a fault the mesh's
-verdict restarts every surviving rank in place, and training resumes from the last commit, on the ranks left.
+Training runs inside ``inprocess.Wrapper`` (``--no-restart``: without it). Its state (the whole model and optimizer
+state, unsharded, and the step) is an ``inprocess.elastic.TorchState`` committed to memory every
+``--commit-every`` steps; after a fault the mesh's verdict restarts every surviving rank in place, and each builds
+its process group, DDP or FSDP2 module and optimizer anew (the old ones hold the destroyed process group) and loads
+them from the last commit, on the ranks left.
 
 More capacity, or a replacement after a kill: ``rasd demo --join`` from another terminal starts one more process
 into the running demo (``inprocess.elastic.Joining``, docs/elastic.md section 5). It waits until the next commit,
 which starts a rendezvous round that admits it; it gets the state by ``state.sync()`` and the world grows (up to
 ``--nproc``).
 
-Faults on demand: ``--inject KIND:rank=R,step=S[,seconds=X]`` (repeatable), KIND one of
-    exception   the rank raises (under the Wrapper every rank restarts; with --no-restart its process dies)
-    kill        kill -9 of the rank
-    stop        SIGSTOP of the rank (a hang; ``kill -CONT`` it to resume)
-    skip        the rank skips one gradient all-reduce (its counts fall one behind: MISMATCH)
-    stall       the rank sleeps X seconds (default 60) before an all-reduce (COMM_STUCK names it as behind)
+Faults on demand: ``--inject KIND:rank=R,step=S[,seconds=X]`` (repeatable), the kinds in ``FAULTS``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -33,9 +34,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +45,29 @@ if TYPE_CHECKING:
     import inprocess
 
 KINDS = ("exception", "kill", "stop", "skip", "stall")
+#: What each ``--inject`` kind does (``rasd demo --help`` prints it). Every fault happens at the start of step S,
+#: where a data loader hands out the batch, before the forward pass.
+FAULTS = """faults (--inject KIND:rank=R,step=S[,seconds=X], repeatable), each at the start of step S:
+  exception  the rank raises (under the Wrapper every rank restarts; with --no-restart its
+             process dies)
+  kill       kill -9 of the rank
+  stop       SIGSTOP of the rank (a hang; kill -CONT it to resume)
+  skip       the rank skips one gradient collective, as a gradient-accumulation counter off by
+             one on that rank would: one step under DDP's no_sync() (fsdp: under
+             set_requires_gradient_sync(False); manual: no all-reduce). Its collectives fall out of
+             step with the others' (MISMATCH), and once the job wedges, COMM_STUCK
+  stall      the rank blocks in one call, time.sleep(X) (default 60 s), before its forward pass,
+             as a wedged data loader does; the others wait inside the gradient collective
+             (COMM_STUCK names the rank as behind)
+"""
+#: ``--model``: how the workers train, and what a progress line calls it.
+MODELS = {"ddp": "DDP", "fsdp": "FSDP2", "manual": "hand-written all-reduces"}
+#: What the demo's first line says of each.
+TRAINING = {
+    "ddp": "with DistributedDataParallel",
+    "fsdp": "with FSDP2 (fully_shard)",
+    "manual": "data-parallel, all-reducing the gradients by hand",
+}
 
 
 @dataclass(frozen=True)
@@ -70,7 +95,15 @@ class Injection:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = FAULTS
     parser.add_argument("--nproc", "-n", type=int, default=4, help="number of processes (default 4)")
+    parser.add_argument(
+        "--model",
+        choices=MODELS,
+        default="ddp",
+        help="how the workers train: ddp (torch's DistributedDataParallel, the default), fsdp (FSDP2, fully_shard "
+        "on a CPU device mesh) or manual (the gradients all-reduced by hand)",
+    )
     parser.add_argument("--steps", type=int, default=0, help="training steps (default 0: until Ctrl+C)")
     parser.add_argument("--step-time", type=float, default=0.2, help="seconds per step (default 0.2)")
     parser.add_argument("--print-every", type=int, default=10, help="progress lines every N steps")
@@ -79,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KIND:rank=R,step=S",
-        help="a fault to make: exception, kill, stop, skip or stall (repeatable)",
+        help="a fault to make: exception, kill, stop, skip or stall (repeatable; below)",
     )
     parser.add_argument(
         "--commit-every",
@@ -137,6 +170,8 @@ def demo_main(args: argparse.Namespace) -> int:
         sys.executable,
         "-m",
         "rasd.torch.demo",
+        "--model",
+        args.model,
         "--steps",
         str(args.steps),
         "--step-time",
@@ -158,8 +193,8 @@ def demo_main(args: argparse.Namespace) -> int:
         else "under inprocess.Wrapper: a fault restarts training in place from the last in-memory commit"
     )
     print(
-        f"rasd demo: {args.nproc} gloo processes train a small MLP data-parallel, {how}. Their status: rascli -v "
-        f"-p {port} (or: echo verbose status | nc {host.strip('[]')} {port}); events: rascli -m -p {port}. "
+        f"rasd demo: {args.nproc} gloo processes train a small MLP {TRAINING[args.model]}, {how}. Their status: "
+        f"rascli -v -p {port} (or: echo verbose status | nc {host.strip('[]')} {port}); events: rascli -m -p {port}. "
         "Ctrl+C stops it.",
         flush=True,
     )
@@ -254,6 +289,7 @@ def _free_ports(count: int) -> list[int]:
 
 def worker_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="rasd-demo-worker")
+    ap.add_argument("--model", choices=MODELS, default="ddp")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--step-time", type=float, default=0.2)
     ap.add_argument("--print-every", type=int, default=10)
@@ -280,9 +316,71 @@ def worker_main(argv: list[str]) -> int:
     return trainer.run_under_the_wrapper()
 
 
+def say(line: str) -> None:
+    """Write ``line`` and its newline with one ``write`` system call. The workers share the demo's terminal or
+    pipe, unbuffered, and ``print`` writes a line's text and its newline apart: two workers' lines then
+    interleaved mid-line (``...mean loss 0.0526step    40  pair 2-3...``). One write of a line, far below
+    PIPE_BUF (4096 bytes), reaches a pipe or a terminal whole."""
+    sys.stdout.flush()  # whatever Python still buffers goes first
+    data = (line + "\n").encode()
+    while data:
+        data = data[os.write(sys.stdout.fileno(), data) :]
+
+
+class Replica:
+    """The whole model and optimizer state, unsharded, in host memory: what the ``TorchState`` commits and
+    restores, and what each restart iteration builds its DDP or FSDP2 module and optimizer from.
+
+    Why not the live module: DDP and FSDP2 hold the process group of the iteration that built them, which a
+    restart destroys, so each iteration wraps a fresh module; and FSDP2 turns a module's parameters into shards
+    (DTensors) of one device mesh, of which a rank holds a part only: after a kill -9 the dead rank's shards
+    would be gone, and the world that trains on has another size. A full copy on every rank survives both. The
+    state dicts are torch's own "full" ones (``torch.distributed.checkpoint.state_dict``): parameter names
+    without DDP's ``module.`` prefix, FSDP2's shards gathered, the same dicts for the three models.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model: dict[str, Any] = {}
+        self.optimizer: dict[str, Any] = {}
+        self.capture(model, optimizer)
+
+    def capture(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Take the live state. For FSDP2 this all-gathers the shards: a collective, which every rank makes at
+        the same step (before each commit). For DDP and the plain model the dicts hold the live tensors, which
+        ``commit()`` copies at once."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        self.model, self.optimizer = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+
+    def load_into(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Load the state into a freshly built module and optimizer (FSDP2: each rank keeps its shard of it)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=self.model,
+            optim_state_dict=self.optimizer,
+            options=StateDictOptions(full_state_dict=True),
+        )
+
+    # What ``TorchState`` commits and restores (sync() broadcasts it to the ranks behind).
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model, self.optimizer = state["model"], state["optimizer"]
+
+
 class Trainer:
-    """A small MLP trained data-parallel. Its state (model, optimizer, step) lives in an ``inprocess.elastic``
-    ``TorchState`` committed to memory every ``--commit-every`` steps, so a restart resumes from the last commit."""
+    """A small MLP trained data-parallel the way a user's job trains it: ``DistributedDataParallel`` (the default:
+    torch's C++ reducer all-reduces the gradients in buckets during ``backward()``), FSDP2 (``fully_shard`` on a
+    CPU device mesh: the parameters all-gathered in the forward, the gradients reduce-scattered in the backward),
+    or ``manual`` (the gradients all-reduced by hand, one ``dist.all_reduce`` per step). Its state (the model and
+    optimizer in a ``Replica``, and the step) lives in an ``inprocess.elastic`` ``TorchState`` committed to memory
+    every ``--commit-every`` steps; each restart iteration builds its process group, module and optimizer anew and
+    loads them from the last commit."""
 
     def __init__(self, args: argparse.Namespace, injections: list[Injection]) -> None:
         import torch
@@ -292,10 +390,10 @@ class Trainer:
         self.args = args
         self.pending = list(injections)  # each fault happens once, even when its step is replayed after a restart
         torch.manual_seed(0)  # the same initial model on every rank
-        self.model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        model = _mlp()
         self.target = torch.nn.Linear(32, 1)
-        self.state = TorchState(self.model, self.optimizer, step=0)
+        self.replica = Replica(model, _optimizer(model))
+        self.state = TorchState(replica=self.replica, step=0)
         self.generator = torch.Generator().manual_seed(1000 + int(os.environ.get("RANK", os.getpid())))
         self.last_step_done = time.time()  # wall clock: what a restart cost is the gap in training it left
 
@@ -322,9 +420,9 @@ class Trainer:
         try:
             wrapper(self.train_in_wrapper)()
         except inprocess.rank_assignment.RankDiscarded:
-            print(f"rank {os.environ['RANK']}: left the job (terminated while it was unresponsive)", flush=True)
+            say(f"rank {os.environ['RANK']}: left the job (terminated while it was unresponsive)")
         except (JoinFailed, HostRemoved) as error:
-            print(f"rasd demo: {error}", flush=True)
+            say(f"rasd demo: {error}")
             return 1 if isinstance(error, JoinFailed) else 0
         return 0
 
@@ -344,25 +442,44 @@ class Trainer:
         # No try/finally around the training: after a fault the Wrapper's abort destroys the groups, and a rank
         # that destroyed its own on the way out would break its peers' collectives first, so that their errors,
         # not its own, would be recorded as the cause.
-        self.state.sync()
+        self.state.sync()  # after a restart: the last commit, on every rank (the Replica and the step)
         restart = call_wrapper.last_restart
         if restart is None and call_wrapper.iteration > 0:  # started by rasd demo --join, admitted just now
-            print(
+            say(
                 f"joined as rank {dist.get_rank()} of {dist.get_world_size()} at step {self.state.step} (the "
-                "state came from the other ranks' memory)",
-                flush=True,
+                "state came from the other ranks' memory)"
             )
         if restart is not None and dist.get_rank() == 0:
             cause = restart.reasons[0]  # the verdict; the other reasons are its consequences
             lost = time.time() - self.last_step_done
-            print(
+            say(
                 f"restart {restart.count} after {cause}: {dist.get_world_size()} ranks continue from step "
-                f"{self.state.step}, {lost:.1f} s lost",
-                flush=True,
+                f"{self.state.step}, {lost:.1f} s lost"
             )
         self.train(call_wrapper)
         dist.barrier()
         dist.destroy_process_group()
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """This iteration's module and optimizer, on its process group, loaded from the ``Replica``."""
+        import torch.distributed as dist
+
+        model = _mlp()
+        module: torch.nn.Module = model
+        if self.args.model == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            module = DistributedDataParallel(model)  # gloo on the CPU: no device_ids
+        elif self.args.model == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            # FSDP2 on the CPU needs a device mesh of type "cpu" over the gloo group; one parameter group (the
+            # whole MLP): one all-gather in the forward, one reduce-scatter in the backward.
+            fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        optimizer = _optimizer(module)
+        self.replica.load_into(module, optimizer)
+        return module, optimizer
 
     def train(self, call_wrapper: object) -> None:
         import torch
@@ -370,55 +487,101 @@ class Trainer:
 
         args, state = self.args, self.state
         rank, world = dist.get_rank(), dist.get_world_size()
+        module, optimizer = self.build()
         pairs = [dist.new_group([p, p + 1]) if p + 1 < world else dist.new_group([p]) for p in range(0, world, 2)]
         pair = pairs[rank // 2]
         while args.steps == 0 or state.step < args.steps:
             state.step += 1
             step = state.step
             started = time.monotonic()
+            skip = self._inject_due(step)  # a stall blocks here, as a wedged data loader would: before the forward
             x = torch.randn(64, 32, generator=self.generator)
             with torch.no_grad():
                 y = self.target(x)
-            loss = torch.nn.functional.mse_loss(self.model(x), y)
-            self.optimizer.zero_grad()
-            loss.backward()
-            skip = self._inject_due(step)
-            grads = torch.cat([_gradient(p).flatten() for p in self.model.parameters()])
-            if not skip:
-                dist.all_reduce(grads)
-            grads /= world
-            offset = 0
-            for p in self.model.parameters():
-                _gradient(p).copy_(grads[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-            self.optimizer.step()
+            optimizer.zero_grad()
+            with _gradient_sync_skipped(module) if skip else contextlib.nullcontext():
+                loss = torch.nn.functional.mse_loss(module(x), y)
+                loss.backward()  # DDP all-reduces the gradients in here, FSDP2 reduce-scatters them
+            if args.model == "manual":
+                _all_reduce_gradients(module, world, skip)
+            optimizer.step()
             if step % 10 == 0:
                 metric = loss.detach().clone()
                 dist.all_reduce(metric, group=pair)
                 if rank % 2 == 0 and step % args.print_every == 0:
                     members = dist.get_process_group_ranks(pair)
-                    print(
-                        f"step {step:5d}  pair {'-'.join(map(str, members))}: {step // 10} all-reduces, "
-                        f"mean loss {metric.item() / len(members):.4f}",
-                        flush=True,
-                    )
+                    mean = metric.item() / len(members)
+                    say(f"step {step:5d}  pair {'-'.join(map(str, members))}: mean loss {mean:.4f}")
             if rank == 0 and step % args.print_every == 0:
-                print(
-                    f"step {step:5d}  world ({world} ranks): {step} gradient all-reduces, loss {loss.item():.4f}",
-                    flush=True,
-                )
+                say(f"step {step:5d}  world ({world} ranks, {MODELS[args.model]}): loss {loss.item():.4f}")
             if call_wrapper is not None and step % args.commit_every == 0:
+                self.replica.capture(module, optimizer)
                 state.commit()
             time.sleep(max(0.0, args.step_time - (time.monotonic() - started)))
             self.last_step_done = time.time()
 
     def _inject_due(self, step: int) -> bool:
-        """Make the faults due at ``step`` (once each); True when the rank should skip this step's all-reduce."""
+        """Make the faults due at ``step`` (once each); True when the rank should skip this step's gradient
+        synchronisation."""
         skip = False
         for inj in [inj for inj in self.pending if inj.step == step]:
             self.pending.remove(inj)
             skip = _inject(inj, inj.rank) or skip
         return skip
+
+
+def _mlp() -> torch.nn.Module:
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+
+def _optimizer(module: torch.nn.Module) -> torch.optim.Optimizer:
+    import torch
+
+    return torch.optim.SGD(module.parameters(), lr=0.02, momentum=0.9)  # momentum: an optimizer state to restore
+
+
+@contextlib.contextmanager
+def _gradient_sync_skipped(module: torch.nn.Module) -> Iterator[None]:
+    """One step whose gradients this rank keeps to itself: the user-shaped way of skipping a collective.
+
+    DDP: ``no_sync()``, as gradient accumulation uses it, entered by one rank alone (an accumulation counter off by
+    one on that rank): its reducer leaves out the step's bucket all-reduce, so the rank's all-reduces pair, from
+    then on, with the others' of the step before. gloo cannot tell; the job stays wedged at the next pair
+    all-reduce, which the rank reaches while its partner waits in the world group's all-reduce: COMM_STUCK.
+    FSDP2: ``set_requires_gradient_sync(False)``, its counterpart: the reduce-scatter of the step is left out, and
+    the rank's next all-gather meets the others' reduce-scatter. ``manual``: nothing here; the hand-written
+    all-reduce is left out (``_all_reduce_gradients``)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        with module.no_sync():
+            yield
+    elif isinstance(module, FSDPModule):
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def _all_reduce_gradients(module: torch.nn.Module, world: int, skip: bool) -> None:
+    """``--model manual``: one hand-written all-reduce of all the gradients, then their mean (``skip``: left out)."""
+    import torch
+    import torch.distributed as dist
+
+    grads = torch.cat([_gradient(p).flatten() for p in module.parameters()])
+    if not skip:
+        dist.all_reduce(grads)
+    grads /= world
+    offset = 0
+    for p in module.parameters():
+        _gradient(p).copy_(grads[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
 
 
 def _gradient(parameter: torch.nn.Parameter) -> torch.Tensor:
@@ -429,8 +592,8 @@ def _gradient(parameter: torch.nn.Parameter) -> torch.Tensor:
 
 
 def _inject(inj: Injection, rank: int) -> bool:
-    """Make the fault; return True when the rank should skip this step's gradient all-reduce."""
-    print(f"rank {rank}: injecting {inj.kind} at step {inj.step}", flush=True)
+    """Make the fault; return True when the rank should skip this step's gradient synchronisation."""
+    say(f"rank {rank}: injecting {inj.kind} at step {inj.step}")
     if inj.kind == "exception":
         raise RuntimeError(f"injected exception on rank {rank} at step {inj.step}")
     if inj.kind == "kill":
@@ -438,10 +601,9 @@ def _inject(inj: Injection, rank: int) -> bool:
     if inj.kind == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     if inj.kind == "stall":
-        # A slow rank, not a frozen interpreter: short sleeps, so a restart can reach it between two of them.
-        deadline = time.monotonic() + inj.seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
+        # A wedged data loader: one blocking call in C for the whole stall, so the main thread runs no Python
+        # bytecode until it returns (no asynchronous exception can land in it meanwhile).
+        time.sleep(inj.seconds)
     return inj.kind == "skip"
 
 

@@ -19,14 +19,15 @@ Per communicator the count is split into what the hooks counted and what happene
 
 The sequence number makes the total exact and cheap. The op type and the completion of the collectives beneath
 come from the Flight Recorder, whose dump costs about 15 us per entry of its ring *with the GIL held* (30 ms for
-2,000 entries, measured in bench/overhead.py), so it is read rarely: at the first snapshot after a group's
-collectives beneath moved, then at most once per ``FR_READ_EVERY`` (30) seconds, and at once when a communicator has
+2,000 entries, measured in bench/overhead.py), so it is read rarely: at the first snapshot after each group's
+first collectives beneath (a restart's new groups included), then at most once per ``FR_READ_EVERY`` (30) seconds, and at once when a communicator has
 gone quiet with collectives beneath not yet read or not yet completed (a stall: exactly when the op type
 matters). Until an entry is read, its collective counts under the op type of the last one read on that
 communicator, as launched and not completed. An entry that fell out of the ring before it was read counts under
 the type of the next one read after it. Collectives whose type the records never tell (the Flight Recorder off,
-or an op it names in a way we do not know) count as ``Other``. These estimates never change a total, and the
-stuck detector compares totals (``rasd.core.stuck``), so they can never raise a verdict.
+or an op it names in a way we do not know) count as ``Other``. These estimates never change a total, and both the
+stuck detector (``rasd.core.stuck``) and the report's MISMATCH (``rasd.report.model``) judge totals first, so an
+estimate that differs between ranks can never raise a verdict or a MISMATCH.
 
 Owned by the RAS thread: ``refresh`` is called before every snapshot. The hooks only append to
 ``LocalComm.hooked_seqs`` and advance ``LocalComm.hooked_seq`` (training thread).
@@ -114,6 +115,7 @@ class _Group:
     last_op: int = OTHER  # the op type of the last collective beneath the hooks that was read
     pending: dict[int, int] = field(default_factory=dict)  # sequence id -> op type: read, not seen finished
     quiet_since_read: bool = False
+    read: bool = False  # the Flight Recorder has been read since this group began
 
 
 def _settled_seq(group: _Group) -> int:
@@ -189,8 +191,8 @@ class RecordCounter:
                 quiet.append(group)
                 moved = False
             waiting = _beneath_unread(group) > 0 or bool(group.pending)
-            if waiting and now - self.last_read >= FR_READ_EVERY:
-                want_read = True  # the periodic read (and the first one)
+            if waiting and (now - self.last_read >= FR_READ_EVERY or not group.read):
+                want_read = True  # the periodic read, and a new group's first (a restart's groups: at once)
             if waiting and not moved and not group.quiet_since_read:
                 want_read = True  # a communicator gone quiet: tell exactly what it waits in, once
         if want_read and self.flight_recorder:
@@ -222,6 +224,7 @@ class RecordCounter:
             by_name.setdefault(str(group_name), []).append(entry)
         for group in self.groups.values():
             self._take(group, by_name.get(group.name, []))
+            group.read = True
 
     def _take(self, group: _Group, entries: list[dict[str, Any]]) -> None:
         comm = group.comm

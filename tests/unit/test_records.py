@@ -232,3 +232,20 @@ def test_a_recorder_that_cannot_be_read_leaves_the_totals_and_says_so_once() -> 
     counter.refresh(now=0.0)
     assert not counter.flight_recorder
     assert sum(comm.counts()[0]) == 3
+
+
+def test_a_group_made_after_a_recent_read_gets_its_own_first_read() -> None:
+    """A restart's new groups: their collectives beneath the hooks are typed at once, not 30 s later as Other."""
+    counter, group, recorder, comm = setup()
+    beneath(group, recorder, "gloo:broadcast")
+    counter.refresh(now=0.0)
+    assert recorder.dumps == 1
+    new_group, new_comm = FakeGroup(), LocalComm(comm_hash=2, size=4, rank=0)
+    new_group.group_name = "1"
+    counter.add(new_group, new_comm, created_ns=20)
+    new_group.seq += 1
+    recorder.record(1, "gloo:all_reduce", group="1", created=30)
+    counter.refresh(now=1.0)
+    assert recorder.dumps == 2
+    launched, completed = new_comm.counts()
+    assert launched[ALLREDUCE] == completed[ALLREDUCE] == 1 and launched[OTHER] == 0

@@ -1,6 +1,6 @@
 """The Warnings section (docs/protocol.md §3.2-3.3): timeouts, departed processes, mismatches."""
 
-from rasd.core.comms import CommRecord, ProcessData, RankRecord, runs_of
+from rasd.core.comms import OP_TYPES, CommRecord, ProcessData, RankRecord, runs_of
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot
 from rasd.report import CommErrors, MissingReason, Status, build_report, render_text
@@ -273,3 +273,27 @@ def test_a_restarted_process_is_named_rather_than_its_dead_predecessor():
     )
     comm = build_report(snapshot).communicators[0]
     assert [(m.comm_rank, m.process.pid, m.reason) for m in comm.missing] == [(1, 1002, MissingReason.NOCOMM)]
+
+
+def test_a_split_by_type_that_differs_while_totals_agree_is_no_mismatch():
+    """Collectives beneath the Python hooks are typed from the Flight Recorder, read now and then, so two ranks may
+    split the same collectives differently for a while (rasd/torch/records.py); their totals are exact."""
+    peers = make_peers([4])
+    per_rank = {
+        r: {"launched": launched(Broadcast=3, AllReduce=40), "completed": launched(Broadcast=3, AllReduce=40)}
+        for r in range(4)
+    }
+    per_rank[2] = {"launched": launched(Broadcast=3, Other=40), "completed": launched(Broadcast=3, Other=40)}
+    report = build_report(make_snapshot(peers, comm_records(peers, 0x5, per_rank=per_rank)))
+    assert not report.communicators[0].errors & CommErrors.MISMATCH
+    assert warnings(make_snapshot(peers, comm_records(peers, 0x5, per_rank=per_rank))) == ""
+
+
+def test_totals_that_differ_name_the_op_types_that_differ():
+    peers = make_peers([4])
+    done = {"launched": launched(AllReduce=41), "completed": launched(AllReduce=41)}
+    per_rank = {0: done, 1: done, 3: done, 2: {"launched": launched(AllReduce=40), "completed": launched(AllReduce=40)}}
+    report = build_report(make_snapshot(peers, comm_records(peers, 0x6, per_rank=per_rank)))
+    comm = report.communicators[0]
+    assert comm.errors & CommErrors.MISMATCH
+    assert [OP_TYPES[op] for op in comm.mismatched_ops] == ["AllReduce"]

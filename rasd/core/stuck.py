@@ -89,7 +89,8 @@ Signature = tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
 @dataclass
 class _Watch:
     signature: Signature
-    since: float
+    since: float  # when the counters took these values
+    disagree: bool = False  # the ranks disagree: a verdict is due at ``since`` + the limit if nothing moves
     verdict: StuckVerdict | None = None
 
 
@@ -111,7 +112,11 @@ class StuckDetector:
             if watch is None or watch.signature != signature:
                 if watch is not None and watch.verdict is not None:
                     cleared.append(watch.verdict)
-                self._watches[key] = _Watch(signature, now)
+                # The counters took these values when the most recently moved rank last moved: its idle time dates
+                # the change to within the ranks' own resolution, not to this sweep (up to a sweep later).
+                idle = min(r.record.idle_ms for r in comm.ranks.values()) / 1000.0
+                previous = watch.since if watch is not None else float("-inf")
+                self._watches[key] = _Watch(signature, max(now - idle, previous), attribute(comm) is not None)
                 continue
             if watch.verdict is None and now - watch.since >= self.limit:
                 watch.verdict = attribute(comm)
@@ -123,6 +128,13 @@ class StuckDetector:
                 if watch.verdict is not None:
                     cleared.append(watch.verdict)
         return new, cleared
+
+    def due(self) -> float | None:
+        """When the next verdict falls due if nothing moves: the earliest ``since + limit`` of a communicator whose
+        ranks disagree and that has no verdict yet. The sweeper sweeps then, so a verdict lands at the limit rather
+        than up to a sweep after it."""
+        times = [w.since + self.limit for w in self._watches.values() if w.disagree and w.verdict is None]
+        return min(times) if times else None
 
     def active(self) -> list[StuckVerdict]:
         return [w.verdict for w in self._watches.values() if w.verdict is not None]

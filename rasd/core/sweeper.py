@@ -63,6 +63,9 @@ class Sweeper:
         if node.expelled:
             return
         _, cleared = self.detector.observe(snapshot, now)
+        due = self.detector.due()
+        if due is not None:  # a verdict falls due before the next sweep: sweep then (never sooner than a leg)
+            self._next_sweep = min(self._next_sweep, max(due, now + node.timers.leg_timeout / 4))
         for v in cleared:
             self.release(v.comm_hash, now, "counters moving again")
             node.pass_on(node.floods.comm_verdict(v, stuck=False), except_conn=None)

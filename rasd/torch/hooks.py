@@ -427,4 +427,26 @@ def start_node(
     from rasd.net import client_port
 
     serve = functools.partial(client_port.serve, counting=hooks.records.describe)
-    return rasd.start(store, rank=rank, devices=devices, prefix=prefix, local_data=hooks.snapshot, services=[serve])
+    poll = functools.partial(_poll_records, hooks)
+    return rasd.start(
+        store, rank=rank, devices=devices, prefix=prefix, local_data=hooks.snapshot, services=[serve, poll]
+    )
+
+
+async def _poll_records(hooks: TorchHooks, runtime: Any) -> None:
+    """A runtime service: read the groups' sequence numbers every ``POLL_EVERY`` s on the RAS thread, so that the
+    idle time a report carries dates a stall to within that (rasd.torch.records.RecordCounter.poll)."""
+    import asyncio
+
+    from rasd.torch.records import POLL_EVERY
+
+    async def poll() -> None:
+        while True:
+            await asyncio.sleep(POLL_EVERY)
+            try:
+                hooks.records.poll(monotonic())
+            except Exception:  # never ends the RAS thread; the sweep's refresh still counts
+                log.debug("rasd: polling the sequence numbers failed", exc_info=True)
+
+    task = asyncio.get_running_loop().create_task(poll())
+    runtime.on_stop.append(task.cancel)

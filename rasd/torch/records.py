@@ -17,17 +17,17 @@ Per communicator the count is split into what the hooks counted and what happene
     launched[op] = hooks' launched[op] + beneath[op]
     beneath total = group sequence number - sequence numbers consumed inside hooked calls
 
-The sequence number makes the total exact and cheap. The op type and the completion of the collectives beneath
-come from the Flight Recorder, whose dump costs about 15 us per entry of its ring *with the GIL held* (30 ms for
-2,000 entries, measured in bench/overhead.py), so it is read rarely: at the first snapshot after each group's
-first collectives beneath (a restart's new groups included), then at most once per ``FR_READ_EVERY`` (30) seconds, and at once when a communicator has
-gone quiet with collectives beneath not yet read or not yet completed (a stall: exactly when the op type
-matters). Until an entry is read, its collective counts under the op type of the last one read on that
-communicator, as launched and not completed. An entry that fell out of the ring before it was read counts under
-the type of the next one read after it. Collectives whose type the records never tell (the Flight Recorder off,
-or an op it names in a way we do not know) count as ``Other``. These estimates never change a total, and both the
-stuck detector (``rasd.core.stuck``) and the report's MISMATCH (``rasd.report.model``) judge totals first, so an
-estimate that differs between ranks can never raise a verdict or a MISMATCH.
+The sequence number makes the total exact and cheap. The op type and the completion of the collectives beneath come
+from the Flight Recorder, whose dump costs about 15 us per entry of its ring *with the GIL held* (30 ms for 2,000
+entries, measured in bench/overhead.py), so it is read rarely: at the first snapshot after each group's first
+collectives beneath (a restart's new groups included), then at most once per ``FR_READ_EVERY`` (30) seconds, and at
+once when a communicator has gone quiet with collectives beneath not yet read or not yet completed (a stall:
+exactly when the op type matters). Until an entry is read, its collective counts under the op type of the last one
+read on that communicator, as launched and not completed. An entry that fell out of the ring before it was read
+counts under the type of the next one read after it. Collectives whose type the records never tell (the Flight
+Recorder off, or an op it names in a way we do not know) count as ``Other``. These estimates never change a total,
+and both the stuck detector (``rasd.core.stuck``) and the report's MISMATCH (``rasd.report.model``) judge totals
+first, so an estimate that differs between ranks can never raise a verdict or a MISMATCH.
 
 Owned by the RAS thread: ``refresh`` is called before every snapshot. The hooks only append to
 ``LocalComm.hooked_seqs`` and advance ``LocalComm.hooked_seq`` (training thread).
@@ -49,6 +49,8 @@ from rasd.core.registry import LocalComm
 
 log = logging.getLogger("rasd")
 
+#: Seconds between two reads of every group's sequence number by the RAS thread (``RecordCounter.poll``).
+POLL_EVERY = 0.5
 #: Seconds between two Flight Recorder reads while collectives beneath the hooks keep moving: a read holds the GIL
 #: about 30 ms with a full ring (bench/overhead.py), 0.1 % of this interval. Until then the split by op type is an
 #: estimate; the totals never are.
@@ -115,6 +117,7 @@ class _Group:
     last_op: int = OTHER  # the op type of the last collective beneath the hooks that was read
     pending: dict[int, int] = field(default_factory=dict)  # sequence id -> op type: read, not seen finished
     quiet_since_read: bool = False
+    polled_seq: int = -1  # the sequence number at the last ``poll``
     read: bool = False  # the Flight Recorder has been read since this group began
 
 
@@ -169,6 +172,19 @@ class RecordCounter:
         self.groups.pop(id(comm), None)
 
     # ------------------------------------------------------------------------------------------------------------
+
+    def poll(self, now: float) -> None:
+        """Date the last move of each group to within ``POLL_EVERY``: read its sequence number (about 0.3 us) and
+        mark the communicator changed when it moved. The RAS thread calls this every ``POLL_EVERY`` seconds; a
+        COMM_STUCK verdict then falls due at the stuck limit after the last collective, not a sweep later."""
+        for group in list(self.groups.values()):
+            try:
+                seq = int(group.seq_read())
+            except Exception:  # noqa: BLE001 - a destroyed or aborted group
+                continue
+            if seq != group.polled_seq:
+                group.polled_seq = seq
+                group.comm.last_change = now
 
     def refresh(self, now: float) -> None:
         """Bring every communicator's counts beneath the hooks up to date (RAS thread, before a snapshot)."""

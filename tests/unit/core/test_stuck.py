@@ -17,7 +17,10 @@ def counts(**by_op: int) -> tuple[int, ...]:
 
 
 def snapshot(
-    per_rank: dict[int, tuple[tuple[int, ...], tuple[int, ...]]], size: int = 4, rank_map=((100, 4, 2),)
+    per_rank: dict[int, tuple[tuple[int, ...], tuple[int, ...]]],
+    size: int = 4,
+    rank_map=((100, 4, 2),),
+    idle_ms: int = 0,
 ) -> JobSnapshot:
     responses = {}
     peers = []
@@ -30,7 +33,7 @@ def snapshot(
                     comm_hash=77,
                     size=size,
                     rank_map=rank_map,
-                    ranks=(RankRecord(comm_rank=rank, launched=launched, completed=completed),),
+                    ranks=(RankRecord(comm_rank=rank, launched=launched, completed=completed, idle_ms=idle_ms),),
                 ),
             )
         )
@@ -146,3 +149,30 @@ def test_behind_in_total_names_the_rank_and_the_op_where_the_split_differs():
     )
     v = attribute(merged(snap))
     assert (v.op, v.seq, v.behind, v.inside) == (AR, 41, (2,), (0, 1, 3))
+
+
+STALLED = {
+    0: (counts(AllReduce=57), counts(AllReduce=56)),
+    1: (counts(AllReduce=57), counts(AllReduce=56)),
+    2: (counts(AllReduce=56), counts(AllReduce=56)),
+    3: (counts(AllReduce=57), counts(AllReduce=56)),
+}
+
+
+def test_the_ranks_idle_time_dates_the_stall_and_the_verdict_falls_due_at_the_limit():
+    """First seen 15 s after the counters stopped (the ranks' idle time says so): due 5 s later, not 20."""
+    d = StuckDetector(limit=20.0)
+    new, _ = d.observe(snapshot(STALLED, idle_ms=15_000), now=100.0)
+    assert new == [] and d.due() == 105.0
+    new, _ = d.observe(snapshot(STALLED, idle_ms=19_900), now=104.9)
+    assert new == []
+    new, _ = d.observe(snapshot(STALLED, idle_ms=20_000), now=105.0)
+    assert [v.behind for v in new] == [(2,)]
+    assert d.due() is None  # the verdict stands: nothing more falls due
+
+
+def test_nothing_falls_due_while_the_ranks_agree():
+    d = StuckDetector(limit=20.0)
+    done = counts(AllReduce=5)
+    d.observe(snapshot({r: (done, done) for r in range(4)}, idle_ms=60_000), now=100.0)
+    assert d.due() is None

@@ -1,38 +1,59 @@
-"""Time lost to a fault: torchras against nvidia-resiliency-ext and torchrun, 4 gloo ranks on the CPU, one run.
+"""Time lost to a fault: torchras against nvidia-resiliency-ext and torchrun on torch's DDP and FSDP2, in one run.
 
-Time lost = from the fault (the faulty rank's clock just before it raises, kills or stops itself, starts to
-sleep, or leaves out a collective) until every rank of the restarted job has completed a training step again
-(the first iteration after the fault in which all its ranks, however many the system kept, logged a step).
-Faults, injected by initial rank 2 after 2 s of steady training (``bench/time_lost_worker.py``):
+4 gloo ranks on the CPU train a small MLP with torch's own modules (``bench/time_lost_worker.py``): ``ddp``
+(``DistributedDataParallel``) and ``fsdp`` (FSDP2's ``fully_shard`` on a CPU ``DeviceMesh``), both in a full run
+(``--workload`` picks one). Every restart iteration creates its process group (60 s timeout, the same for every
+system), the DDP or FSDP2 module and the optimizer, restored from the state each rank keeps in memory.
+
+Time lost = from the fault (the faulty rank's clock just before it raises, kills or stops itself, blocks in its data
+loader, or runs a step without its gradient collectives) until every rank of the restarted job has completed a
+training step again (the first iteration after the fault in which all its ranks, however many the system kept,
+logged a step). Faults, injected by initial rank 2 after 2 s of steady training:
 
     exception  raise in the training function          kill   SIGKILL of the process
-    stop       SIGSTOP of the process, never resumed   stall  sleep before a collective in 50 ms chunks
-    skip       one gradient all-reduce left out (the rank and its pair partner then wait in different groups)
+    stop       SIGSTOP of the process, never resumed   stall  ONE time.sleep of an hour in the data loader's call
+                                                              before the forward pass (a wedged loader)
+    skip       one step without its gradient collectives (DDP: under no_sync(), its bucket all-reduce is missing;
+               FSDP2: set_requires_gradient_sync(False), its reduce-scatters are missing): a deadlock follows
+
+Launch. Every system runs under plain torchrun, as its users run it: ``python -m torch.distributed.run
+--nproc-per-node 4 --master-port P bench/time_lost_worker.py ...`` (torchrun's default static rendezvous; its agent
+serves the store at MASTER_PORT = P, a free port below the ephemeral range with P + 1 and P + 2 free for the
+Wrappers' stores; ``--max-restarts`` at its default, 0, under a Wrapper, N for the torchrun baseline). torchrun ends
+every worker when one exits, so a fault after which a process exits (a kill; a rank that a Wrapper terminates at its
+hard timeout) loses the job: the figure is ``null``, "job lost", with torchrun's account of it. A torchrun-launched
+job whose recovery left a rank behind (a stop) trains on until ``AFTERMATH_S`` after the fault, past the 90 s hard
+timeout at which that rank is terminated; if torchrun ends the job meanwhile, the figure is ``null`` too. What a
+Wrapper does when the survivors are kept (as ``rasd launch``, issue 25, will) is timed in the ``spawn`` rows (kill,
+stop, rank 0): the benchmark starts the 4 workers itself (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and the store on
+MASTER_PORT that torchrun's agent would serve) and ends none of them.
 
 Systems, every one measured in this same run (what each is exactly: bench/README.md):
 
-    torchras          this repository's ``inprocess.Wrapper``: DEFAULTS, and TUNED (last_call_wait 0.1 s, every
-                      interval 0.1 s); the rasd mesh's verdicts restart it where the Wrapper wires them in
-    nvrx              nvidia-resiliency-ext 0.4.1's ``inprocess.Wrapper`` (a separate venv this script makes,
-                      sharing this venv's torch), at its defaults and tuned the same way, with its stock abort
-    nvrx_sockabort    the same with this repository's gloo-unblocking ``AbortTorchDistributed`` passed in
-    torchrun          ``torchrun --standalone --max-restarts N`` (defaults otherwise), per-attempt store prefix
-    rank 0            kill -9 of initial rank 0 (issue 10): torchras and nvrx at their defaults
-    etcd              torchras TUNED with the Wrapper's store on etcd (issue 10), where an etcd store exists
+    torchras          this repository's ``inprocess.Wrapper`` (store at MASTER_PORT + 1): DEFAULTS, and TUNED
+                      (last_call_wait 0.1 s, every interval 0.1 s); the rasd mesh's verdicts restart it
+    nvrx              nvidia-resiliency-ext 0.4.1's ``inprocess.Wrapper`` (store at MASTER_PORT + 2; a separate venv
+                      this script makes, sharing this venv's torch), at its defaults and tuned the same way, stock abort
+    nvrx_sockabort    the same with this repository's gloo-unblocking abort passed in
+    torchrun          ``torchrun --max-restarts N``: every worker a new process per attempt
+    rank 0            kill -9 of initial rank 0 (issue 10), spawn: torchras and nvrx at their defaults (DDP)
+    etcd              torchras TUNED with the Wrapper's store on etcd (issue 10), where an etcd store exists (DDP)
 
-The application's process-group timeout is 60 s for every system; its own store (for ``init_process_group``) is
-served by this script, outside every rank. Faults that keep every rank are chained in one job (one per restart
-iteration), a kill or a stop ends a chain (it leaves 3 ranks). Two lanes: crash faults are timed one job at a
-time (the next job imports meanwhile and is paused with SIGSTOP while a fault is being timed); hangs and stuck
-collectives, bound by fixed timers of 5 to 90 s, run afterwards, six jobs at once, since they wait rather than
-compute. A system that does not recover within the cap (60 s for crashes, 130 s for hangs) gets ``null``, with
-the reason in the table.
+The application's store (for ``init_process_group``) is the one at MASTER_PORT, outside every rank: torchrun's agent's,
+or the benchmark's under ``spawn``. Faults that keep every rank are chained in one job (one per restart iteration); a
+fault that may lose the job or leaves a rank behind ends a chain. Two lanes: crash faults are timed one job at a time
+(the next job imports meanwhile and is paused with SIGSTOP while a fault is being timed); hangs and stuck
+collectives, bound by fixed timers of 10 to 90 s, run afterwards, six jobs at once, since they wait rather than
+compute. A system that does not recover within the cap (60 s for crashes, 130 s for hangs) gets ``null``, with the
+reason in the table.
 
-    .venv/bin/python bench/time_lost.py              # 21 min on 2 cores at load 16, 45 min at load 34
+    .venv/bin/python bench/time_lost.py              # every row, both workloads, one run: about 35-50 min on 2 cores
     .venv/bin/python bench/time_lost.py --quick      # one sample of each, tuned only, short caps: a smoke check
-    .venv/bin/python bench/time_lost.py --only torchras       # or nvrx, nvrx_sockabort, torchrun, torchras_tuned...
+    .venv/bin/python bench/time_lost.py --only torchras --workload ddp --fault stall   # a system, a workload, a fault
 
-Prints a table, then, as its last line, one JSON object with a key per (system, setting, fault).
+Prints a table per workload, then, as its last line, one JSON object with a key per (system, setting, launch,
+workload, fault): ``{prefix}_{workload}_{fault}_s``, e.g. ``torchras_default_ddp_stall_s``,
+``torchras_default_spawn_fsdp_kill_s``.
 """
 
 from __future__ import annotations
@@ -45,6 +66,7 @@ import importlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -66,34 +88,45 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().with_name("time_lost_worker.py")
 OUTPUT = REPOSITORY / "bench" / "out" / "time_lost"
 WORLD_SIZE = 4
+WORKLOADS = ("ddp", "fsdp")
 FAULTS = ("exception", "kill", "stop", "stall", "skip")
 NVRX_VERSION = "0.4.1"
 DEFAULT_NVRX_VENV = Path("/tmp/torchras-bench-nvrx-venv")
 STARTUP_S = 600.0  # until the first fault: 8 to 48 torch imports on 2 cores that other work shares
 NEXT_FAULT_S = 60.0  # from a recovery to the chain's next fault (due 2 s after the first step)
-EXIT_GRACE_S = 10.0  # after the last recovery, for the processes to finish on their own before they are killed
+EXIT_GRACE_S = 10.0  # after the finish, for the processes to end on their own before they are killed
+# A torchrun-launched job whose recovery left a rank behind trains on until this long after the fault: past the
+# Wrappers' 90 s hard timeout (and 5 s termination grace) at which that rank is terminated and torchrun may end the job.
+AFTERMATH_S = 110.0
+PORT_OFFSETS = (1, 2)  # the Wrappers' stores beside MASTER_PORT (torchras + 1, nvidia-resiliency-ext + 2)
 PARALLEL_JOBS = 6
 STARTING = 2  # jobs of the parallel lane starting at once
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """One job: a system at a setting, and the faults it suffers, the i-th in restart iteration i.
+    """One job: a system at a setting, on a workload, launched one way, and the faults it suffers, the i-th in
+    restart iteration i.
 
-    Results are keyed ``{prefix}_{fault}_s``. Faults that keep every rank (exception, stall, skip) are chained in
-    one job, one per iteration, which spares the costly start of a job per sample; a kill or a stop takes a rank
-    away, so each needs a fresh job of 4 ranks (torchrun restarts all of them, so it chains everything).
+    Results are keyed ``{prefix}_{workload}_{fault}_s``. Faults that keep every rank (exception, and stall and skip
+    where the system restarts every rank in place) are chained in one job, one per iteration, which spares the costly
+    start of a job per sample; a fault that takes a rank away or may lose the job ends its chain.
     """
 
-    prefix: str  # torchras_default, nvrx_tuned, nvrx_sockabort_default, torchrun, torchras_default_rank0, ...
+    prefix: str  # torchras_default, nvrx_tuned, nvrx_sockabort_default_spawn, torchrun, torchras_default_spawn_rank0
     system: str  # torchras | nvrx | torchrun (the worker's --system)
     setting: str  # default | tuned
+    workload: str  # ddp | fsdp
     schedule: tuple[str, ...]
     cap_s: float
+    launch: str = "torchrun"  # torchrun | spawn (the benchmark starts the workers and keeps the survivors)
     abort: str = "stock"
     store: str = "tcp"
     fault_rank: int = 2
     parallel: bool = False  # timeout-bound: runs beside other such jobs, after the exclusive ones
+
+    def key(self, fault: str) -> str:
+        return f"{self.prefix}_{self.workload}_{fault}_s"
 
 
 @dataclasses.dataclass
@@ -106,56 +139,94 @@ class Outcome:
     def value(self) -> float | None:
         return round(statistics.median(self.samples), 3) if self.samples else None
 
+    @property
+    def lost(self) -> bool:
+        """No sample, and the job was lost (rather than not recovered within the cap)."""
+        return not self.samples and any(failure.startswith("job lost") for failure in self.failures)
+
 
 # ---- the plan ----------------------------------------------------------------------------------------------------
 
 
-def plan(quick: bool, only: str | None, etcd: dict | None, fault_filter: str | None) -> list[Spec]:
-    """Every job of one run. Our rows and the crash rows get 3 samples; rows bound by a 60-90 s timeout get one."""
+def plan(
+    quick: bool,
+    only: str | None,
+    etcd: dict | None,
+    fault_filter: str | None,
+    workloads: tuple[str, ...] = WORKLOADS,
+) -> list[Spec]:
+    """Every job of one run. Our rows and the crash rows get 3 samples; rows bound by a 60-90 s timer, and faults
+    that lose a torchrun job whatever happens, get one."""
     settings = ("tuned",) if quick else ("default", "tuned")
     repeat = 1 if quick else 3
     crash_cap, slow_cap = (30.0, 45.0) if quick else (60.0, 130.0)
     specs: list[Spec] = []
 
     def add(
-        count: int, prefix: str, system: str, setting: str, schedule: tuple[str, ...], cap: float, **extra: Any
+        count: int,
+        prefix: str,
+        system: str,
+        setting: str,
+        workload: str,
+        schedule: tuple[str, ...],
+        *,
+        cap: float | None = None,
+        **extra: Any,
     ) -> None:
         if fault_filter:
             schedule = tuple(fault for fault in schedule if fault == fault_filter)
         if not schedule or (only and not any(prefix.startswith(part) for part in only.split(","))):
             return
-        specs.extend(Spec(prefix, system, setting, schedule, cap, **extra) for _ in range(count))
+        cap = cap or (slow_cap if extra.get("parallel") else crash_cap)
+        specs.extend(Spec(prefix, system, setting, workload, schedule, cap, **extra) for _ in range(count))
 
-    crashes = ("exception",) * repeat + ("kill",)  # the kill last: it leaves 3 ranks
-    hangs = ("stall", "skip", "stop")  # the stop last: it leaves 3 ranks
-    for setting in settings:
-        ours = f"torchras_{setting}"
-        add(1, ours, "torchras", setting, crashes, crash_cap)
-        add(repeat - 1, ours, "torchras", setting, ("kill",), crash_cap)
-        # A hang waits for the mesh's PEER_HUNG (hang limit 10 s), a stuck collective for its COMM_STUCK (stuck
-        # limit 20 s + up to one 5 s sweep): timer-bound, so in the parallel lane.
-        add(repeat, ours, "torchras", setting, hangs, slow_cap, parallel=True)
-    for setting in settings:
-        # The stock abort leaves gloo blocked until the application's 60 s process-group timeout, and hangs wait
-        # for the 60/90 s soft/hard timeouts: one sample each, in the parallel lane.
-        stock = f"nvrx_{setting}"
-        # Not chained behind the hangs: a hang's hard timeout may terminate the rank that makes the next fault.
-        add(1, stock, "nvrx", setting, ("exception", "stall", "skip"), slow_cap, parallel=True)
-        add(1, stock, "nvrx", setting, ("kill",), slow_cap, parallel=True)
-        add(1, stock, "nvrx", setting, ("stop",), slow_cap, parallel=True)
-        sockets = f"nvrx_sockabort_{setting}"
-        add(1, sockets, "nvrx", setting, crashes, crash_cap, abort="socket")
-        add(repeat - 1, sockets, "nvrx", setting, ("kill",), crash_cap, abort="socket")
-        add(1, sockets, "nvrx", setting, hangs, slow_cap, abort="socket", parallel=True)
-    add(1, "torchrun", "torchrun", "default", ("exception",) * repeat + ("kill",) * repeat, crash_cap)
-    add(1, "torchrun", "torchrun", "default", ("stop",), slow_cap, parallel=True)
-    add(1, "torchrun", "torchrun", "default", ("stall", "skip"), slow_cap, parallel=True)
-    # Issue 10: kill -9 of initial rank 0, the rank that hosts the reference's store.
-    first = settings[0]
-    add(repeat, f"torchras_{first}_rank0", "torchras", first, ("kill",), crash_cap, fault_rank=0)
-    add(1, f"nvrx_{first}_rank0", "nvrx", first, ("kill",), crash_cap, fault_rank=0, parallel=True)
-    if etcd is not None:
-        add(1, "torchras_tuned_etcd", "torchras", "tuned", ("exception",) * repeat, crash_cap, store="etcd")
+    # Under torchrun a kill loses a Wrapper's job (torchrun ends the other workers): it ends the chain.
+    crashes = ("exception",) * repeat + ("kill",)
+    spawn: dict[str, Any] = dict(launch="spawn")
+    slow: dict[str, Any] = dict(parallel=True)
+    for workload in workloads:
+        for setting in settings:
+            ours = f"torchras_{setting}"
+            add(1, ours, "torchras", setting, workload, crashes)
+            add(repeat, f"{ours}_spawn", "torchras", setting, workload, ("kill",), **spawn)
+            # A stuck collective (skip: a desynchronised rank; stall: a rank blocked in its data loader) waits for
+            # the mesh's COMM_STUCK, a stop for its PEER_HUNG: timer-bound, so in the parallel lane. The skip comes
+            # first: a stall the Wrapper cannot reach loses a torchrun job at the hard timeout. A stop under torchrun
+            # leaves a rank behind, terminated at the hard timeout: one sample, with its aftermath.
+            add(repeat, ours, "torchras", setting, workload, ("skip", "stall"), **slow)
+            add(1, ours, "torchras", setting, workload, ("stop",), **slow)
+            add(repeat, f"{ours}_spawn", "torchras", setting, workload, ("stop",), **spawn, **slow)
+        for setting in settings:
+            # The stock abort leaves gloo blocked until the application's 60 s process-group timeout, and hangs wait
+            # for the 60/90 s soft/hard timeouts: one sample each, in the parallel lane; stall, kill and stop each in
+            # a job of their own (the hard timeout or the kill loses a torchrun job).
+            stock = f"nvrx_{setting}"
+            add(1, stock, "nvrx", setting, workload, ("exception", "skip"), **slow)
+            for fault in ("stall", "kill", "stop"):
+                add(1, stock, "nvrx", setting, workload, (fault,), **slow)
+            if setting == "default":
+                for fault in ("kill", "stop"):
+                    add(1, f"{stock}_spawn", "nvrx", setting, workload, (fault,), **spawn, **slow)
+            sockets = f"nvrx_sockabort_{setting}"
+            socket_abort: dict[str, Any] = dict(abort="socket")
+            add(1, sockets, "nvrx", setting, workload, crashes, **socket_abort)
+            add(repeat, f"{sockets}_spawn", "nvrx", setting, workload, ("kill",), **socket_abort, **spawn)
+            add(1, sockets, "nvrx", setting, workload, ("skip", "stall"), **socket_abort, **slow)
+            add(1, sockets, "nvrx", setting, workload, ("stop",), **socket_abort, **slow)
+            add(1, f"{sockets}_spawn", "nvrx", setting, workload, ("stop",), **socket_abort, **spawn, **slow)
+        torchrun_crashes = ("exception",) * repeat + ("kill",) * repeat
+        add(1, "torchrun", "torchrun", "default", workload, torchrun_crashes)
+        add(1, "torchrun", "torchrun", "default", workload, ("stop",), **slow)
+        add(1, "torchrun", "torchrun", "default", workload, ("stall", "skip"), **slow)
+    if "ddp" in workloads:
+        # Issue 10: kill -9 of initial rank 0, the rank that hosts the reference's store; survivors kept (spawn).
+        first = settings[0]
+        rank0: dict[str, Any] = dict(fault_rank=0, launch="spawn")
+        add(repeat, f"torchras_{first}_spawn_rank0", "torchras", first, "ddp", ("kill",), **rank0)
+        # nvidia-resiliency-ext's store lives in initial rank 0: the survivors block on it until the cap.
+        add(1, f"nvrx_{first}_spawn_rank0", "nvrx", first, "ddp", ("kill",), cap=crash_cap, **rank0, **slow)
+        if etcd is not None:
+            add(1, "torchras_tuned_etcd", "torchras", "tuned", "ddp", ("exception",) * repeat, store="etcd")
     return specs
 
 
@@ -163,7 +234,7 @@ def keys_of(specs: list[Spec]) -> list[str]:
     keys: list[str] = []
     for spec in specs:
         for fault in spec.schedule:
-            key = f"{spec.prefix}_{fault}_s"
+            key = spec.key(fault)
             if key not in keys:
                 keys.append(key)
     return keys
@@ -172,16 +243,22 @@ def keys_of(specs: list[Spec]) -> list[str]:
 # ---- one job -----------------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A free port below the ephemeral range (32768 on Linux: an ephemeral port can be taken meanwhile)."""
+def free_port(beside: tuple[int, ...] = ()) -> int:
+    """A free port below the ephemeral range (32768 on Linux: an ephemeral port can be taken meanwhile), with the
+    ports ``port + offset`` for each offset in ``beside`` free too."""
     while True:
-        port = random.randrange(20000, 32000)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        port = random.randrange(20000, 32000 - max(beside, default=0))
+        if all(_bindable(port + offset) for offset in (0, *beside)):
             return port
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def read_events(path: Path) -> list[dict]:
@@ -228,17 +305,35 @@ def next_fault_missing(events: list[dict], fault_rank: int) -> str:
     return f"not reached: no fault within {NEXT_FAULT_S:.0f} s of the previous recovery"
 
 
+def torchrun_account(log: str) -> str:
+    """torchrun's own account of a job it ended: the root cause it prints (worker rank and exit code)."""
+    cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", log, re.DOTALL)
+    if cause is None:
+        return "torchrun ended the workers"
+    rank, code = int(cause.group(1)), int(cause.group(2))
+    how = f"exit code {code}"
+    if code < 0:
+        try:
+            how = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"worker rank {rank} exited ({how}) and torchrun ended the others"
+
+
 class Job:
     """The processes of one training job, tagged so that every descendant can be found, paused and ended.
 
-    Started with a closed gate: the processes import torch and the restart system, then wait for ``open``.
+    Started with a closed gate: the processes import torch and the restart system, then wait for ``open``. Launched
+    by torchrun (``spec.launch == "torchrun"``), or as four processes of the benchmark's (``"spawn"``), which serves
+    their store at MASTER_PORT as torchrun's agent would.
     """
 
-    def __init__(self, spec: Spec, directory: Path, python: str, app_port: int, etcd: dict | None) -> None:
+    def __init__(self, spec: Spec, directory: Path, python: str, etcd: dict | None) -> None:
         self.spec = spec
         self.directory = directory
         self.events_path = directory / "events.jsonl"
         self.gate = directory / "gate"
+        self.finish = directory / "finish"
         self.tag = uuid.uuid4().hex
         directory.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))
@@ -246,7 +341,6 @@ class Job:
             os.environ,
             PYTHONPATH=path,
             TORCH_CPP_LOG_LEVEL="ERROR",
-            MASTER_ADDR="127.0.0.1",
             TIME_LOST_TAG=self.tag,
             PYTHONUNBUFFERED="1",
         )
@@ -261,6 +355,8 @@ class Job:
         arguments = [
             "--system",
             spec.system,
+            "--workload",
+            spec.workload,
             "--setting",
             spec.setting,
             "--abort",
@@ -273,34 +369,44 @@ class Job:
             str(spec.fault_rank),
             "--events",
             str(self.events_path),
-            "--app-port",
-            str(app_port),
-            "--app-prefix",
-            self.tag,
             "--gate",
             str(self.gate),
+            "--finish",
+            str(self.finish),
         ]
-        self.log = open(directory / "output.log", "wb")  # noqa: SIM115 - closed by end()
-        if spec.system == "torchrun":
+        self.log_path = directory / "output.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed by end()
+        self.store: Any = None
+        # MASTER_PORT, with the Wrappers' stores beside it free too (torchrun's own choice, with --standalone, is an
+        # ephemeral port, whose neighbours a busy host's outgoing connections may hold).
+        port = free_port(beside=PORT_OFFSETS)
+        if spec.launch == "torchrun":
+            restarts = [f"--max-restarts={len(spec.schedule)}"] if spec.system == "torchrun" else []
             command = [
                 python,
                 "-m",
                 "torch.distributed.run",
-                "--standalone",
                 f"--nproc-per-node={WORLD_SIZE}",
-                f"--max-restarts={len(spec.schedule)}",
+                f"--master-port={port}",
+                *restarts,
                 str(WORKER),
                 *arguments,
             ]
             self.processes = [subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)]
             return
-        env.update(WORLD_SIZE=str(WORLD_SIZE), MASTER_PORT=str(free_port()))
+        import torch.distributed as dist
+
+        # What torchrun's agent serves its workers (TORCHELASTIC_USE_AGENT_STORE): a store outside every worker.
+        self.store = dist.TCPStore(
+            "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+        )
+        env.update(WORLD_SIZE=str(WORLD_SIZE), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         self.processes = []
         for rank in range(WORLD_SIZE):
             self.processes.append(
                 subprocess.Popen(
                     [python, str(WORKER), *arguments],
-                    env=dict(env, RANK=str(rank)),
+                    env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE)),
                     stdout=self.log,
                     stderr=subprocess.STDOUT,
                 )
@@ -339,6 +445,15 @@ class Job:
     def finished(self) -> bool:
         return all(process.poll() is not None for process in self.processes)
 
+    def lost_reason(self, since: float | None) -> str:
+        """Why the job ended on its own before it was told to: torchrun's account, or every worker gone."""
+        when = f" {time.time() - since:.0f} s after the fault" if since is not None else ""
+        if self.spec.launch == "torchrun":
+            self.log.flush()
+            account = torchrun_account(self.log_path.read_text(errors="replace"))
+            return f"job lost{when} under torchrun: {account}"
+        return f"job lost{when}: every process exited"
+
     def end(self) -> None:
         self.signal(signal.SIGKILL)
         for process in self.processes:
@@ -347,11 +462,24 @@ class Job:
             except subprocess.TimeoutExpired:
                 pass
         self.log.close()
+        self.store = None  # the spawn launch's store server, served by this process
 
 
 def _signaller(job: Job | None, number: int) -> Callable[[], None]:
     """Sends ``number`` to every process of ``job`` (if any) when called: the next job pauses while one is timed."""
     return lambda: None if job is None else job.signal(number)
+
+
+def aftermath_deadline(spec: Spec, found: list[tuple[dict, tuple[float, int] | None]]) -> float | None:
+    """Until when (wall clock) a recovered torchrun-launched job trains on before it is told to finish, or None.
+
+    Only a Wrapper under torchrun whose recovery left a rank behind has an aftermath: that rank is terminated at
+    the Wrapper's hard timeout, and torchrun then ends every worker (a lost job) unless something keeps it.
+    """
+    if spec.launch != "torchrun" or spec.system == "torchrun":
+        return None
+    behind = [fault["time"] for fault, result in found if result is not None and result[1] < WORLD_SIZE]
+    return max(behind) + AFTERMATH_S if behind else None
 
 
 def watch(
@@ -360,14 +488,17 @@ def watch(
     """Open the gate, follow the job until every fault recovered (each within the cap) or cannot; end it.
 
     ``steady`` runs once the job's ranks have all stepped (the window in which faults are timed begins),
-    ``measured`` once the last fault recovered or the job failed. Returns (fault, seconds or None, ranks
-    after, reason) per fault of the schedule.
+    ``measured`` once the last fault recovered or the job failed. Once every fault recovered (and a rank left
+    behind under torchrun had its aftermath), the job is told to finish. Returns (fault, seconds or None, ranks
+    after, reason) per fault of the schedule; a job lost after a fault's recovery voids that fault's figure.
     """
     spec = job.spec
     job.open()
     started = time.monotonic()
     reason = ""
     recovered_at: float | None = None
+    finishing_at: float | None = None
+    voided: set[int] = set()  # recovered faults whose aftermath lost the job
     announced = False
     try:
         while True:
@@ -381,11 +512,23 @@ def watch(
                 if recovered_at is None:
                     recovered_at = time.monotonic()
                     measured()
-                if job.finished() or time.monotonic() - recovered_at > EXIT_GRACE_S:
+                if job.finished():
+                    if finishing_at is None:  # it ended on its own, before it was told to: lost after recovering
+                        behind = [i for i, (_, result) in enumerate(found) if result and result[1] < WORLD_SIZE]
+                        voided = set(behind or [len(found) - 1])
+                        reason = job.lost_reason(found[max(voided)][0]["time"])
+                    break
+                deadline = aftermath_deadline(spec, found)
+                if finishing_at is None and (deadline is None or time.time() >= deadline):
+                    job.finish.touch()
+                    finishing_at = time.monotonic()
+                if finishing_at is not None and time.monotonic() - finishing_at > EXIT_GRACE_S:
                     break
                 continue
             if job.finished():
-                reason = "job lost: every process exited" if found else "the job ended before its fault"
+                reason = job.lost_reason(found[-1][0]["time"] if found else None)
+                if not found:
+                    reason = reason.replace("job lost", "the job ended before its fault", 1)
                 break
             if not found:
                 if time.monotonic() - started > STARTUP_S:
@@ -404,10 +547,20 @@ def watch(
         found = recoveries(read_events(job.events_path))
     finally:
         job.end()
+    return outcomes(spec, found, reason, voided)
+
+
+def outcomes(
+    spec: Spec, found: list[tuple[dict, tuple[float, int] | None]], reason: str, voided: set[int]
+) -> list[tuple[str, float | None, int, str]]:
+    """(fault, seconds or None, ranks after, reason) per fault of the job's schedule."""
     results: list[tuple[str, float | None, int, str]] = []
     for index, kind in enumerate(spec.schedule):
         outcome = found[index][1] if index < len(found) else None
-        if outcome is not None:
+        if outcome is not None and index in voided:
+            seconds, world = outcome
+            results.append((kind, None, 0, f"{reason}, after it had recovered on {world} ranks in {seconds:.1f} s"))
+        elif outcome is not None:
             seconds, world = outcome
             results.append((kind, seconds, world, ""))
         elif index < len(found):
@@ -542,31 +695,41 @@ def format_value(outcome: Outcome | None) -> str:
     if outcome is None:
         return "-"
     if outcome.value is None:
-        return "null*"
+        return "lost*" if outcome.lost else "null*"
     text = f"{outcome.value:.2f} s" if outcome.value < 100 else f"{outcome.value:.0f} s"
     return text + ("" if len(outcome.samples) > 1 else " (1)")
 
 
-def report(keys: list[str], results: dict[str, Outcome], elapsed: float) -> dict:
-    special = [key for key in keys if "rank0" in key or "etcd" in key]
-    rows: list[str] = []
-    for key in keys:
-        prefix = key.rsplit("_", 2)[0]
-        if key not in special and prefix not in rows:
-            rows.append(prefix)
-    print()
-    print(f"{'seconds lost (median)':<26}" + "".join(f"{fault:>13}" for fault in FAULTS))
-    for prefix in rows:
-        cells = [format_value(results.get(f"{prefix}_{fault}_s")) for fault in FAULTS]
-        print(f"{prefix.replace('_', ' '):<26}" + "".join(f"{cell:>13}" for cell in cells))
-    if special:
+def special(prefix: str) -> bool:
+    """The rows of issue 10 (rank 0, etcd), listed apart from the tables."""
+    return "rank0" in prefix or "etcd" in prefix
+
+
+def report(specs: list[Spec], results: dict[str, Outcome], elapsed: float) -> dict:
+    keys = keys_of(specs)
+    for workload in WORKLOADS:
+        rows: list[str] = []
+        for spec in specs:
+            if spec.workload == workload and not special(spec.prefix) and spec.prefix not in rows:
+                rows.append(spec.prefix)
+        if not rows:
+            continue
         print()
-        for key in special:
-            print(f"{key.replace('_', ' ')[:-2]:<39} {format_value(results[key]):>12}")
+        print(f"{workload + ': seconds lost (median)':<32}" + "".join(f"{fault:>12}" for fault in FAULTS))
+        for prefix in rows:
+            cells = [format_value(results.get(f"{prefix}_{workload}_{fault}_s")) for fault in FAULTS]
+            print(f"{prefix.replace('_', ' '):<32}" + "".join(f"{cell:>12}" for cell in cells))
+    extra = [key for key in keys if special(key)]
+    if extra:
+        print()
+        for key in extra:
+            print(f"{key.replace('_', ' ')[:-2]:<44} {format_value(results[key]):>12}")
     print()
     print(
-        "(1): one sample; null*: no recovery, the reason below. Targets (issue 9), torchras at its defaults: crash "
-        "<= 1.5 s, hang (stop) <= 12 s, stuck (stall, skip) <= 25 s; tuned: crash <= 0.3 s."
+        "(1): one sample; lost*: the job was lost (torchrun ended it), null*: no recovery within the cap; the reason "
+        "below; -: not run (kill and stop, after which a process exits or is left behind, also run with the "
+        "survivors kept: the spawn rows). Targets, torchras at its defaults: stall (a rank blocked in one call) "
+        "<= 25 s with no rank killed (issue 24); crash <= 1.5 s, stop <= 12 s, skip <= 25 s (issue 9)."
     )
     for key in keys:
         outcome = results[key]
@@ -589,13 +752,16 @@ def main() -> None:
         "torchras, nvrx (both aborts), nvrx_sockabort, torchrun, torchras_default, ...",
     )
     parser.add_argument("--fault", choices=FAULTS, help="one fault kind (debugging)")
+    parser.add_argument("--workload", choices=WORKLOADS, help="one workload (default: both)")
     parser.add_argument("--nvrx-venv", type=Path, default=DEFAULT_NVRX_VENV)
     parser.add_argument("--jobs", type=int, default=PARALLEL_JOBS, help="jobs at once in the timeout-bound lane")
     args = parser.parse_args()
     started = time.monotonic()
     wanted = "torchras_tuned_etcd"
     etcd_server, etcd_missing = etcd_setup(
-        not args.only or any(wanted.startswith(part) or part.startswith(wanted) for part in args.only.split(","))
+        args.workload in (None, "ddp")
+        and args.fault in (None, "exception")
+        and (not args.only or any(wanted.startswith(part) or part.startswith(wanted) for part in args.only.split(",")))
     )
     etcd = etcd_server.settings if etcd_server is not None else None
     try:
@@ -607,33 +773,28 @@ def main() -> None:
 
 def run(args: argparse.Namespace, etcd: dict | None, etcd_missing: str, started: float) -> None:
     import torch
-    import torch.distributed as dist
 
-    specs = plan(args.quick, args.only, etcd, args.fault)
+    workloads = (args.workload,) if args.workload else WORKLOADS
+    specs = plan(args.quick, args.only, etcd, args.fault, workloads)
     keys = keys_of(specs)
     python_of = {"torchras": sys.executable, "torchrun": sys.executable}
     if any(spec.system == "nvrx" for spec in specs):
         python_of["nvrx"] = nvrx_python(args.nvrx_venv)
     print(
-        f"time lost to a fault: {WORLD_SIZE} gloo ranks on the CPU, torch {torch.__version__}, "
-        f"{os.cpu_count()} cores, nvidia-resiliency-ext {NVRX_VERSION}; {len(specs)} jobs, {len(keys)} figures"
+        f"time lost to a fault: {WORLD_SIZE} gloo ranks on the CPU ({', '.join(workloads)}), "
+        f"torch {torch.__version__}, {os.cpu_count()} cores, nvidia-resiliency-ext {NVRX_VERSION}; "
+        f"{len(specs)} jobs, {len(keys)} figures"
     )
     if etcd is None and etcd_missing != "not selected":
         print(f"the etcd-backed store's rows are left out: {etcd_missing}")
-    # The training function's own store (for init_process_group) is served here, outside every rank, for every
-    # system but torchrun (whose workers use the agent's store): losing rank 0 then tests the restart system.
-    app_port = free_port()
-    app_store = dist.TCPStore(
-        "127.0.0.1", app_port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
-    )
     root = OUTPUT / time.strftime("%Y%m%d-%H%M%S")
     results = {key: Outcome() for key in keys}
     lock = threading.Lock()
     numbers = iter(range(len(specs)))
 
     def make(spec: Spec) -> Job:
-        name = f"{next(numbers):02d}-{spec.prefix}-{'-'.join(spec.schedule)}"
-        return Job(spec, root / name, python_of[spec.system], app_port, etcd)
+        name = f"{next(numbers):02d}-{spec.prefix}-{spec.workload}-{'-'.join(spec.schedule)}"
+        return Job(spec, root / name, python_of[spec.system], etcd)
 
     loads: list[float] = []
 
@@ -641,7 +802,7 @@ def run(args: argparse.Namespace, etcd: dict | None, etcd_missing: str, started:
         with lock:
             loads.append(os.getloadavg()[0])
             for fault, seconds, world, reason in found:
-                outcome = results[f"{job.spec.prefix}_{fault}_s"]
+                outcome = results[job.spec.key(fault)]
                 if seconds is None:
                     outcome.failures.append(reason)
                 else:
@@ -688,8 +849,7 @@ def run(args: argparse.Namespace, etcd: dict | None, etcd_missing: str, started:
     parallel = sorted((spec for spec in specs if spec.parallel), key=lambda spec: -len(spec.schedule) * spec.cap_s)
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         list(pool.map(measure, parallel))
-    del app_store
-    figures = report(keys, results, time.monotonic() - started)
+    figures = report(specs, results, time.monotonic() - started)
     print(
         f"machine load (1-min load average at the end of each job): median {statistics.median(loads):.1f}, "
         f"range {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores"

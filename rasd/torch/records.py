@@ -198,9 +198,11 @@ class RecordCounter:
                 seq = int(group.seq_read())
             except Exception:  # noqa: BLE001 - a destroyed or aborted group: keep its last counts
                 continue
+            if seq != group.polled_seq:  # a move that ``poll`` has not dated already
+                group.polled_seq = seq
+                group.comm.last_change = now
             if seq != group.seq:
                 group.seq = seq
-                group.comm.last_change = now
                 group.quiet_since_read = False
                 moved = True
             else:

@@ -249,3 +249,17 @@ def test_a_group_made_after_a_recent_read_gets_its_own_first_read() -> None:
     assert recorder.dumps == 2
     launched, completed = new_comm.counts()
     assert launched[ALLREDUCE] == completed[ALLREDUCE] == 1 and launched[OTHER] == 0
+
+
+def test_a_move_is_dated_by_the_poll_that_saw_it_not_by_the_next_snapshot() -> None:
+    """The ranks' idle time dates a stall for the stuck detector: the snapshot 5 s later must not move it."""
+    counter, group, recorder, comm = setup()
+    beneath(group, recorder, "gloo:all_reduce")
+    counter.poll(now=10.0)
+    assert comm.last_change == 10.0
+    counter.poll(now=10.5)  # nothing moved
+    counter.refresh(now=15.0)  # the sweep's snapshot
+    assert comm.last_change == 10.0
+    beneath(group, recorder, "gloo:all_reduce")
+    counter.refresh(now=16.0)  # a move no poll saw yet: dated by the snapshot
+    assert comm.last_change == 16.0

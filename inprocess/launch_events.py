@@ -1,0 +1,44 @@
+"""What a worker tells the launcher that started it: a few JSON lines in a file the launcher reads.
+
+Why a channel at all. A launcher sees its workers from outside: pids, exit codes, output. Three things it needs
+only the Wrapper knows:
+
+* whether a replacement could be admitted at all: only a Wrapper with joining (``inprocess.elastic.Joining``) takes
+  a process that starts later, so ``rasd launch`` respawns a dead worker only once one of its workers said so;
+* when a replacement was admitted, with which rank, into which world: the launcher's "joined" line;
+* that a replacement was refused because the job had completed (``JoinFailed``, closed): its exit is the end of the
+  job, not a failure to respawn again.
+
+The launcher names the file in ``TORCHRAS_LAUNCH_EVENTS`` (one file per worker process). Without it (plain
+torchrun, a test) nothing is written. A line is written whole with one ``write`` of a file opened for appending,
+and nothing here raises into training: a full disk or a removed folder costs the launcher its lines, not the job
+its step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ENVIRONMENT = "TORCHRAS_LAUNCH_EVENTS"
+
+
+def announce(event: str, **fields: Any) -> None:
+    """Append ``{"event": event, "time": ..., **fields}`` to the launcher's file, if a launcher asked for one."""
+    path = os.environ.get(ENVIRONMENT)
+    if not path:
+        return
+    try:
+        line = json.dumps(dict(fields, event=event, time=time.time(), pid=os.getpid()), default=str) + "\n"
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(descriptor, line.encode())
+        finally:
+            os.close(descriptor)
+    except Exception as error:  # noqa: BLE001 - the launcher's lines are a courtesy, never a reason to stop training
+        log.debug("could not tell the launcher about %s: %s", event, error)

@@ -1,0 +1,144 @@
+"""``rasd launch`` with real torch.distributed (gloo) jobs: a torchrun script runs unchanged (the environment and
+the store torchrun gives it), and a Wrapper-wrapped DDP job with ``inprocess.elastic`` state heals itself: a killed
+worker is respawned and admitted (the world back to full size, identical model bytes on every rank, no checkpoint),
+and a worker that keeps dying stops being respawned while the job goes on smaller.
+
+Deadlines are generous (2 shared cores); how fast it heals is measured in bench/heal.py, never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launching import HERE, REPOSITORY, Launch, free_base_port, free_port
+
+pytestmark = pytest.mark.slow
+
+JOB = str(HERE / "heal_job.py")
+
+
+def _records(folder: Path) -> list[dict]:
+    found = []
+    for path in folder.glob("*.jsonl"):
+        found += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(found, key=lambda item: item["time"])
+
+
+def _wait_records(folder: Path, predicate, count: int, timeout: float, launch: Launch) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [item for item in _records(folder) if predicate(item)]
+        if len(found) >= count:
+            return found
+        assert launch.process.poll() is None, launch.tail()
+        time.sleep(0.5)
+    raise AssertionError(f"{count} record(s) not seen within {timeout} s:\n{launch.tail()}")
+
+
+def test_a_killed_worker_is_respawned_and_joins_the_world_back_at_full_size(tmp_path: Path) -> None:
+    """kill -9 of rank 0 at step 8: the three others train on at once, a replacement starts, is admitted at a commit
+    and gets the model from their memory; the job finishes at 4 ranks with identical weights, no checkpoint read."""
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), "--kill", "0:8", "--steps", "30"]
+    launch = Launch(tmp_path, *argv)
+    try:
+        launch.wait_for(r"worker 0 \(pid \d+, rank 0\) ended: killed by SIGKILL; respawning it \(1 of 3\)", 240)
+        launch.wait_for(r"worker 0 respawned: pid \d+; it joins the running job", 60)
+        joined = launch.wait_for(r"worker 0 \(pid \d+\) joined the job as rank 3 of 4", 240)
+        replacement = int(joined[0].split("pid ")[1].split(")")[0])
+        # 5 steps at full size after the admission, then the job may end.
+        _wait_records(out, lambda r: r["event"] == "step" and r["pid"] == replacement, 5, 120, launch)
+        (out / "finish").touch()
+        assert launch.wait(180) == 0, launch.tail()
+    finally:
+        launch.close()
+    records = _records(out)
+    done = [r for r in records if r["event"] == "done"]
+    assert len(done) == 4 and {r["world"] for r in done} == {4}, done
+    assert len({r["hash"] for r in done}) == 1, done  # the same model bytes on every rank
+    assert replacement in {r["pid"] for r in done}
+    shrunk = [r for r in records if r["event"] == "synced" and r["world"] == 3]
+    assert len(shrunk) == 3 and len({r["hash"] for r in shrunk}) == 1  # the survivors, from their last commit
+    (admitted,) = [r for r in records if r["event"] == "synced" and r["pid"] == replacement]
+    others = [r for r in records if r["event"] == "synced" and r["iteration"] == admitted["iteration"]]
+    assert len(others) == 4 and admitted["step"] > 0 and {r["hash"] for r in others} == {admitted["hash"]}
+    assert not [r for r in records if r["event"] == "loaded"]  # no checkpoint
+    lines = launch.lines()
+    assert any("the job trains at 3 rank(s) now" in line for line in lines), lines
+    assert any("the job trains at 4 rank(s) now" in line for line in lines), lines
+    assert lines[-1].endswith("the job finished (4 worker(s) completed): status 0"), lines
+
+
+def test_a_worker_that_keeps_dying_is_respawned_max_respawns_times_and_the_job_goes_on_smaller(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["--nproc-per-node", "3", "--max-respawns", "2", "--respawn-backoff", "0.5", JOB, "--out", str(out)]
+    launch = Launch(tmp_path, *argv, "--kill", "2:6", "--die", "2", "--steps", "20")
+    try:
+        launch.wait_for(r"worker 2 .*ended: killed by SIGKILL; not respawned again: .*--max-respawns 2", 300)
+        _wait_records(out, lambda r: r["event"] == "step" and r["world"] == 2 and r["step"] >= 12, 2, 120, launch)
+        (out / "finish").touch()
+        assert launch.wait(180) == 0, launch.tail()  # training finished: the lost worker was survived
+    finally:
+        launch.close()
+    lines = launch.lines()
+    assert len([line for line in lines if "worker 2 respawned" in line]) == 2, lines
+    assert len([line for line in lines if "worker 2 " in line and "ended: killed by SIGKILL" in line]) == 3, lines
+    assert [line for line in lines if "respawning it (2 of 2) in 0.5 s" in line], lines  # the back-off
+    done = [r for r in _records(out) if r["event"] == "done"]
+    assert len(done) == 2 and {r["world"] for r in done} == {2} and len({r["hash"] for r in done}) == 1, done
+
+
+def test_a_torchrun_script_gets_torchruns_environment_and_store(tmp_path: Path) -> None:
+    """``init_process_group("env://")`` connects to the store the launcher serves on MASTER_PORT; every variable
+    but the run-specific paths is what torchrun gives, for the same command line."""
+    port = free_port()
+    common = ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    launch = Launch(tmp_path, *common, str(HERE / "env_job.py"), str(tmp_path / "ours-"))
+    try:
+        assert launch.wait(180) == 0, launch.tail()
+    finally:
+        launch.close()
+    env = {"PYTHONPATH": str(REPOSITORY), "TORCH_CPP_LOG_LEVEL": "ERROR", "PATH": "/usr/bin:/bin"}
+    theirs = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", *common, str(HERE / "env_job.py"), str(tmp_path / "theirs-")],
+        env=env,
+        capture_output=True,
+        timeout=180,
+    )
+    assert theirs.returncode == 0, theirs.stderr.decode()[-3000:]
+    for rank in (0, 1):
+        ours = json.loads((tmp_path / f"ours-{rank}.json").read_text())
+        torchrun = json.loads((tmp_path / f"theirs-{rank}.json").read_text())
+        assert ours.pop("TORCHELASTIC_ERROR_FILE").endswith(f"/attempt_0/{rank}/error.json")
+        assert torchrun.pop("TORCHELASTIC_ERROR_FILE").endswith(f"/attempt_0/{rank}/error.json")
+        assert ours["sum"] == 3.0
+        assert {k: v for k, v in ours.items() if k != "argv"} == {k: v for k, v in torchrun.items() if k != "argv"}
+
+
+def test_a_wrapped_user_job_written_for_torchrun_runs_unchanged(tmp_path: Path) -> None:
+    """tests/acceptance/user_job.py: the Wrapper's store on MASTER_PORT + 1, its own on MASTER_PORT + 2."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = REPOSITORY / "tests" / "acceptance" / "user_job.py"
+    argv = ["--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port", str(free_base_port())]
+    launch = Launch(tmp_path, *argv, str(script), "--model", "ddp", "--steps", "20", "--out", str(out))
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(out.glob("rank*.json"))) < 4 and time.monotonic() < deadline:
+            assert launch.process.poll() is None, launch.tail()
+            time.sleep(0.5)
+        time.sleep(0.5)
+        results = [json.loads(path.read_text()) for path in out.glob("rank*.json")]
+        assert len(results) == 4 and {r["steps"] for r in results} == {20} and {r["world"] for r in results} == {4}
+        (out / "release").touch()
+        assert launch.wait(120) == 0, launch.tail()
+    finally:
+        launch.close()

@@ -1,0 +1,539 @@
+"""``rasd launch``: torchrun's command line, a launcher that keeps the survivors and heals the job to full size.
+
+One loop, in one thread, reads top to bottom: wait (for output, a signal, a worker's end, or the next timer), pass
+the output on as whole lines, act on signals, collect ended workers and decide about their slots, read what the
+workers' Wrappers announced, start the replacements that are due, and stop when no worker is left. Every wait has
+a deadline; nothing here raises into the workers, and a worker's end never ends another worker.
+
+Event lines (stderr, ``rasd launch: ...``), one per event: a worker started, ended (with its code or signal and
+what happens next), respawned, joined the job (its rank and the world size, from its Wrapper); the job's world
+size when it changes; the job's end and its status (``torchras.launch.status``).
+
+Signals: the first SIGINT, SIGTERM, SIGHUP or SIGQUIT (``--signals-to-handle``) is passed on to every worker's
+process group (with SIGCONT, so a stopped worker sees it too); nothing is respawned any more; workers still there
+after ``--shutdown-timeout`` seconds (30) get SIGKILL. A second signal sends SIGKILL at once. The launcher's status
+is then 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import args as args_module, environment, output, status as status_module, workers as workers_module
+from .store import LaunchError, LaunchStore, Rendezvous
+
+log = logging.getLogger("torchras.launch")
+
+#: How long the launcher keeps reading an ended worker's pipes for its last lines (a child it left behind may
+#: hold them open).
+DRAIN_S = 2.0
+#: The longest wait of the loop: a worker's end wakes it at once (SIGCHLD), this is the fallback.
+MAX_WAIT_S = 0.5
+
+
+class _EventLines(logging.Handler):
+    """The launcher's log records as whole lines on the console's stderr (never inside a worker's line)."""
+
+    def __init__(self, console: output.Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.line(2, f"rasd launch: {self.format(record)}".encode())
+        except Exception:  # noqa: BLE001 - a line that cannot be written must never stop the launcher
+            self.handleError(record)
+
+
+class Launcher:
+    """One node's launcher: its workers, their replacements, their output, the job's status."""
+
+    def __init__(self, plan: args_module.Plan, console: output.Console | None = None) -> None:
+        self.plan = plan
+        self.console = console or output.Console()
+        self.store = LaunchStore(plan)
+        self.selector = selectors.DefaultSelector()
+        self.slots: list[workers_module.Slot] = []
+        self.exits: list[status_module.Exit] = []
+        self.stopping: int | None = None  # the signal that stops the launcher
+        self.kill_at: float | None = None
+        self.wrapped = False  # a worker said it runs under inprocess.Wrapper
+        self.heals = False  # a worker's Wrapper said it admits newcomers
+        self.completed = False  # a worker of this node finished
+        self.world_seen: tuple[int, int] | None = None  # (iteration, world size) last reported
+        self.streams: dict[int, output.Stream] = {}  # pipe read end -> the worker stream it carries
+        self.draining: dict[int, float] = {}  # pipe read end of an ended worker -> give up reading it at
+        self.rendezvous: Rendezvous | None = None
+        self.folder = Path()
+        self._wake_read, self._wake_write = os.pipe()
+        self._signals: list[int] = []
+
+    # ---- the run ----------------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        plan = self.plan
+        for ignored in plan.ignored:
+            log.warning("%s: accepted for compatibility with torchrun, not used", ignored)
+        warning = environment.omp_warning(os.environ, plan)
+        if warning:
+            log.warning("%s", warning)
+        try:
+            self.rendezvous = self.store.meet()
+        except LaunchError as error:
+            log.error("%s", error)
+            return 1
+        self.folder = self._log_folder()
+        self.slots = [
+            workers_module.Slot(local_rank, self.rendezvous.node_rank * plan.nproc_per_node + local_rank)
+            for local_rank in range(plan.nproc_per_node)
+        ]
+        previous = self._install_signals()
+        try:
+            for slot in self.slots:
+                self._start(slot, newcomer=self.rendezvous.relaunched)
+            self._say_started()
+            while not self._finished():
+                self._wait()
+                self._act_on_signals()
+                self._reap()
+                self._read_announcements()
+                self._respawn_due()
+                self._flush_partial_lines()
+                self._enforce_deadline()
+        finally:
+            self._restore_signals(previous)
+            for slot in self.slots:  # never leave a worker behind, whatever happened here
+                if slot.alive and slot.worker is not None:
+                    slot.worker.signal_group(signal.SIGKILL)
+                    slot.worker.process.wait()
+            self._close_pipes()
+            self._stop_store()
+        code = status_module.job_status(self.exits, self.stopping, self.wrapped)
+        self._say_ended(code)
+        return code
+
+    # ---- starting -------------------------------------------------------------------------------------------
+
+    def _log_folder(self) -> Path:
+        """torchrun's layout: ``<log-dir or a temporary folder>/<run id>_<random>/attempt_0``."""
+        base = self.plan.log_dir or tempfile.mkdtemp(prefix="torchelastic_")
+        os.makedirs(base, exist_ok=True)
+        run = tempfile.mkdtemp(prefix=f"{self.plan.run_id}_", dir=base)
+        attempt = Path(run) / "attempt_0"
+        attempt.mkdir()
+        return attempt
+
+    def _start(self, slot: workers_module.Slot, newcomer: bool) -> None:
+        plan = self.plan
+        assert self.rendezvous is not None
+        folder = self.folder / str(slot.local_rank)
+        folder.mkdir(exist_ok=True)
+        error_file = folder / "error.json"
+        error_file.unlink(missing_ok=True)  # an earlier worker's: read when it ended
+        env = environment.worker_environment(
+            plan,
+            os.environ,
+            local_rank=slot.local_rank,
+            node_rank=self.rendezvous.node_rank,
+            master_addr=self.rendezvous.master_addr,
+            master_port=self.rendezvous.master_port,
+            run_id=plan.run_id,
+            error_file=str(error_file),
+            events_file=str(folder / "events.jsonl"),
+            newcomer=newcomer,
+        )
+        destinations = output.destinations(
+            slot.local_rank, plan.redirects, plan.tee, plan.local_ranks_filter, str(folder)
+        )
+        separator = None
+        if slot.pids:
+            separator = f"---- rasd launch: a replacement of local rank {slot.local_rank} starts here ----".encode()
+        worker = workers_module.spawn(
+            plan.command,
+            env,
+            destinations,
+            self.console,
+            output.prefix(plan.role, slot.rank, slot.local_rank),
+            newcomer,
+            separator,
+        )
+        for read_end, stream in worker.streams.items():
+            self.streams[read_end] = stream
+            self.selector.register(read_end, selectors.EVENT_READ)
+        slot.worker = worker
+        slot.respawn_at = None
+        slot.pids.append(worker.pid)
+        if newcomer and len(slot.pids) > 1:
+            log.info(
+                "worker %s respawned: pid %s; it joins the running job and gets the model from the others' memory",
+                slot.local_rank,
+                worker.pid,
+            )
+        elif newcomer:
+            log.info(
+                "worker %s started: pid %s; it joins the running job (this node came back)", slot.local_rank, worker.pid
+            )
+
+    def _say_started(self) -> None:
+        plan, rendezvous = self.plan, self.rendezvous
+        assert rendezvous is not None
+        pids = ", ".join(f"{slot.local_rank}: pid {slot.pids[-1]}" for slot in self.slots)
+        first, last = self.slots[0].rank, self.slots[-1].rank
+        healing = (
+            f"a dead worker is respawned up to {plan.max_respawns} time(s) per local rank and joins the running job"
+            if plan.max_respawns
+            else "a dead worker is not respawned (--max-respawns 0)"
+        )
+        log.info(
+            "node %s of %s: %s worker(s), ranks %s-%s of %s (%s); MASTER_ADDR=%s MASTER_PORT=%s "
+            "TORCHELASTIC_RUN_ID=%s; logs in %s; a worker that exits never ends the others; %s",
+            rendezvous.node_rank,
+            plan.nnodes,
+            plan.nproc_per_node,
+            first,
+            last,
+            plan.world_size,
+            pids,
+            rendezvous.master_addr,
+            rendezvous.master_port,
+            plan.run_id,
+            self.folder.parent,
+            healing,
+        )
+
+    # ---- waiting ----------------------------------------------------------------------------------------------
+
+    def _wait(self) -> None:
+        """Until output, a signal (SIGCHLD included: a worker ended), or the next timer."""
+        now = time.monotonic()
+        deadlines = [slot.respawn_at for slot in self.slots if slot.respawn_at is not None]
+        deadlines += list(self.draining.values())
+        if self.kill_at is not None:
+            deadlines.append(self.kill_at)
+        deadlines += [due for stream in self.streams.values() if (due := stream.due()) is not None]
+        timeout = max(0.0, min([now + MAX_WAIT_S, *deadlines]) - now)
+        for key, _ in self.selector.select(timeout):
+            if key.fd == self._wake_read:
+                try:
+                    while os.read(self._wake_read, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            else:
+                self._read_pipe(int(key.fd))
+
+    def _read_pipe(self, read_end: int) -> None:
+        try:
+            data = os.read(read_end, output.READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        stream = self.streams.get(read_end)
+        if data and stream is not None:
+            stream.feed(data, time.monotonic())
+        elif not data:  # EOF: the worker (and every child of it) closed the stream
+            self._close_pipe(read_end)
+
+    def _close_pipe(self, read_end: int) -> None:
+        stream = self.streams.pop(read_end, None)
+        if stream is None:
+            return
+        stream.close()
+        try:
+            self.selector.unregister(read_end)
+        except (KeyError, ValueError):
+            pass
+        try:
+            os.close(read_end)
+        except OSError:
+            pass
+        self.draining.pop(read_end, None)
+
+    def _close_pipes(self) -> None:
+        for read_end in list(self.streams):
+            self._drain(read_end)
+            self._close_pipe(read_end)
+
+    def _drain(self, read_end: int) -> None:
+        """Whatever an ended worker left in its pipe, now."""
+        for _ in range(64):
+            try:
+                data = os.read(read_end, output.READ_SIZE)
+            except (BlockingIOError, OSError):
+                return
+            stream = self.streams.get(read_end)
+            if not data or stream is None:
+                return
+            stream.feed(data, time.monotonic())
+
+    def _flush_partial_lines(self) -> None:
+        now = time.monotonic()
+        for stream in self.streams.values():
+            due = stream.due()
+            if due is not None and due <= now:
+                stream.flush()
+
+    # ---- signals ----------------------------------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        """The launcher's handlers: note the signal and wake the loop (``set_wakeup_fd``)."""
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self.selector.register(self._wake_read, selectors.EVENT_READ)
+        previous: dict[int, Any] = {}
+        try:
+            previous[-1] = signal.set_wakeup_fd(self._wake_write, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread (a test that runs the launcher in a thread): poll instead
+            return previous
+        for name in self.plan.signals:
+            signum = getattr(signal, name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}", None)
+            if signum is None:
+                log.warning("--signals-to-handle: %s is not a signal here; ignored", name)
+                continue
+            previous[signum] = signal.signal(signum, self._on_signal)
+        previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)  # a worker's end wakes the loop
+        return previous
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals.append(signum)
+
+    def _restore_signals(self, previous: dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            if signum == -1:
+                signal.set_wakeup_fd(handler)
+            else:
+                signal.signal(signum, handler)
+
+    def _act_on_signals(self) -> None:
+        while self._signals:
+            signum = self._signals.pop(0)
+            name = workers_module.signal_name(signum)
+            if self.stopping is None:
+                self.stopping = signum
+                self.kill_at = time.monotonic() + self.plan.shutdown_timeout
+                log.info(
+                    "received %s: passing it to every worker; SIGKILL to those still running in %.0f s",
+                    name,
+                    self.plan.shutdown_timeout,
+                )
+                for slot in self.slots:
+                    slot.respawn_at = None
+                    if slot.alive and slot.worker is not None:
+                        slot.worker.signal_group(signum)
+                        slot.worker.signal_group(signal.SIGCONT)
+            else:
+                log.info("received %s again: SIGKILL to every worker", name)
+                self._kill_all()
+
+    def _enforce_deadline(self) -> None:
+        if self.kill_at is not None and time.monotonic() >= self.kill_at:
+            if any(slot.alive for slot in self.slots):
+                log.warning("workers still running %.0f s after the signal: SIGKILL", self.plan.shutdown_timeout)
+                self._kill_all()
+            self.kill_at = None
+
+    def _kill_all(self) -> None:
+        for slot in self.slots:
+            slot.respawn_at = None
+            if slot.alive and slot.worker is not None:
+                slot.worker.signal_group(signal.SIGKILL)
+
+    # ---- workers' ends ----------------------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        for slot in self.slots:
+            worker = slot.worker
+            if worker is None or worker.ended is not None or worker.poll() is None:
+                continue
+            assert worker.returncode is not None and worker.ended is not None
+            for read_end in worker.streams:
+                if read_end in self.streams:
+                    self._drain(read_end)
+                    self.draining[read_end] = time.monotonic() + DRAIN_S
+            self._read_announcements()  # a replacement's refusal, written just before it exited
+            if worker.returncode != 0:
+                worker.signal_group(signal.SIGKILL)  # what it left behind (a data loader's processes)
+            self.exits.append(
+                status_module.Exit(
+                    slot.local_rank, worker.pid, worker.returncode, worker.ended, worker.refused, worker.completed
+                )
+            )
+            if worker.returncode == 0 and not self.wrapped:
+                self._job_completed()  # a plain script: a worker that finished is the job finishing
+            decision = workers_module.decide(
+                worker.returncode,
+                respawns_done=slot.respawns,
+                max_respawns=self.plan.max_respawns,
+                respawn_backoff=self.plan.respawn_backoff,
+                stopping=self.stopping is not None,
+                refused=worker.refused,
+                completed=self.completed,
+                heals=self.heals,
+            )
+            cause = self._root_cause(slot)
+            how = status_module.describe(worker.returncode)
+            when = f" in {decision.delay:.1f} s" if decision.respawn and decision.delay else ""
+            level = logging.INFO if worker.returncode == 0 or self.stopping is not None else logging.WARNING
+            log.log(
+                level,
+                "worker %s (pid %s, rank %s) ended: %s%s; %s%s",
+                slot.local_rank,
+                worker.pid,
+                slot.rank,
+                how,
+                f" ({cause})" if cause else "",
+                decision.reason,
+                when,
+            )
+            if decision.respawn:
+                slot.respawns += 1
+                slot.respawn_at = time.monotonic() + decision.delay
+
+    def _root_cause(self, slot: workers_module.Slot) -> str:
+        """The first line of the exception torch's ``@record`` wrote for the worker, if it wrote one."""
+        path = self.folder / str(slot.local_rank) / "error.json"
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return ""
+        message = raw.get("message", "") if isinstance(raw, dict) else ""
+        if isinstance(message, dict):
+            message = message.get("message", "")
+        return str(message).strip().splitlines()[0][:300] if str(message).strip() else ""
+
+    def _respawn_due(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.respawn_at is not None and slot.respawn_at <= now and self.stopping is None:
+                try:
+                    self._start(slot, newcomer=True)
+                except OSError as error:
+                    log.error("worker %s could not be respawned: %s", slot.local_rank, error)
+                    slot.respawn_at = None
+
+    def _finished(self) -> bool:
+        for slot in self.slots:
+            if slot.alive or slot.respawn_at is not None:
+                return False
+        now = time.monotonic()
+        for read_end, give_up in list(self.draining.items()):
+            if give_up <= now:
+                self._close_pipe(read_end)
+        return not self.draining
+
+    # ---- what the workers' Wrappers announce (inprocess.launch_events) -----------------------------------------
+
+    def _read_announcements(self) -> None:
+        for slot in self.slots:
+            path = self.folder / str(slot.local_rank) / "events.jsonl"
+            try:
+                with open(path, "rb") as file:
+                    file.seek(slot.events_offset)
+                    data = file.read()
+            except OSError:
+                continue
+            complete = data[: data.rfind(b"\n") + 1]
+            slot.events_offset += len(complete)
+            for line in complete.splitlines():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    self._announced(slot, event)
+
+    def _announced(self, slot: workers_module.Slot, event: dict) -> None:
+        kind = event.get("event")
+        worker = slot.worker
+        current = worker is not None and event.get("pid") == worker.pid
+        if kind == "wrapper":
+            self.wrapped = True
+        if kind == "wrapper" and event.get("joining") and not self.heals:
+            self.heals = True
+            if self.plan.max_respawns:
+                log.info("the workers' inprocess.Wrapper admits newcomers: a dead worker is respawned and joins")
+        elif kind == "joined":
+            log.info(
+                "worker %s (pid %s) joined the job as rank %s of %s (iteration %s)",
+                slot.local_rank,
+                event.get("pid"),
+                event.get("rank"),
+                event.get("world_size"),
+                event.get("iteration"),
+            )
+        elif kind == "join_failed" and current and worker is not None:
+            worker.refused = event.get("reason") == "closed"
+        elif kind == "completed" and current and worker is not None:
+            worker.completed = True
+            self._job_completed()
+        elif kind == "iteration":
+            iteration, world = int(event.get("iteration", 0)), int(event.get("world_size", 0))
+            if self.world_seen is None or iteration > self.world_seen[0]:
+                if self.world_seen is not None and world != self.world_seen[1]:
+                    log.info("the job trains at %s rank(s) now (iteration %s)", world, iteration)
+                self.world_seen = (iteration, world)
+
+    def _job_completed(self) -> None:
+        """Training finished: no replacement is started any more (nobody would admit it)."""
+        if self.completed:
+            return
+        self.completed = True
+        for slot in self.slots:
+            if slot.respawn_at is not None:
+                slot.respawn_at = None
+                log.info("worker %s is not respawned: the job has completed", slot.local_rank)
+
+    # ---- the end ----------------------------------------------------------------------------------------------
+
+    def _stop_store(self) -> None:
+        """Stop serving ``MASTER_PORT``; let the thread that builds the store finish first (a short job can end
+        while it still imports torch, and an interpreter must not exit in the middle of that)."""
+        if self.store.listener is not None:
+            self.store.ready.wait(120)
+        self.store.close()
+
+    def _say_ended(self, code: int) -> None:
+        if self.stopping is not None:
+            log.info("stopped by %s: status %s", workers_module.signal_name(self.stopping), code)
+            return
+        failure = status_module.first_real_failure(self.exits, self.wrapped)
+        if failure is None:
+            left = sum(1 for item in self.exits if item.returncode == 0 and (item.completed or not self.wrapped))
+            log.info("every worker has exited: the job finished (%s worker(s) completed): status 0", left)
+        else:
+            log.warning(
+                "every worker has exited: the job failed: worker %s (pid %s) %s first: status %s",
+                failure.local_rank,
+                failure.pid,
+                status_module.describe(failure.returncode),
+                code,
+            )
+
+
+def configure_logging(console: output.Console) -> None:
+    """stdlib logging for the launcher's lines: ``rasd launch: ...`` on stderr, whole, at INFO."""
+    logger = logging.getLogger("torchras")
+    if not any(isinstance(handler, _EventLines) for handler in logger.handlers):
+        handler = _EventLines(console)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(os.environ.get("TORCHRAS_LAUNCH_LOG_LEVEL", "INFO"))
+    logger.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _, plan = args_module.parse(sys.argv[1:] if argv is None else argv)
+    console = output.Console()
+    configure_logging(console)
+    return Launcher(plan, console).run()

@@ -1,0 +1,72 @@
+"""The job's exit status, and how a worker's end reads in one line. Pure functions of what the launcher saw.
+
+The rule (issue 25): 0 when training finished, the first real failure otherwise.
+
+* **Training finished** when a worker completed: exit code 0, and under ``inprocess.Wrapper`` its wrapped call
+  completed (a worker that left the job early with exit code 0 did not finish training). Under the Wrapper a
+  failure before that was survived: the Wrapper restarted the others in place, the job went on without that
+  worker (respawned, or smaller) and completed, so it is not the job's failure. A failure after the first
+  completion is real: something broke while the job was finishing.
+* **No Wrapper** (no worker announced one, ``inprocess.launch_events``): nothing survives a failure in place, so
+  every failure is real, as under torchrun, even when the other workers ran to their end.
+* **No worker completed**: the first failure is the job's status (a crash, a kill, a hard-timeout kill).
+* A replacement refused because the job had completed (``JoinFailed``, closed) is neither: it came too late.
+* The launcher stopped by a signal (Ctrl+C, a scheduler's SIGTERM): ``128 + the signal``, as a shell reports a
+  command a signal ended, whatever the workers did on the way out.
+
+A failure's code is the worker's exit code, or ``128 + N`` for a worker that signal N ended (``-9`` from
+``Popen.returncode`` is 137, as Slurm and the shell print it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    """One worker process's end."""
+
+    local_rank: int
+    pid: int
+    returncode: int  # Popen's: negative for a signal
+    time: float
+    refused: bool = False  # a replacement the job turned away because it had completed
+    completed: bool = False  # its Wrapper said the wrapped call completed (training finished)
+
+
+def shell_code(returncode: int) -> int:
+    """A returncode as a shell reports it: ``-N`` (signal N) is ``128 + N``."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe(returncode: int) -> str:
+    """``exit code 3``, ``killed by SIGKILL``."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"killed by {name}"
+
+
+def job_status(exits: list[Exit], interrupted_by: int | None = None, wrapped: bool = True) -> int:
+    """The launcher's exit status once every worker has exited (``wrapped``: the workers run under the Wrapper)."""
+    if interrupted_by is not None:
+        return 128 + interrupted_by
+    failure = first_real_failure(exits, wrapped)
+    return 0 if failure is None else shell_code(failure.returncode)
+
+
+def first_real_failure(exits: list[Exit], wrapped: bool = True) -> Exit | None:
+    """The exit that ``job_status`` reports (None when the job finished)."""
+    ordered = sorted(exits, key=lambda item: item.time)
+    completions = [item.time for item in ordered if item.returncode == 0 and (item.completed or not wrapped)]
+    for item in ordered:
+        if item.returncode == 0 or item.refused:
+            continue
+        if not wrapped or not completions or item.time > completions[0]:
+            return item
+    return None

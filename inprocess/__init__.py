@@ -18,15 +18,18 @@ from . import (  # noqa: F401 - the submodules are part of the public surface, a
     finalize,
     health_check,
     initialize,
+    logs,
     monitor_process,
     monitor_thread,
     nested_restarter,
     param_utils,
     progress_watchdog,
     rank_assignment,
+    sibling_monitor,
     state,
     store,
     terminate,
+    utils,
     wrap,
 )
 from .compose import Compose
@@ -34,3 +37,5 @@ from .state import FrozenState, Mode, State
 from .wrap import CallWrapper, Wrapper
 
 __all__ = ["CallWrapper", "Compose", "FrozenState", "Mode", "State", "Wrapper"]
+
+logs.adopt_existing()  # loggers made before (inprocess.monitor_process): their records too hold no exception

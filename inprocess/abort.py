@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
-import logging
 import os
 import socket
 import sys
 from collections.abc import Iterable
 from typing import Any
 
+from . import logs, utils  # noqa: F401 - names of the reference's module
 from .state import FrozenState
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 
 class Abort(abc.ABC):

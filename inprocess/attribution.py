@@ -11,6 +11,8 @@ import enum
 import re
 from collections.abc import Iterable
 
+from .utils import format_rank_set_verbose
+
 
 class Interruption(enum.Enum):
     EXCEPTION = enum.auto()
@@ -42,17 +44,8 @@ class InterruptionRecord:
 
 
 def format_rank_set(ranks: Iterable[int]) -> str:
-    """``{0-3, 7, 9-10}``: sorted ranks with runs folded into ranges."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    index = 0
-    while index < len(ordered):
-        start = index
-        while index + 1 < len(ordered) and ordered[index + 1] == ordered[index] + 1:
-            index += 1
-        parts.append(str(ordered[start]) if start == index else f"{ordered[start]}-{ordered[index]}")
-        index += 1
-    return "{" + ", ".join(parts) + "}"
+    """``{0-3, 7, 9-10}``: sorted ranks with runs folded into ranges (``utils.format_rank_set_verbose``)."""
+    return format_rank_set_verbose(ranks)
 
 
 def format_interruption_records(records: Iterable[InterruptionRecord]) -> str:

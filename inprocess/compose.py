@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")  # the reference module's name
 
 
-def _lowest_common_ancestor(instances: tuple) -> type:
+def find_common_ancestor(*instances: Any) -> type:
+    """The first class in the MRO of ``instances[0]`` that every instance is an instance of (``object`` at worst)."""
     first, *rest = (type(instance) for instance in instances)
     for candidate in first.__mro__:
         if all(candidate in other.__mro__ for other in rest):
@@ -37,7 +40,7 @@ class Compose:
     def __new__(cls, *instances: Any) -> Compose:
         if not instances:
             raise ValueError("Compose needs at least one instance")
-        ancestor = _lowest_common_ancestor(instances)
+        ancestor = find_common_ancestor(*instances)
         if ancestor is object or issubclass(cls, ancestor):
             return super().__new__(cls)
         try:

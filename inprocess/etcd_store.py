@@ -44,7 +44,6 @@ import base64
 import datetime
 import errno
 import json
-import logging
 import os
 import socket
 import time
@@ -54,9 +53,10 @@ from typing import Any
 
 import torch.distributed
 
+from . import logs
 from .store import StoreMixin
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 ENDPOINTS_ENVIRONMENT = "INPROCESS_ETCD_ENDPOINTS"
 PREFIX_ENVIRONMENT = "INPROCESS_ETCD_PREFIX"

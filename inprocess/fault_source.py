@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import logging
 import threading
 from typing import Protocol
 
-log = logging.getLogger(__name__)
+from . import logs
+
+log = logs.get_logger(__name__)
 
 
 class VerdictKind(str, enum.Enum):

@@ -7,6 +7,7 @@ import datetime
 from collections.abc import Callable
 from typing import Any
 
+from . import exception  # noqa: F401 - names of the reference's module
 from .bounded import run_bounded
 from .state import FrozenState
 

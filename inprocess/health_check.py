@@ -12,17 +12,16 @@ from __future__ import annotations
 import abc
 import datetime
 import glob
-import logging
 import os
 import threading
 from typing import Any
 
-from . import exception
+from . import exception, logs
 from .bounded import run_bounded
 from .compose import Compose
 from .state import FrozenState
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 
 class HealthCheck(abc.ABC):
@@ -198,12 +197,18 @@ class ChainedNicHealthCheck(HealthCheck):
         return state
 
 
-def restart_health_check(health_check: HealthCheck | None) -> Compose | None:
+def restart_health_check(
+    health_check: HealthCheck | None,
+    gpu_check: type = ChainedGPUHealthCheck,
+    nvl_check: type = ChainedNVLHealthCheck,
+    nic_check: type = ChainedNicHealthCheck,
+) -> Compose | None:
     """The check run during a restart, composed as the reference does.
 
     The user's check (the members of a ``Compose``, flattened) and, when ``LOCAL_RANK`` is an integer, the GPU,
     NVLink and NIC checks of that device, in one ``Compose`` (so they run NIC, NVLink, GPU, then the user's
-    checks last to first); None when there is nothing to run.
+    checks last to first); None when there is nothing to run. ``Wrapper`` passes the three check classes from its
+    own module's namespace, where the reference's tests patch them (``inprocess.wrap.ChainedGPUHealthCheck``).
     """
     checks: list[Any] = []
     if health_check is not None:
@@ -214,8 +219,8 @@ def restart_health_check(health_check: HealthCheck | None) -> Compose | None:
         local_rank = None
     if local_rank is not None:
         checks += [
-            ChainedGPUHealthCheck(device_index=local_rank),
-            ChainedNVLHealthCheck(device_index=local_rank),
-            ChainedNicHealthCheck(device_index=local_rank),
+            gpu_check(device_index=local_rank),
+            nvl_check(device_index=local_rank),
+            nic_check(device_index=local_rank),
         ]
     return Compose(*checks) if checks else None

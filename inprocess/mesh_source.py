@@ -1,10 +1,10 @@
 """The rasd mesh as the Wrapper's fastest fault source: its verdicts restart training in place, in seconds.
 
-Every process of the job runs one RAS node (``rasd``), started once per process and living across restart
-iterations and wrapped calls. A wrapped call joins it (starting it from the Wrapper's own store when none runs,
-unless ``TORCHRAS_ENABLE=0``), publishes which mesh peer it is, and listens to the node's verdicts on a thread of
-its own. Each verdict becomes an ``inprocess.fault_source.ExternalVerdict`` applied through the store, which wakes
-every rank's monitor thread at once (the store's ``wait`` is a push, not a poll). What each verdict means is the
+Every process of the job runs one RAS node (``rasd``), living across the restart iterations of a call. A wrapped
+call joins it (starting it from the Wrapper's own store when none runs, unless ``TORCHRAS_ENABLE=0``), publishes
+which mesh peer it is, and listens to the node's verdicts on a thread of its own. Each verdict becomes an
+``inprocess.fault_source.ExternalVerdict`` applied through the store, which wakes every rank's monitor thread at
+once (the store's ``wait`` is a push, not a poll). What each verdict means is the
 table ``VERDICT_RULES`` below (docs/inprocess.md section 3 prints it):
 
     verdict      terminated ranks                        who restarts
@@ -25,22 +25,41 @@ part; if the rank was already terminated there, it is a repetition (HUNG verdict
 A communicator verdict is acted on only by members of that communicator, which hold it in the current iteration
 (communicator hashes carry the iteration, see ``rasd.torch.hooks``): an old iteration's communicator is
 destroyed by the restart, so its late verdicts find no member.
+
+Nothing outlives a call. A node the Wrapper started itself (and ``rasd``'s torch hooks, if the Wrapper installed
+them) belongs to the Wrapper's calls: when the last wrapped call of the process ends, the node leaves the mesh
+(its peers record LEFT, which restarts nobody) and its thread ``torchras-rasd`` ends; the next call starts a new
+one. A node the user asked for (``rasd.install()``, even if a call started the node before the user's first
+``init_process_group`` did; ``rasd.start()``; ``python -m rasd.run``) is the user's: a call joins it and leaves it
+running.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import queue
 import threading
 from typing import Any, Protocol
 
-from . import fault_source
+from . import fault_source, logs
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 PEER_KEY = "torchras_peer/{host}:{port}/{incarnation}"
 MESH_PREFIX = "torchras_mesh"
+
+
+class _Ownership:
+    """What the Wrapper's calls started in this process, and how many calls use it (one lock for all)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls = 0  # wrapped calls of this process joined to the mesh (MeshFaultSource.start .. close)
+        self.node: Any = None  # the RasHandle of a node a call started, None if the running node is the user's
+        self.hooks = False  # whether a call installed rasd's torch hooks
+
+
+_OWNED = _Ownership()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +118,7 @@ class MeshFaultSource:
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
         self._handled_comms: set[int] = set()
+        self._counted = False  # counted in _OWNED.calls (start), until close
 
     # ---- life cycle -------------------------------------------------------------------------------------------
 
@@ -107,17 +127,28 @@ class MeshFaultSource:
         if not mesh_enabled():
             log.info("rasd is off (TORCHRAS_ENABLE=0): restarts come from the Wrapper's own fault sources only")
             return False
+        with _OWNED.lock:
+            _OWNED.calls += 1
+        self._counted = True
         try:
             import rasd
-            from rasd.torch import install
+            from rasd.torch import install, installed
             from rasd.torch.hooks import start_node
 
-            hooks = install(start_mesh=True)
-            runtime = rasd.node()
-            if runtime is None or not runtime.running:
-                runtime = start_node(hooks, bootstrap_store, rank=self.initial_rank, prefix=MESH_PREFIX)
+            with _OWNED.lock:
+                if installed() is None:
+                    _OWNED.hooks = True
+                hooks = install(start_mesh=True)
+                runtime = rasd.node()
+                if runtime is None or not runtime.running:
+                    runtime = start_node(hooks, bootstrap_store, rank=self.initial_rank, prefix=MESH_PREFIX)
+                    # The user's rasd.install() asked for a node in this process (its first init_process_group
+                    # would have started one): the node is theirs, even if this call started it first.
+                    if _OWNED.hooks or not hooks.start_mesh:
+                        _OWNED.node = runtime
             if runtime is None or not runtime.running:
                 log.warning("rasd did not start: restarts come from the Wrapper's own fault sources only")
+                self._uncount()
                 return False
             me = runtime.peer
             self.store.set(
@@ -130,6 +161,7 @@ class MeshFaultSource:
             log.warning(
                 "cannot join the rasd mesh: restarts come from the Wrapper's own fault sources only", exc_info=True
             )
+            self._uncount()
             return False
         self._thread = threading.Thread(target=self._listen, name="inprocess-mesh-verdicts", daemon=True)
         self._thread.start()
@@ -147,6 +179,7 @@ class MeshFaultSource:
             log.debug("cannot tag communicators with the iteration", exc_info=True)
 
     def close(self) -> None:
+        """Stop listening; the last call of the process also stops what the Wrapper's calls started. Never raises."""
         self._closed.set()
         if self._subscription is not None:
             self._subscription.close()
@@ -155,6 +188,13 @@ class MeshFaultSource:
         self._thread = None
         self._subscription = None
         self.store = None
+        self.runtime = None
+        self._uncount()
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            _release()
 
     # ---- verdicts ---------------------------------------------------------------------------------------------
 
@@ -225,6 +265,26 @@ class MeshFaultSource:
                 iteration_ranks=frozenset(event.ranks),
             )
         )
+
+
+def _release() -> None:
+    """One wrapped call ends. The last one stops the node a call started (it leaves the mesh: LEFT, not DEAD) and
+    takes out the torch hooks a call installed; a node or hooks of the user's stay. Never raises into training."""
+    with _OWNED.lock:
+        _OWNED.calls -= 1
+        if _OWNED.calls > 0:
+            return
+        node, _OWNED.node = _OWNED.node, None
+        hooks, _OWNED.hooks = _OWNED.hooks, False
+        try:
+            if node is not None:
+                node.stop()
+            if hooks:
+                from rasd.torch import uninstall
+
+                uninstall()
+        except Exception:  # never raise into training
+            log.warning("could not stop the RAS node the Wrapper started", exc_info=True)
 
 
 def _holds_communicator(comm_hash: int) -> bool:

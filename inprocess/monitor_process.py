@@ -40,6 +40,7 @@ if __name__ == "__main__":  # run as a script: keep this package's folder off sy
         _sys.path.pop(0)
 
 import base64
+import enum
 import importlib
 import json
 import logging
@@ -65,8 +66,86 @@ _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STARTUP_BUDGET = 120.0
 
 
+class Message(str, enum.Enum):
+    """The kinds of message on the socket pair (the ``t`` of each JSON line), named as the reference's messages
+    where they mean the same. The reference's ``RECORD_INTERRUPTED`` (the trainer writes its own records here) and
+    ``DISABLE_SIBLING_MONITOR`` (a sibling monitor here lives exactly one iteration) have no use here."""
+
+    CONFIG = "config"  # trainer -> monitor: the settings, first
+    STORE_READY = "store_ready"  # trainer -> monitor: connect to the call's namespace of the store
+    ITERATION_START = "iteration"  # trainer -> monitor: rank, world size and iteration of the iteration that starts
+    TIMESTAMP = "ts"  # trainer -> monitor: the progress watchdog's stamps
+    DISABLE_TIMEOUTS = "disable_timeouts"  # trainer -> monitor: no soft or hard timeout until enabled
+    ENABLE_TIMEOUTS = "enable_timeouts"
+    TERMINATE = "stop"  # trainer -> monitor: the call ended, leave
+    DAEMON_PID = "booted"  # monitor -> trainer: started (with its pid), the pid file written
+    READY = "ready"  # monitor -> trainer: connected to the store
+    ERROR = "error"  # monitor -> trainer: could not connect
+
+
 def _encode(message: dict) -> bytes:
     return (json.dumps(message) + "\n").encode()
+
+
+def is_process_active(process: Any) -> bool:
+    """Whether ``process`` (a ``psutil.Process`` or a pid) still runs: it exists and is not a zombie."""
+    try:
+        import psutil
+
+        if not isinstance(process, psutil.Process):
+            process = psutil.Process(int(process))
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - NoSuchProcess and friends: not running
+        return False
+
+
+def terminate_process(process: Any, termination_grace_time: Any, log: logging.Logger | None = None) -> None:
+    """End ``process`` (a ``psutil.Process`` or a pid) as the hard timeout does: SIGCONT and SIGTERM, then, after
+    ``termination_grace_time`` (a ``datetime.timedelta`` or seconds), SIGCONT, SIGTERM and SIGKILL until it is gone.
+    """
+    pid = int(getattr(process, "pid", process))
+    grace = (
+        termination_grace_time.total_seconds()
+        if hasattr(termination_grace_time, "total_seconds")
+        else float(termination_grace_time)
+    )
+    if log is not None:
+        log.info("terminating pid %s (grace %.3f s)", pid, grace)
+
+    def send(*signals: int) -> None:
+        for sig in signals:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    send(signal.SIGCONT, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and is_process_active(pid):
+        time.sleep(0.02)
+    while is_process_active(pid):
+        send(signal.SIGCONT, signal.SIGTERM, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+#: The reference module's other names, from this package (loaded on first use: this file also runs as the monitor's
+#: script, which imports nothing of the package at module level).
+_REEXPORTS = {
+    "Interruption": "attribution",
+    "InterruptionRecord": "attribution",
+    "Timestamp": "progress_watchdog",
+    "SiblingMonitor": "sibling_monitor",
+    "PrefixStore": "store",
+    "StoreMixin": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "utils":
+        return importlib.import_module("inprocess.utils")
+    if name in _REEXPORTS:
+        return getattr(importlib.import_module(f"inprocess.{_REEXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ==== trainer side ==============================================================================================
@@ -150,7 +229,7 @@ class MonitorProcess:
         self._lock = threading.Lock()
         self._broken = False
         self._buffer = b""
-        self._send(dict(t="config", config=config))
+        self._send(dict(t=Message.CONFIG, config=config))
 
     @property
     def pid(self) -> int:
@@ -185,7 +264,7 @@ class MonitorProcess:
         """The trainer's store exists: the monitor connects its own client (never a server) to ``namespace``."""
         from .store import TCPStore, connection_parameters
 
-        message: dict = dict(t="store_ready", namespace=namespace, factory=self._factory)
+        message: dict = dict(t=Message.STORE_READY, namespace=namespace, factory=self._factory)
         # Parameters where the monitor cannot call the factory, and for the default store (this package's
         # TCPStore), whose monitor connects with the torch-free client. A user's factory that the monitor can import
         # is called there, whatever store it makes, as the reference's monitor calls it.
@@ -207,12 +286,12 @@ class MonitorProcess:
             if message is None:
                 what = "ready" if booted else "started"
                 raise exception.TimeoutError(f"the monitor process was not {what} within {timeout} s")
-            if message.get("t") == "booted" and not booted:
+            if message.get("t") == Message.DAEMON_PID and not booted:
                 booted = True
                 deadline = time.monotonic() + timeout
-            if message.get("t") == "ready":
+            if message.get("t") == Message.READY:
                 return
-            if message.get("t") == "error":
+            if message.get("t") == Message.ERROR:
                 raise exception.InternalError(f"the monitor process failed: {message.get('error')}")
 
     def start_iteration(
@@ -220,7 +299,7 @@ class MonitorProcess:
     ) -> None:
         self._send(
             dict(
-                t="iteration",
+                t=Message.ITERATION_START,
                 rank=rank,
                 world_size=world_size,
                 iteration=iteration,
@@ -230,16 +309,16 @@ class MonitorProcess:
         )
 
     def send_timestamp(self, timestamp: Any) -> None:
-        self._send(dict(t="ts", auto=timestamp.auto, manual=timestamp.manual))
+        self._send(dict(t=Message.TIMESTAMP, auto=timestamp.auto, manual=timestamp.manual))
 
     def disable_timeouts(self) -> None:
-        self._send(dict(t="timeouts", enabled=False))
+        self._send(dict(t=Message.DISABLE_TIMEOUTS))
 
     def enable_timeouts(self) -> None:
-        self._send(dict(t="timeouts", enabled=True))
+        self._send(dict(t=Message.ENABLE_TIMEOUTS))
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        self._send(dict(t="stop"))
+        self._send(dict(t=Message.TERMINATE))
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -273,20 +352,17 @@ class _Monitor:
         self.soft_fired = False
         self.stop_requested = False
         self.buffer = b""
-        self.heartbeat_count = 0
-        self.next_heartbeat = 0.0
-        self.watched: int | None = None
-        self.watched_value: bytes | None = None
-        self.watched_since = 0.0
-        self.next_watch = 0.0
+        # This iteration's ring heartbeat (inprocess.sibling_monitor), made at the first turn after it starts.
+        self.heartbeat: Any = None
+        self.sibling_monitor: Any = None
 
     # ---- messages -------------------------------------------------------------------------------------------
 
     def handle(self, message: dict) -> None:
         kind = message.get("t")
-        if kind == "ts":
+        if kind == Message.TIMESTAMP:
             self.auto, self.manual = message.get("auto"), message.get("manual")
-        elif kind == "iteration":
+        elif kind == Message.ITERATION_START:
             self.rank, self.world_size = message["rank"], message["world_size"]
             self.iteration = message["iteration"]
             self.initial_rank = message["initial_rank"]
@@ -294,26 +370,23 @@ class _Monitor:
             self.soft_fired = False
             self.auto, self.manual = None, None
             self.baseline = time.monotonic()
-            self.next_heartbeat = self.baseline
-            self.watched = (self.rank + 1) % self.world_size if self.world_size > 1 else None
-            self.watched_value, self.watched_since = None, self.baseline
-            self.next_watch = self.baseline + self.config["heartbeat_interval"]
-        elif kind == "timeouts":
-            self.timeouts_enabled = bool(message["enabled"])
+            self.heartbeat = self.sibling_monitor = None
+        elif kind in (Message.DISABLE_TIMEOUTS, Message.ENABLE_TIMEOUTS):
+            self.timeouts_enabled = kind == Message.ENABLE_TIMEOUTS
             self.baseline = time.monotonic()
-        elif kind == "store_ready":
+        elif kind == Message.STORE_READY:
             self.connect_store(message)
-        elif kind == "stop":
+        elif kind == Message.TERMINATE:
             self.stop_requested = True
 
     def connect_store(self, message: dict) -> None:
         try:
             self.base_store = self.torch_free_store(message) or self.torch_store(message)
-            self.sock.sendall(_encode(dict(t="ready")))
+            self.sock.sendall(_encode(dict(t=Message.READY)))
             log.info("connected to the store (client: %s)", type(self.base_store.base_store).__name__)
         except Exception as error:  # reported to the trainer
             log.exception("cannot connect to the store")
-            self.sock.sendall(_encode(dict(t="error", error=repr(error))))
+            self.sock.sendall(_encode(dict(t=Message.ERROR, error=repr(error))))
 
     def torch_free_store(self, message: dict) -> Any:
         """The call's namespace over ``inprocess.tcpstore_client`` if the store is a TCPStore; None otherwise.
@@ -357,7 +430,11 @@ class _Monitor:
     def next_wakeup(self, now: float) -> float:
         interval = self.config["interval"]
         if self.iteration is not None and self.base_store is not None:
-            interval = min(interval, max(0.0, min(self.next_heartbeat, self.next_watch) - now))
+            if self.heartbeat is not None:
+                due = [self.heartbeat.next_due, self.sibling_monitor.next_due]
+            else:  # not built yet (each turn tries), or building failed: try again after an interval
+                due = [now + self.config["heartbeat_interval"]]
+            interval = min(interval, max(0.0, min(due) - now))
         if self.iteration is None or not self.timeouts_enabled:
             return interval
         stale = self.staleness(now)
@@ -382,74 +459,29 @@ class _Monitor:
             self.soft_fired = True
             self.record("SOFT_TIMEOUT", terminated=False)
 
-    # ---- sibling heartbeats ---------------------------------------------------------------------------------
+    # ---- sibling heartbeats (inprocess.sibling_monitor) ------------------------------------------------------
 
     def heartbeats(self, now: float) -> None:
         if self.iteration is None or self.base_store is None:
             return
-        store = self.base_store.iteration_store(self.iteration)
         try:
-            if now >= self.next_heartbeat:
-                self.heartbeat_count += 1
-                store.set(f"heartbeat_{self.rank}", str(self.heartbeat_count))
-                self.next_heartbeat = now + self.config["heartbeat_interval"]
-            if self.watched is not None and now >= self.next_watch:
-                self.next_watch = now + self.config["heartbeat_interval"]
-                key = f"heartbeat_{self.watched}"
-                value = store.get(key) if store.check([key]) else None
-                if value != self.watched_value:
-                    self.watched_value, self.watched_since = value, now
-                elif now - self.watched_since > self.config["heartbeat_timeout"]:
-                    self.declare_unresponsive(store, self.watched, now - self.watched_since)
+            if self.heartbeat is None:
+                (sibling_monitor,) = _import_torch_free("sibling_monitor")
+                store = self.base_store.iteration_store(self.iteration)
+                interval, timeout = self.config["heartbeat_interval"], self.config["heartbeat_timeout"]
+                self.heartbeat = sibling_monitor.Heartbeat(self.rank, store, interval, timeout)
+                self.sibling_monitor = sibling_monitor.SiblingMonitor(
+                    store, self.rank, self.world_size, self.initial_world_size, timeout, interval
+                )
+            self.heartbeat.beat(now)
+            self.sibling_monitor.check_heartbeats(now)
         except Exception:  # the store may be gone; the trainer is still guarded
             log.warning("heartbeat failed", exc_info=True)
-            self.next_heartbeat = now + self.config["heartbeat_interval"]
-
-    def declare_unresponsive(self, store: Any, rank: int, silence: float) -> None:
-        from inprocess.attribution import Interruption, InterruptionRecord
-
-        if store.check(["barrier:iteration:last_worker_arrived"]):
-            return  # the iteration is over; a verdict now could split the survivors' views
-        log.warning("rank %s is unresponsive (no heartbeat for %.1f s): terminating it", rank, silence)
-        store.record_terminated_ranks([rank])
-        store.record_interrupted(
-            [InterruptionRecord(rank, Interruption.UNRESPONSIVE)],
-            reason=f"UNRESPONSIVE rank {rank}: no heartbeat for {silence:.1f} s",
-        )
-        store.iteration_barrier([rank], self.world_size, 0)
-        if store.check([f"initial_rank_{rank}"]):
-            initial = store.get_initial_ranks([rank])[0]
-            if initial < self.initial_world_size:  # a process that joined later is no initial rank
-                self.base_store.termination_barrier([initial], self.initial_world_size, 0)
-        following = (rank + 1) % self.world_size
-        self.watched = None if following == self.rank else following
-        self.watched_value, self.watched_since = None, time.monotonic()
+            if self.heartbeat is not None:
+                self.heartbeat.next_due = now + self.config["heartbeat_interval"]
 
     def kill_trainer(self) -> None:
-        grace = self.config["termination_grace_time"]
-        for sig in (signal.SIGCONT, signal.SIGTERM):
-            self.signal_trainer(sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.trainer_alive():
-            time.sleep(0.02)
-        while self.trainer_alive():
-            for sig in (signal.SIGCONT, signal.SIGTERM, signal.SIGKILL):
-                self.signal_trainer(sig)
-            time.sleep(0.05)
-
-    def signal_trainer(self, sig: int) -> None:
-        try:
-            os.kill(self.trainer_pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def trainer_alive(self) -> bool:
-        try:
-            import psutil
-
-            return psutil.Process(self.trainer_pid).status() != psutil.STATUS_ZOMBIE
-        except Exception:  # noqa: BLE001 - NoSuchProcess and friends
-            return False
+        terminate_process(self.trainer_pid, self.config["termination_grace_time"])
 
     # ---- store writes ---------------------------------------------------------------------------------------
 
@@ -556,10 +588,12 @@ def main(argv: list[str]) -> int:
     config = message["config"]
     filename = config["log_filename"]
     handler: logging.Handler = logging.FileHandler(filename) if filename else logging.NullHandler()
-    # Every line names the trainer it guards (target_pid), as the reference's monitor log does.
+    # Every line names the trainer it guards (target_pid) and the module that wrote it (inprocess.monitor_process,
+    # inprocess.sibling_monitor, ...), as the reference's monitor log does.
     handler.setFormatter(
         logging.Formatter(
-            f"%(asctime)s monitor[rank {config['rank']} target_pid={config['trainer_pid']}] %(levelname)s %(message)s"
+            f"%(asctime)s monitor_process[rank {config['rank']} target_pid={config['trainer_pid']}] %(levelname)s "
+            "%(name)s: %(message)s"
         )
     )
     root = logging.getLogger()
@@ -581,7 +615,8 @@ def main(argv: list[str]) -> int:
             log.error("cannot write the pid file %s: %s", config["pid_filename"], error)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is the trainer's business
 
-    sock.sendall(_encode(dict(t="booted")))  # start-up done; the store hand-shake has its own deadline
+    # Start-up done (the pid file written); the store hand-shake has its own deadline.
+    sock.sendall(_encode(dict(t=Message.DAEMON_PID, pid=os.getpid())))
 
     monitor = _Monitor(sock, config)
     monitor.buffer = rest

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import sys
 import threading
 import time
@@ -28,10 +27,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import wake
+from . import attribution, exception, logs, wake  # noqa: F401 - names of the reference's module
 from .attribution import format_interruption_records
+from .utils import log_exc  # noqa: F401 - names of the reference's module
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 
 class RankShouldRestart(BaseException):
@@ -60,10 +60,12 @@ def _set_async_exc(thread_id: int, exc_type: type | None) -> int:
 def async_raise(thread_id: int, exc_type: type, event: threading.Event | None = None) -> None:
     """Raise ``exc_type`` asynchronously in the thread ``thread_id`` (delivered at its next bytecode boundary).
 
-    As in the reference: nothing happens while the interpreter shuts down or once ``event`` is set; a thread id
-    that matches no thread raises ``RuntimeError`` (and one matching several is undone, then raises).
+    As in the reference: with ``event``, wait for it first; nothing happens while the interpreter shuts down; a
+    thread id that matches no thread raises ``RuntimeError`` (and one matching several is undone, then raises).
     """
-    if sys.is_finalizing() or (event is not None and event.is_set()):
+    if event is not None:
+        event.wait()
+    if sys.is_finalizing():
         return
     affected = _set_async_exc(thread_id, exc_type)
     if affected == 0:
@@ -85,6 +87,17 @@ def async_abort_main_thread(msg: str | None = None) -> None:
     assert main is not None, "the main thread has always started"
     async_raise(main, restart_exception_type(msg or RankShouldRestart.message))
     wake.wake(main)
+
+
+def delayed_async_raise(thread_id: int, exc_type: type) -> None:
+    """``async_raise`` from a short helper thread, started and released at once: the caller returns before the
+    exception is scheduled (the reference's helper, for code that must not be interrupted by its own raise)."""
+    released = threading.Event()
+    raiser = threading.Thread(
+        target=async_raise, args=(thread_id, exc_type, released), name="DelayedAsyncRaise", daemon=True
+    )
+    raiser.start()
+    released.set()
 
 
 def _raise_after(event: threading.Event, thread_id: int, exc_type: type) -> None:

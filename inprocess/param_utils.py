@@ -1,7 +1,14 @@
-"""Parameter checks of the Wrapper and injection of the CallWrapper into the wrapped function's arguments."""
+"""Parameter checks of the Wrapper and injection of the CallWrapper into the wrapped function's arguments.
+
+The reference's names are all here, in both their forms: ``enforce_type(name, value, types)`` (ours) and
+``enforce_type(name, types)`` (the reference's, which reads the caller's local variable ``name``); the same for
+``enforce_subclass``. ``enforce_value(condition)`` reads the condition's text from the caller's source line, as the
+reference's does; ``check_condition(condition, text, **variables)`` is told it.
+"""
 
 from __future__ import annotations
 
+import ast
 import datetime
 import inspect
 import numbers
@@ -19,15 +26,78 @@ def check_condition(condition: bool, text: str, **variables: Any) -> None:
         raise ValueError(f'Condition "{text}" failed. Variables: {shown}')
 
 
-def enforce_type(name: str, value: Any, types: tuple) -> None:
+_FROM_CALLER = object()
+
+
+def _caller_local(name: str) -> Any:
+    """The value of ``name`` in the frame that called the caller (the reference's two-argument forms)."""
+    frame = inspect.currentframe()
+    try:
+        caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+        if caller is None or name not in caller.f_locals:
+            raise TypeError(f"{name!r} is not a local variable of the caller")
+        return caller.f_locals[name]
+    finally:
+        del frame
+
+
+def enforce_type(name: str, value: Any, types: Any = _FROM_CALLER) -> None:
+    """``TypeError`` unless ``value`` is an instance of ``types``; ``enforce_type(name, types)`` checks the caller's
+    local variable ``name``, as the reference's does."""
+    if types is _FROM_CALLER:
+        value, types = _caller_local(name), value
     if not isinstance(value, types):
-        expected = " | ".join(getattr(kind, "__name__", str(kind)) for kind in types)
+        kinds = types if isinstance(types, tuple) else (types,)
+        expected = " | ".join(getattr(kind, "__name__", str(kind)) for kind in kinds)
         raise TypeError(f"{name} must be {expected}, got {type(value).__name__}: {value!r}")
 
 
-def enforce_subclass(name: str, value: Any, base: type) -> None:
+def enforce_subclass(name: str, value: Any, base: Any = _FROM_CALLER) -> None:
+    """``TypeError`` unless ``value`` is a subclass of ``base``; ``enforce_subclass(name, base)`` checks the caller's
+    local variable ``name``, as the reference's does."""
+    if base is _FROM_CALLER:
+        value, base = _caller_local(name), value
     if not (isinstance(value, type) and issubclass(value, base)):
-        raise TypeError(f"{name} must be a subclass of {base.__name__}, got {value!r}")
+        raise TypeError(f"{name} must be a subclass of {getattr(base, '__name__', base)}, got {value!r}")
+
+
+def enforce_value(condition: Any) -> None:
+    """``ValueError('Condition "<text>" failed. Variables: ...')`` unless ``condition`` holds, the text and the
+    variables read from the caller's source line and frame (as the reference's ``enforce_value``)."""
+    if condition:
+        return
+    frame = inspect.currentframe()
+    caller = frame.f_back if frame is not None else None
+    text, variables = "<unknown condition>", {}
+    try:
+        if caller is not None:
+            context = inspect.getframeinfo(caller).code_context
+            call = _enforce_value_call(context[0].strip() if context else "")
+            if call is not None and call.args:
+                text = ast.unparse(call.args[0])
+                names = sorted({node.id for node in ast.walk(call.args[0]) if isinstance(node, ast.Name)})
+                for name in names:  # the values of the condition's variables (not its functions or modules)
+                    scope = next((scope for scope in (caller.f_locals, caller.f_globals) if name in scope), None)
+                    if scope is not None and not callable(scope[name]) and not inspect.ismodule(scope[name]):
+                        variables[name] = scope[name]
+    finally:
+        del frame, caller
+    check_condition(False, text, **variables)
+
+
+def _enforce_value_call(line: str) -> ast.Call | None:
+    """The ``enforce_value(...)`` call on a source line, if the line parses."""
+    try:
+        tree = ast.parse(line)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            function = node.func
+            name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+            if name == "enforce_value":
+                return node
+    return None
 
 
 def as_seconds(name: str, value: Any) -> float:
@@ -90,6 +160,16 @@ def _resolved_annotations(fn: Callable) -> dict[str, Any]:
     return resolved
 
 
+def check_type(annotation: Any, cls: type) -> bool:
+    """Is ``annotation`` the class ``cls``, or an Optional/Union containing it (strings too)? Never raises."""
+    return _matches(annotation, cls)
+
+
+def count_type_in_params(fn: Callable, cls: type) -> int:
+    """How many parameters of ``fn`` are annotated with ``cls`` (or Optional/Union of it)."""
+    return len(injected_parameters(fn, cls))
+
+
 def injected_parameters(fn: Callable, target: type) -> list[str]:
     """Names of the parameters of ``fn`` annotated with ``target`` (or Optional/Union of it)."""
     try:
@@ -105,13 +185,25 @@ def injected_parameters(fn: Callable, target: type) -> list[str]:
     ]
 
 
-def substitute_param_value(fn: Callable, args: tuple, kwargs: dict, values: dict[str, Any]) -> tuple[tuple, dict]:
-    """Bind the call, set the named parameters to ``values``, return the new ``(args, kwargs)``."""
+def substitute_param_value(fn: Callable, args: tuple, kwargs: dict, values: dict[Any, Any]) -> tuple[tuple, dict]:
+    """Bind the call, set parameters to ``values``, return the new ``(args, kwargs)``.
+
+    A key of ``values`` is a parameter name, or a class (the reference's form): every parameter annotated with
+    that class (or Optional/Union of it) gets the value.
+    """
     if not values:
+        return args, kwargs
+    by_name: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(key, type):
+            by_name.update(dict.fromkeys(injected_parameters(fn, key), value))
+        else:
+            by_name[key] = value
+    if not by_name:
         return args, kwargs
     signature = inspect.signature(fn)
     bound = signature.bind_partial(*args, **kwargs)
     bound.apply_defaults()
-    for name, value in values.items():
+    for name, value in by_name.items():
         bound.arguments[name] = value
     return bound.args, bound.kwargs

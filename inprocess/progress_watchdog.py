@@ -2,9 +2,15 @@
 
 Automatic stamps: a helper thread schedules ``sem_post`` on a private semaphore with ``Py_AddPendingCall``.
 CPython runs pending calls only in the main thread, at its eval-loop checks, i.e. only while the main thread
-executes bytecode. When the helper sees the semaphore count move, the main thread was alive since the last
-look, and ``Timestamp.auto`` becomes now. A main thread blocked in a C call (with or without the GIL) stops the
+executes bytecode. When the helper sees the semaphore count move, the main thread ran bytecode after the call was
+scheduled, and ``Timestamp.auto`` becomes the time it was scheduled: the latest moment the main thread is proven
+alive (never later than it really was). A main thread blocked in a C call (with or without the GIL) stops the
 stamps; a ``while True`` livelock does not, which is what the manual stamp (``ping()``) is for.
+
+Timing, as the reference's: one turn every ``interval`` (look, schedule, send the stamp), so automatic stamps are
+at least ``interval`` apart; ``pause_and_synchronize`` stops the turns (no stamp is sent after it returns, but the
+one of its ``reset``) until ``resume``; ``shutdown`` pauses, sends that one stamp, and stops the thread, and a
+second ``shutdown`` does nothing.
 
 The pending call is a C function on purpose: a Python callback would be a place where the restart exception,
 raised asynchronously into the main thread, could be delivered and swallowed ("Exception ignored on calling
@@ -17,16 +23,19 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import datetime
-import logging
 import threading
 import time
 from typing import Any
 
+from . import exception, logs  # noqa: F401 - names of the reference's module
 from .param_utils import as_seconds
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 _SEMAPHORE_BYTES = 64  # sizeof(sem_t) is 32 on x86_64/aarch64 glibc; room to spare
+#: Automatic-stamp calls scheduled at once. One is enough to know the main thread ran (the reference keeps up to
+#: 1024 in flight and counts them modulo this number).
+MAX_PENDING = 1
 
 
 class _Semaphore:
@@ -80,27 +89,31 @@ class ProgressWatchdog(threading.Thread):
         self.timestamp = Timestamp(auto=time.monotonic())
         self._semaphore = _Semaphore()
         self._seen_value = 0
-        self._pending = False
+        self._pending = 0  # scheduled calls not seen run (at most MAX_PENDING)
+        self._scheduled_at = 0.0  # when the pending call was scheduled
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
         self._paused = threading.Event()
-        self._turn = threading.Lock()  # held for one turn of the loop (observe + send)
+        self._turn = threading.RLock()  # held for one turn of the loop (observe + send)
 
     def _observe(self) -> None:
-        """Stamp if the main thread ran the pending call since the last look; keep exactly one call pending."""
+        """Stamp if the main thread ran the pending call since the last look; keep one call pending."""
         value = self._semaphore.value()
         if value != self._seen_value:
             self._seen_value = value
-            self._pending = False
-            with self._lock:
-                self.timestamp.auto = time.monotonic()
-        if not self._pending:
-            self._pending = self._semaphore.schedule_post()
+            self._pending = 0
+            with self._lock:  # proven alive when the call was scheduled; a later reset stands
+                self.timestamp.auto = max(self.timestamp.auto or 0.0, self._scheduled_at)
+        if self._pending < MAX_PENDING:
+            scheduled_at = time.monotonic()
+            if self._semaphore.schedule_post():
+                self._pending += 1
+                self._scheduled_at = scheduled_at
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):
             with self._turn:
-                if self._paused.is_set():
+                if self._paused.is_set() or self._stop_event.is_set():
                     continue
                 try:
                     self._observe()
@@ -140,6 +153,14 @@ class ProgressWatchdog(threading.Thread):
         self._paused.clear()
 
     def shutdown(self, timeout: float | None = None) -> None:
+        """Pause (one last stamp: ``pause_and_synchronize``'s reset), stop and join the thread. Does nothing once
+        the thread has ended (a second shutdown sends no stamp); never raises (a thread still alive after
+        ``timeout`` is logged: it is a daemon thread and sends nothing any more)."""
+        if not self.is_alive() or self._stop_event.is_set():
+            return
+        self.pause_and_synchronize()
         self._stop_event.set()
-        if self.is_alive() and threading.current_thread() is not self:
+        if threading.current_thread() is not self:
             self.join(timeout)
+        if self.is_alive():
+            log.warning("the progress watchdog of rank %s did not stop within %s s", self.rank, timeout)

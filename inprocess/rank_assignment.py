@@ -19,15 +19,15 @@ import datetime
 import enum
 import heapq
 import itertools
-import logging
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import exception
+from . import exception, logs, utils  # noqa: F401 - names of the reference's module
 from .state import Mode, State
+from .store import StoreMixin  # noqa: F401 - names of the reference's module
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 
 class RankDiscarded(exception.RestartError):

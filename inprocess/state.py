@@ -65,6 +65,13 @@ class State:
             setattr(self, name, getattr(other, name))
 
 
+def freeze_dataclass(cls: type) -> type:
+    """A frozen dataclass ``Frozen<name>`` with the fields of the dataclass ``cls``, in its order (the reference's
+    helper; ``FrozenState`` below is written out instead, so that a type checker sees its fields)."""
+    fields = [(field.name, field.type, field) for field in dataclasses.fields(cls)]
+    return dataclasses.make_dataclass(f"Frozen{cls.__name__}", fields, frozen=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class FrozenState:
     """Read-only copy of ``State`` handed to every callback; assigning raises FrozenInstanceError.

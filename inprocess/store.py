@@ -17,14 +17,15 @@ Our ``barrier`` keeps the wrapper's signature and forwards calls in torch's form
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed
 
-from . import exception, store_mixin
+from . import exception, logs, store_mixin, utils  # noqa: F401 - names of the reference's module
+from .attribution import InterruptionRecord  # noqa: F401 - names of the reference's module
+from .state import Mode, State  # noqa: F401 - names of the reference's module
 from .store_mixin import (  # noqa: F401 - the vocabulary's names are this module's public names, as before
     FAULT_REASONS_KEY,
     FAULT_TIME_KEY,
@@ -40,7 +41,7 @@ from .store_mixin import (  # noqa: F401 - the vocabulary's names are this modul
     _as_timedelta,
 )
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 
 class StoreUnavailable(BaseException):
@@ -153,6 +154,7 @@ class TCPStore(StoreMixin, torch.distributed.TCPStore):
     ) -> None:
         from . import store_server
 
+        logs.adopt(store_server.log)  # a module that also runs as a script: its logger is made without inprocess.logs
         host_name = host_name if host_name is not None else os.environ["MASTER_ADDR"]
         port = int(port if port is not None else os.environ["MASTER_PORT"])
         world_size = int(world_size if world_size is not None else os.environ.get("WORLD_SIZE", 1))

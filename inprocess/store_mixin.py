@@ -35,19 +35,18 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import exception
+from . import exception, logs
 from .attribution import InterruptionRecord
 
 if TYPE_CHECKING:
     import torch.distributed
 
-log = logging.getLogger("inprocess.store")
+log = logs.get_logger("inprocess.store")
 
 ITERATION_PREFIX = "_inprocess_{iteration}"
 USER_PREFIX = "_inprocess_user_{iteration}"

@@ -56,7 +56,9 @@ import time
 from types import FrameType
 from typing import Any
 
-log = logging.getLogger(__name__)
+from . import logs
+
+log = logs.get_logger(__name__)
 
 ENVIRONMENT = "TORCHRAS_WAKE_SIGNAL"
 DEFAULT = signal.SIGURG

@@ -21,7 +21,7 @@ import dataclasses
 import datetime
 import functools
 import gc
-import logging
+import inspect
 import os
 import sys
 import threading
@@ -35,6 +35,8 @@ from . import (
     exception,
     fault_source,
     health_check as health_check_module,
+    launch_events,
+    logs,
     mesh_source,
     param_utils,
     store as store_module,
@@ -45,17 +47,21 @@ from .attribution import Interruption, InterruptionRecord
 from .completion import Completion
 from .compose import Compose
 from .elastic import joining as joining_module
+from .exception import HealthCheckError, InternalError  # noqa: F401 - names of the reference's module
 from .finalize import Finalize
-from .health_check import HealthCheck
+from .health_check import ChainedGPUHealthCheck, ChainedNicHealthCheck, ChainedNVLHealthCheck, HealthCheck
 from .initialize import Initialize
 from .monitor_process import MonitorProcess
-from .monitor_thread import MonitorThread, RankShouldRestart
+from .monitor_thread import MonitorThread, RankShouldRestart, reraise_if_unraisable  # noqa: F401 - names of the reference's module
+from .param_utils import enforce_subclass, enforce_type, enforce_value  # noqa: F401 - names of the reference's module
 from .progress_watchdog import ProgressWatchdog
 from .rank_assignment import ActivateAllRanks, RankAssignment, RankAssignmentCtx, ShiftRanks
 from .state import FrozenState, Mode, State
+from .store import PrefixStore, StoreMixin, TCPStore  # noqa: F401 - names of the reference's module
 from .terminate import Terminate
+from .utils import log_exc  # noqa: F401 - names of the reference's module
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 # Shared default instances, as documented by the reference (both are stateless).
 DEFAULT_ABORT = AbortTorchDistributed()
@@ -72,6 +78,11 @@ def _default_rank_assignment() -> RankAssignment:
 DEFAULT_RANK_ASSIGNMENT = _default_rank_assignment()
 
 _SECONDS = datetime.timedelta(seconds=1)
+
+
+class HealthCheckPassed(Exception):
+    """The reference's internal signal that the restart health check passed. Nothing here raises it (the restart is
+    a plain step of ``CallWrapper._restart``); the name is kept for code that refers to it."""
 
 
 class Wrapper:
@@ -213,10 +224,18 @@ class Wrapper:
         self.enabled = enabled
         self.completion = completion
         self.terminate = terminate
-        #: Processes may join the running job (docs/elastic.md section 5); None: the world only shrinks.
-        self.joining = joining
-        # The user's check plus GPU/NVLink/NIC checks when LOCAL_RANK is set, as in the reference (harmless on CPUs).
-        self.restart_health_check = health_check_module.restart_health_check(health_check)
+        #: Processes may join the running job (docs/elastic.md section 5); None: the world only shrinks. Without
+        #: ``joining=``, a launcher that respawns dead workers (``rasd launch``) turns it on (``INPROCESS_JOINING``).
+        self.joining = joining if joining is not None else joining_module.Joining.from_environment()
+        self._construct_restart_health_check()
+
+    def _construct_restart_health_check(self) -> None:
+        """``restart_health_check``: the user's check plus GPU/NVLink/NIC checks when LOCAL_RANK is set, as in the
+        reference (harmless on CPUs). The check classes are read from this module's namespace when the Wrapper is
+        built, so ``unittest.mock.patch("inprocess.wrap.ChainedGPUHealthCheck", ...)`` replaces them."""
+        self.restart_health_check = health_check_module.restart_health_check(
+            self.health_check, ChainedGPUHealthCheck, ChainedNVLHealthCheck, ChainedNicHealthCheck
+        )
 
     def __call__(self, fn: Callable) -> Callable:
         if not self.enabled:
@@ -224,12 +243,17 @@ class Wrapper:
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            caught: list[BaseException] = []
             try:
                 with CallWrapper(self) as call_wrapper:
+                    caught = call_wrapper._caught
                     return call_wrapper(fn, args, kwargs)
             except BaseException as error:
                 _release_wrapper_frames(error)
                 raise
+            finally:  # nothing of a call outlives it, even through an exception its function raised and let go
+                _release_wrapper_frames(*caught)
+                caught.clear()
 
         return wrapped
 
@@ -280,6 +304,9 @@ class CallWrapper:
         self._previous_unraisablehook: Callable[[Any], Any] | None = None
         #: Whether this call holds the wake signal's handler (``inprocess.wake``), to give back at shutdown.
         self._wake_installed = False
+        #: Exceptions the function raised in this iteration: the user may keep them (``fn_exception``), so the
+        #: wrapper's frames in their tracebacks are released after the restart, or when the call ends.
+        self._caught: list[BaseException] = []
         try:
             self._start()
         except BaseException:
@@ -356,6 +383,10 @@ class CallWrapper:
         fault_source.register_active_call(self)
         if self.joining is not None and self._newcomer:
             self.joining.join()  # in the wait list of the running round; admitted at the next round (__call__)
+        # The launcher respawns a dead worker only where a replacement can be admitted (inprocess.launch_events).
+        launch_events.announce(
+            "wrapper", joining=self.joining is not None, newcomer=self._newcomer, initial_rank=self.state.initial_rank
+        )
 
     def _join_mesh(self) -> None:
         """The rasd mesh's verdicts become restarts (``inprocess.mesh_source``); off with ``TORCHRAS_ENABLE=0``."""
@@ -532,6 +563,7 @@ class CallWrapper:
                 self._restart()
             if self.joining is not None:
                 self.joining.close()  # the job completed: pending joins fail, nobody joins it any more
+            launch_events.announce("completed", iteration=self.state.iteration)
             if self.wrapper.completion is not None:
                 try:
                     self.wrapper.completion(self.state.freeze())
@@ -554,6 +586,9 @@ class CallWrapper:
             _announce_waiting(False)
         self._enter_admitted(admission)
         self._publish()
+        launch_events.announce(
+            "joined", rank=admission.rank, world_size=admission.world_size, iteration=admission.iteration
+        )
         log.info(
             "process %s joins as rank %s of %s in iteration %s (round %s)",
             self.joining.node,
@@ -593,6 +628,7 @@ class CallWrapper:
         if state.iteration == 0 and not self._newcomer:
             self._publish()  # later iterations (and a newcomer's first) publish right after their rank assignment
         state.set_distributed_vars()
+        launch_events.announce("iteration", iteration=state.iteration, rank=state.rank, world_size=state.world_size)
         store = self.base_store.iteration_store(state.iteration)
         self.store = self._user_connection.user_store(state.iteration)
         assert self.monitor_process is not None and self.watchdog is not None
@@ -632,6 +668,7 @@ class CallWrapper:
         kind, payload = outcome
         log.debug("rank %s left the function: %s", state.rank, kind)
         if kind == "error":
+            self._caught.append(payload)  # its frames are released after the restart (_release_wrapper_frames)
             if isinstance(payload, RankShouldRestart):
                 log.info("rank %s leaves iteration %s: %s", state.rank, state.iteration, payload)
                 if not monitor.raised_restart:  # raised by the workload itself: a restart of every rank
@@ -759,6 +796,10 @@ class CallWrapper:
             lost,
         )
         _announce_restart(self.last_restart)
+        # What the failed iteration raised is done with: its frames of this package keep none of the call's objects
+        # (the user may still hold the exception), and nothing accumulates over a long job's restarts.
+        _release_wrapper_frames(*self._caught)
+        self._caught.clear()
         # Free what the failed iteration left in reference cycles. The young generations hold it; a full
         # collection costs ~70 ms in a torch process, on every rank, on the critical path of the restart.
         gc.collect(1)
@@ -767,6 +808,8 @@ class CallWrapper:
         """The rank leaves: make sure nobody waits for it, then run ``terminate``."""
         state = self.state
         log.warning("rank %s leaves the wrapper: %r", state.rank, error)
+        if isinstance(error, joining_module.JoinFailed):  # refused (the job completed, or a timeout): no respawn
+            launch_events.announce("join_failed", reason=error.reason)
         monitor = self.monitor_thread
         if monitor is not None:
             monitor.leave_function()
@@ -842,6 +885,7 @@ class CallWrapper:
         with self._verdict_lock:
             self.base_store = self._monitor_connection = self._fault_connection = None
             self.store = self._user_connection = None
+            self.joining = None  # its rendezvous holds a store connection of this call
         gc.collect()
 
 
@@ -853,15 +897,22 @@ def _assigned(value: int | None, what: str) -> int:
     return value
 
 
-def _release_wrapper_frames(error: BaseException) -> None:
-    """Clear the locals of this module's finished frames in the tracebacks of ``error`` and its chain.
+_PACKAGE_DIRECTORY = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
-    The exception a call raises reaches the caller, who may keep it; its traceback would otherwise keep the
-    call's stores (and their sockets) alive through the wrapper's frames. Nothing of a call outlives it
-    (docs/inprocess.md, section 1); the frames of the user's own code are left as they are.
+
+def _release_wrapper_frames(*errors: BaseException) -> None:
+    """Clear the locals of this package's finished frames that ``errors`` (and their chains) keep alive.
+
+    The exception a call raises reaches the caller, who may keep it (``assertRaises``, a retry loop, a report). Its
+    traceback, and those of the exceptions it was raised from, keep their frames, and every frame keeps the frames
+    that called it (``f_back``): without this, the wrapper's frames would keep the call's stores and sockets alive
+    through them. Nothing of a call outlives it (docs/inprocess.md, section 1). The frames of the user's own code
+    are left as they are, and so are frames still running and suspended generators (clearing one would close it).
     """
     seen: set[int] = set()
-    pending: list[BaseException | None] = [error]
+    pending: list[BaseException | None] = list(errors)
+    cleared: set[int] = set()
     while pending:
         current = pending.pop()
         if current is None or id(current) in seen:
@@ -869,12 +920,16 @@ def _release_wrapper_frames(error: BaseException) -> None:
         seen.add(id(current))
         traceback = current.__traceback__
         while traceback is not None:
-            frame = traceback.tb_frame
-            if frame.f_code.co_filename == __file__:
-                try:
-                    frame.clear()
-                except RuntimeError:  # still executing (this very frame's caller): nothing to release
-                    pass
+            frame: Any = traceback.tb_frame
+            while frame is not None and id(frame) not in cleared:
+                cleared.add(id(frame))
+                code = frame.f_code
+                if code.co_filename.startswith(_PACKAGE_DIRECTORY) and not code.co_flags & _GENERATOR_FLAGS:
+                    try:
+                        frame.clear()
+                    except RuntimeError:  # still executing (this very frame's callers): nothing to release
+                        pass
+                frame = frame.f_back
             traceback = traceback.tb_next
         pending += [current.__cause__, current.__context__]
 

@@ -12,13 +12,14 @@ Pure functions and one subprocess call; no state.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import subprocess
 from collections.abc import Callable, Mapping
 
-log = logging.getLogger(__name__)
+from .. import logs
+
+log = logs.get_logger(__name__)
 
 Discovery = str | Callable[[], Mapping[str, int]]
 HOST_ENVIRONMENT = "INPROCESS_HOST"

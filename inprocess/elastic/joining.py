@@ -34,15 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import time
 from typing import Any
 
-from .. import exception
+from .. import exception, logs
 from ..store import CALL_NAMESPACE, NamespaceStore, launch_attempt
 from . import discovery as discovery_module, rendezvous
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 RENDEZVOUS_KEY = "elastic/rendezvous"
 SETTINGS_KEY = "elastic/settings"
@@ -51,6 +50,8 @@ FAILED_KEY = "elastic/failed/{node}"
 ROUND_ITERATION_KEY = "elastic/round/{round}/iteration"
 HOST_KEY = "elastic/host/{node}"
 REMOVED_KEY = "elastic/removed"  # "node,node," nodes the discovery hook removed: they leave at the next round
+#: A launcher that respawns dead workers turns joining on with it (``Joining.from_environment``).
+JOINING_ENVIRONMENT = "INPROCESS_JOINING"
 #: Outside every call's namespace: where a newcomer finds the running call of the job.
 CALL_POINTER_KEY = "_inprocess_elastic/{job}/call"
 _CAS_ATTEMPTS = 1000
@@ -122,6 +123,38 @@ class Joining:
         import os
 
         return os.environ.get("INPROCESS_JOIN", "").strip() == "1"
+
+    @classmethod
+    def from_environment(cls) -> Joining | None:
+        """The joining a launcher asks for, for a Wrapper built without ``joining=`` (``INPROCESS_JOINING``).
+
+        ``rasd launch`` respawns a dead worker as a newcomer, which only a Wrapper with joining can admit; a script
+        written for torchrun does not say ``joining=``, and should not have to (a user swaps the launcher's name
+        and nothing else). The launcher sets ``INPROCESS_JOINING``: ``1`` for the defaults, or ``name=value`` pairs
+        separated by commas for the numeric settings (``last_call=0.1,check_every=2``). Unset, empty or ``0``:
+        None (the world only shrinks, as before). A value that cannot be read is logged and ignored: it must not
+        stop training.
+        """
+        import os
+
+        text = os.environ.get(JOINING_ENVIRONMENT, "").strip()
+        if text in ("", "0"):
+            return None
+        if text == "1":
+            return cls()
+        numeric: dict[str, type[int] | type[float]] = dict.fromkeys(("min_nodes", "max_nodes", "check_every"), int)
+        numeric.update(dict.fromkeys(("last_call", "join_timeout", "poll_interval", "discovery_interval"), float))
+        try:
+            settings: dict[str, Any] = {}
+            for item in filter(None, (part.strip() for part in text.split(","))):
+                name, _, value = item.partition("=")
+                if name not in numeric:
+                    raise ValueError(f"unknown setting {name!r} (known: {', '.join(sorted(numeric))})")
+                settings[name] = numeric[name](value)
+            return cls(**settings)
+        except (TypeError, ValueError) as error:
+            log.warning("%s=%r is not understood (%s): joining stays off", JOINING_ENVIRONMENT, text, error)
+            return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,18 +20,17 @@ single attribute store once the copy is complete.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import fault_source
+from .. import fault_source, logs
 from ..monitor_thread import RankShouldRestart
 from . import snapshot, sync as sync_module
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)

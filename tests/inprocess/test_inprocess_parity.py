@@ -287,11 +287,10 @@ def test_reraise_if_unraisable(style, monkeypatch):
     assert sys.unraisablehook is original
 
 
-# ---- issue 12: dead code is gone --------------------------------------------------------------------------------
+# ---- issue 12: dead code is gone (``wrap.HealthCheckPassed`` is back as a name: issue 26) ------------------------
 
 
 def test_dead_helpers_are_gone():
-    assert not hasattr(inprocess.wrap, "HealthCheckPassed")
     for name in ("send_heartbeat", "get_heartbeat", "is_completed"):
         assert not hasattr(inprocess.store.StoreMixin, name)
     assert not hasattr(Timestamp, "is_timed_out")

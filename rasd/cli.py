@@ -1,7 +1,9 @@
-"""The ``rasd`` command: local jobs to try torchras with.
+"""``rasd swarm``: a local job of lightweight RAS processes (no torch) to try the mesh with.
 
     rasd swarm --peers 8          a local job of 8 lightweight RAS processes, serving localhost:28028
-    rasd demo                     a real 4-process training job with the mesh: torch's DDP on gloo (rasd demo --help)
+
+The ``rasd`` console script is ``torchras.cli``: it adds ``rasd demo`` and ``rasd launch``, which run training
+under ``inprocess`` and so live in the app layer above rasd (DESIGN.md section 2); ``rasd swarm`` is rasd's own.
 
 While a swarm runs, type commands on its standard input (``help`` lists them), or use signals on the pids it
 prints; query it from another terminal with ``rascli -v`` or ``echo verbose status | nc localhost 28028``.
@@ -164,10 +166,9 @@ def _obey(sw, words: list[str]) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rasd", description="torchras RAS node: local jobs to try it with")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sp = sub.add_parser("swarm", help="a local job of lightweight RAS processes (no torch)")
+def add_swarm_parser(subcommands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``rasd swarm`` on a ``rasd`` command's parser (this module's, and the console script's in ``torchras.cli``)."""
+    sp = subcommands.add_parser("swarm", help="a local job of lightweight RAS processes (no torch)")
     sp.add_argument("--peers", "-n", type=int, default=8, help="number of processes (default 8)")
     sp.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: never)")
     sp.add_argument(
@@ -177,29 +178,20 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout-factor", type=float, default=0.0, help="scale every mesh timer (TORCHRAS_TIMEOUT_FACTOR)"
     )
     sp.add_argument("--addr", default="", help="client port address (TORCHRAS_ADDR; default localhost:28028)")
-    demo = sub.add_parser(
-        "demo",
-        help="a real local torch.distributed training job with the mesh",
-        description="A real local training job with the mesh: N gloo processes on the CPU train a small MLP\n"
-        "with torch's DistributedDataParallel (--model fsdp: FSDP2; --model manual: hand-written\n"
-        "all-reduces) under inprocess.Wrapper, which restarts them in place after a fault, from the\n"
-        "training state kept in memory. Query it from another terminal: rascli -v",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    try:
-        from rasd.torch.demo import add_arguments
-    except ImportError:  # no torch: ``rasd demo`` then says so when run
-        pass
-    else:
-        add_arguments(demo)
-    args = parser.parse_args(argv)
-    if args.command == "swarm":
-        if args.peers < 1:
-            parser.error("--peers must be at least 1")
-        return swarm_main(args)
-    from rasd.torch.demo import demo_main
+    return sp
 
-    return demo_main(args)
+
+def run_swarm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.peers < 1:
+        parser.error("--peers must be at least 1")
+    return swarm_main(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rasd.cli swarm ...`` (the ``rasd`` script is ``torchras.cli``, which has demo and launch too)."""
+    parser = argparse.ArgumentParser(prog="rasd", description="torchras RAS node: local jobs to try it with")
+    add_swarm_parser(parser.add_subparsers(dest="command", required=True))
+    return run_swarm(parser.parse_args(argv), parser)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,33 @@
-"""The ``rasd`` console script: ``rasd launch`` here, every other subcommand to ``rasd.cli`` unchanged.
+"""The ``rasd`` console script: ``rasd launch`` and ``rasd demo`` here, ``rasd swarm`` from ``rasd.cli``.
 
-Why the script enters the app layer and not ``rasd.cli``: ``rasd launch`` imports ``inprocess``'s contract with its
-workers and runs above both packages (DESIGN.md section 2), and ``rasd`` must never import the app layer. This
-module is the one place that knows both.
+Why the script enters the app layer and not ``rasd.cli``: ``rasd launch`` and ``rasd demo`` run training under
+``inprocess`` and sit above both packages (DESIGN.md section 2), and ``rasd`` must never import the app layer. This
+module is the one place that knows all three subcommands, so ``rasd --help`` lists them all.
+
+``rasd launch`` takes torchrun's command line, which its own parser reads (``torchras.launch.args``): its words go
+there untouched, before this parser sees them.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
-LAUNCH_HELP = (
-    "  launch   torchrun's command line; keeps the survivors when a worker dies and respawns it into the running "
-    "job (rasd launch --help)"
-)
+LAUNCH_HELP = "torchrun's command line; keeps the survivors when a worker dies and respawns it into the running job"
+
+
+def parser() -> argparse.ArgumentParser:
+    from rasd.cli import add_swarm_parser
+
+    from . import demo
+
+    p = argparse.ArgumentParser(prog="rasd", description="torchras: local jobs to try it with, and a launcher")
+    subcommands = p.add_subparsers(dest="command", required=True)
+    subcommands.add_parser("launch", help=f"{LAUNCH_HELP} (rasd launch --help)", add_help=False)
+    demo.add_parser(subcommands)
+    add_swarm_parser(subcommands)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,14 +36,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from torchras.launch.main import main as launch_main
 
         return launch_main(arguments[1:])
-    from rasd.cli import main as rasd_main
+    p = parser()
+    args = p.parse_args(arguments)
+    if args.command == "demo":
+        from . import demo
 
-    try:
-        return rasd_main(arguments)
-    except SystemExit as done:
-        if not arguments or arguments[0] in ("-h", "--help"):  # rasd's own help, and the subcommand it does not list
-            print(LAUNCH_HELP, file=sys.stdout if done.code == 0 else sys.stderr)
-        raise
+        return demo.main(args)
+    from rasd.cli import run_swarm
+
+    return run_swarm(args, p)
 
 
 if __name__ == "__main__":

@@ -395,3 +395,22 @@ def test_rasd_and_inprocess_never_import_the_app_layer() -> None:
                     names = [node.module]
                 offenders += [f"{path.relative_to(root)}: {name}" for name in names if name.split(".")[0] == "torchras"]
     assert not offenders, offenders
+
+
+def test_rasd_never_imports_inprocess() -> None:
+    """DESIGN.md section 2: inprocess may import rasd, never the reverse; what ties both together (``rasd demo``'s
+    workers run under inprocess.Wrapper) lives in the app layer, torchras."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for path in (root / "rasd").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(root)}: {name}" for name in names if name.split(".")[0] == "inprocess"]
+    assert not offenders, offenders

@@ -1,8 +1,9 @@
-"""``rasd demo``'s fault injection and progress lines, without starting the demo.
+"""``rasd demo``'s fault injection, progress lines and command line, without starting the demo.
 
 A stall is what a wedged data loader does: one blocking call for the whole stall (no short sleeps a restart could
 slip between), made before the forward pass. A progress line leaves a worker in one ``write``, so the lines of
-workers sharing a pipe never interleave mid-line.
+workers sharing a pipe never interleave mid-line. The demo runs its workers (``torchras.demo_worker``) under
+``rasd launch`` (``torchras.demo``); a replacement the launcher starts never makes its slot's fault again.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import socket
 
 import pytest
 
-from rasd.torch import demo
+from torchras import demo_worker as demo
 
 
 def test_a_stall_is_parsed_with_its_seconds():
@@ -90,3 +91,51 @@ def test_the_stall_blocks_before_the_forward_pass(monkeypatch, model):
     # Step 1: forward, then the rest of its step time; step 2: the stall (one call), then the forward.
     assert [event for event in events if event != "sleep 0.0"] == ["forward", "sleep 30.0", "forward"]
     assert trainer.state.step == 2
+
+
+# ---- the launching half (torchras.demo): rasd launch's command line, and what a replacement injects ---------------
+
+
+def test_a_replacement_never_injects_again():
+    """The faults are the initial ranks'; a replacement (INPROCESS_JOIN=1) inherits its slot's RANK but has none."""
+    specs = ["kill:rank=2,step=30", "exception:rank=1,step=45"]
+    assert [inj.kind for inj in demo.own_injections(specs, {"RANK": "2"})] == ["kill"]
+    assert demo.own_injections(specs, {"RANK": "2", "INPROCESS_JOIN": "1"}) == []
+    assert demo.own_injections(specs, {"RANK": "3"}) == []
+
+
+def _demo_arguments(*argv: str) -> argparse.Namespace:
+    from torchras import cli
+
+    return cli.parser().parse_args(["demo", *argv])
+
+
+def test_the_demo_runs_its_workers_under_rasd_launch():
+    from torchras import demo as launching
+    from torchras.launch import args as launch_args
+
+    args = _demo_arguments("--nproc", "3", "--model", "fsdp", "--steps", "50", "--inject", "kill:rank=2,step=30")
+    injections = [demo.Injection.parse(spec) for spec in args.inject]
+    _, plan = launch_args.parse(launching.launch_arguments(args, injections))
+    assert plan.nproc_per_node == 3 and plan.nnodes == 1 and plan.max_respawns == 3
+    assert plan.store_port == 0  # --standalone: a free port, and MASTER_PORT + 1 free for the Wrapper's store
+    python, unbuffered, module, worker, *rest = plan.command
+    assert (unbuffered, module, worker) == ("-u", "-m", "torchras.demo_worker")
+    assert rest[rest.index("--model") + 1] == "fsdp" and rest[rest.index("--steps") + 1] == "50"
+    assert rest[rest.index("--inject") + 1] == "kill:rank=2,step=30,seconds=60.0"
+    no_respawns = _demo_arguments("--max-respawns", "0")
+    assert launch_args.parse(launching.launch_arguments(no_respawns, []))[1].max_respawns == 0
+
+
+def test_join_is_a_no_op_that_says_why(capsys):
+    from torchras import demo as launching
+
+    assert launching.main(_demo_arguments("--join")) == 0
+    assert "respawns a dead process by itself" in capsys.readouterr().out
+
+
+def test_an_injection_outside_the_ranks_is_refused(capsys):
+    from torchras import demo as launching
+
+    assert launching.main(_demo_arguments("--nproc", "2", "--inject", "kill:rank=2,step=5")) == 2
+    assert "--inject rank 2 is not in 0..1" in capsys.readouterr().err

@@ -58,9 +58,14 @@ class _EventLines(logging.Handler):
 class Launcher:
     """One node's launcher: its workers, their replacements, their output, the job's status."""
 
-    def __init__(self, plan: args_module.Plan, console: output.Console | None = None) -> None:
+    def __init__(
+        self, plan: args_module.Plan, console: output.Console | None = None, line_prefixes: bool = True
+    ) -> None:
         self.plan = plan
         self.console = console or output.Console()
+        #: torchrun's ``[default0]:`` before every worker line on the console (False: the lines as written, for
+        #: workers whose lines say who wrote them, as ``rasd demo``'s do; the log files never have prefixes).
+        self.line_prefixes = line_prefixes
         self.store = LaunchStore(plan)
         self.selector = selectors.DefaultSelector()
         self.slots: list[workers_module.Slot] = []
@@ -163,7 +168,7 @@ class Launcher:
             env,
             destinations,
             self.console,
-            output.prefix(plan.role, slot.rank, slot.local_rank),
+            output.prefix(plan.role, slot.rank, slot.local_rank) if self.line_prefixes else b"",
             newcomer,
             separator,
         )
@@ -532,8 +537,9 @@ def configure_logging(console: output.Console) -> None:
     logger.propagate = False
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, line_prefixes: bool = True) -> int:
+    """``rasd launch ARGV``; ``line_prefixes=False`` (for ``rasd demo``): worker lines without ``[default0]:``."""
     _, plan = args_module.parse(sys.argv[1:] if argv is None else argv)
     console = output.Console()
     configure_logging(console)
-    return Launcher(plan, console).run()
+    return Launcher(plan, console, line_prefixes).run()

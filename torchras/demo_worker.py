@@ -1,42 +1,39 @@
-"""``rasd demo``: a real local training job with the mesh, to see torchras work and to break on purpose.
+"""One worker of ``rasd demo``: a small MLP trained data-parallel under ``inprocess.Wrapper``, faults on demand.
 
-N processes (default 4) train a small MLP with the gloo backend on the CPU, the way a user's job trains it
-(``--model``): torch's ``DistributedDataParallel`` by default, whose C++ reducer all-reduces the gradients during
-``backward()``; FSDP2 (``fully_shard`` on a CPU device mesh), which all-gathers the parameters in the forward and
-reduce-scatters the gradients in the backward; or ``manual``, one hand-written ``dist.all_reduce`` of the gradients
-per step. Every 10 steps each pair of ranks also all-reduces a metric on a two-rank group of its own, so the report
-has two kinds of communicators. Rank 0 prints a progress line for the world, each pair's first rank one for its
-pair. The client port is on: ``rascli -v`` or ``echo verbose status | nc localhost 28028`` from another terminal.
+``rasd demo`` (``torchras.demo``) runs N of these under ``rasd launch``, as a user runs a training script:
 
-Training runs inside ``inprocess.Wrapper`` (``--no-restart``: without it). Its state (the whole model and optimizer
-state, unsharded, and the step) is an ``inprocess.elastic.TorchState`` committed to memory every
-``--commit-every`` steps; after a fault the mesh's verdict restarts every surviving rank in place, and each builds
-its process group, DDP or FSDP2 module and optimizer anew (the old ones hold the destroyed process group) and loads
-them from the last commit, on the ranks left.
+    rasd launch --standalone --nproc-per-node 4 -m torchras.demo_worker --model ddp --steps 80 ...
 
-More capacity, or a replacement after a kill: ``rasd demo --join`` from another terminal starts one more process
-into the running demo (``inprocess.elastic.Joining``, docs/elastic.md section 5). It waits until the next commit,
-which starts a rendezvous round that admits it; it gets the state by ``state.sync()`` and the world grows (up to
-``--nproc``).
+Each trains the way a user's job trains (``--model``): torch's ``DistributedDataParallel`` by default, whose C++
+reducer all-reduces the gradients during ``backward()``; FSDP2 (``fully_shard`` on a CPU device mesh), which
+all-gathers the parameters in the forward and reduce-scatters the gradients in the backward; or ``manual``, one
+hand-written ``dist.all_reduce`` of the gradients per step. Every 10 steps each pair of ranks also all-reduces a
+metric on a two-rank group of its own, so the report has two kinds of communicators. Rank 0 prints a progress line
+for the world, each pair's first rank one for its pair.
 
-Faults on demand: ``--inject KIND:rank=R,step=S[,seconds=X]`` (repeatable), the kinds in ``FAULTS``.
+Training runs inside ``inprocess.Wrapper`` (``--no-restart``: without it), whose store is on ``MASTER_PORT + 1``
+(the launcher's own store is on ``MASTER_PORT``). Its state (the whole model and optimizer state, unsharded, and
+the step) is an ``inprocess.elastic.TorchState`` committed to memory every ``--commit-every`` steps; after a fault
+the mesh's verdict restarts every surviving rank in place, and each builds its process group, DDP or FSDP2 module
+and optimizer anew (the old ones hold the destroyed process group) and loads them from the last commit, on the
+ranks left. The Wrapper is built without ``joining=``: under ``rasd launch`` it admits newcomers
+(``INPROCESS_JOINING``), so the replacement the launcher starts for a dead worker (``INPROCESS_JOIN=1``) is admitted
+at the next commit, gets the state by ``state.sync()``, and the world is back to its size.
+
+Faults on demand: ``--inject KIND:rank=R,step=S[,seconds=X]`` (repeatable), the kinds in ``FAULTS``. R is the
+initial rank: a replacement (which has none) never injects, so a fault happens once per demo.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -50,7 +47,8 @@ KINDS = ("exception", "kill", "stop", "skip", "stall")
 FAULTS = """faults (--inject KIND:rank=R,step=S[,seconds=X], repeatable), each at the start of step S:
   exception  the rank raises (under the Wrapper every rank restarts; with --no-restart its
              process dies)
-  kill       kill -9 of the rank
+  kill       kill -9 of the rank (rasd launch starts a replacement, which joins the job at
+             its next commit: the world is back to its size)
   stop       SIGSTOP of the rank (a hang; kill -CONT it to resume)
   skip       the rank skips one gradient collective, as a gradient-accumulation counter off by
              one on that rank would: one step under DDP's no_sync() (fsdp: under
@@ -62,12 +60,6 @@ FAULTS = """faults (--inject KIND:rank=R,step=S[,seconds=X], repeatable), each a
 """
 #: ``--model``: how the workers train, and what a progress line calls it.
 MODELS = {"ddp": "DDP", "fsdp": "FSDP2", "manual": "hand-written all-reduces"}
-#: What the demo's first line says of each.
-TRAINING = {
-    "ddp": "with DistributedDataParallel",
-    "fsdp": "with FSDP2 (fully_shard)",
-    "manual": "data-parallel, all-reducing the gradients by hand",
-}
 
 
 @dataclass(frozen=True)
@@ -94,195 +86,6 @@ class Injection:
         return f"{self.kind}:rank={self.rank},step={self.step},seconds={self.seconds}"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = FAULTS
-    parser.add_argument("--nproc", "-n", type=int, default=4, help="number of processes (default 4)")
-    parser.add_argument(
-        "--model",
-        choices=MODELS,
-        default="ddp",
-        help="how the workers train: ddp (torch's DistributedDataParallel, the default), fsdp (FSDP2, fully_shard "
-        "on a CPU device mesh) or manual (the gradients all-reduced by hand)",
-    )
-    parser.add_argument("--steps", type=int, default=0, help="training steps (default 0: until Ctrl+C)")
-    parser.add_argument("--step-time", type=float, default=0.2, help="seconds per step (default 0.2)")
-    parser.add_argument("--print-every", type=int, default=10, help="progress lines every N steps")
-    parser.add_argument(
-        "--inject",
-        action="append",
-        default=[],
-        metavar="KIND:rank=R,step=S",
-        help="a fault to make: exception, kill, stop, skip or stall (repeatable; below)",
-    )
-    parser.add_argument(
-        "--commit-every",
-        type=int,
-        default=10,
-        help="keep an in-memory copy of the training state every N steps (default 10)",
-    )
-    parser.add_argument(
-        "--no-restart",
-        action="store_true",
-        help="train without inprocess.Wrapper: the first fault ends the job (the old behaviour)",
-    )
-    parser.add_argument("--timeout-factor", type=float, default=0.0, help="scale every mesh timer")
-    parser.add_argument("--addr", default="", help="client port address (TORCHRAS_ADDR; default localhost:28028)")
-    parser.add_argument(
-        "--join",
-        action="store_true",
-        help="start one more process into the demo running on --addr (a replacement, or capacity)",
-    )
-
-
-def join_file(addr: str) -> Path:
-    """Where a running demo leaves what ``rasd demo --join`` needs: its workers' environment and command."""
-    port = (addr or os.environ.get("TORCHRAS_ADDR") or "localhost:28028").rpartition(":")[2]
-    return Path(tempfile.gettempdir()) / f"rasd-demo-{os.getuid()}-{port}.json"
-
-
-def demo_main(args: argparse.Namespace) -> int:
-    if args.join:
-        return join_main(args)
-    try:
-        injections = [Injection.parse(s) for s in args.inject]
-    except ValueError as e:
-        print(f"rasd demo: {e}", file=sys.stderr)
-        return 2
-    for inj in injections:
-        if not 0 <= inj.rank < args.nproc:
-            print(f"rasd demo: --inject rank {inj.rank} is not in 0..{args.nproc - 1}", file=sys.stderr)
-            return 2
-    master_port, wrapper_port = _free_ports(2)
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(master_port),
-        "RASD_DEMO_WRAPPER_PORT": str(wrapper_port),
-        "WORLD_SIZE": str(args.nproc),
-        "TORCHRAS_SECRET": os.environ.get("TORCHRAS_SECRET") or os.urandom(16).hex(),
-        "PYTHONUNBUFFERED": "1",
-    }
-    if args.timeout_factor:
-        env["TORCHRAS_TIMEOUT_FACTOR"] = str(args.timeout_factor)
-    if args.addr:
-        env["TORCHRAS_ADDR"] = args.addr
-    cmd = [
-        sys.executable,
-        "-m",
-        "rasd.torch.demo",
-        "--model",
-        args.model,
-        "--steps",
-        str(args.steps),
-        "--step-time",
-        str(args.step_time),
-        "--print-every",
-        str(args.print_every),
-        "--commit-every",
-        str(args.commit_every),
-    ]
-    if args.no_restart:
-        cmd.append("--no-restart")
-    for inj in injections:
-        cmd += ["--inject", inj.spec()]
-    addr = args.addr or env.get("TORCHRAS_ADDR") or "localhost:28028"
-    host, _, port = addr.rpartition(":")
-    how = (
-        "without restarts: the first fault ends the job"
-        if args.no_restart
-        else "under inprocess.Wrapper: a fault restarts training in place from the last in-memory commit"
-    )
-    print(
-        f"rasd demo: {args.nproc} gloo processes train a small MLP {TRAINING[args.model]}, {how}. Their status: "
-        f"rascli -v -p {port} (or: echo verbose status | nc {host.strip('[]')} {port}); events: rascli -m -p {port}. "
-        "Ctrl+C stops it.",
-        flush=True,
-    )
-    # A scheduler (or `timeout`) stops the demo with SIGTERM: end the workers as Ctrl+C does, never orphan them.
-    signal.signal(signal.SIGTERM, _interrupt)
-    workers = [
-        subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdin=subprocess.DEVNULL)
-        for r in range(args.nproc)
-    ]
-    joining = join_file(args.addr)
-    if not args.no_restart:
-        joining.write_text(json.dumps({"pid": os.getpid(), "env": env, "cmd": cmd}))
-        joining.chmod(0o600)  # it holds the job's secret
-    try:
-        while any(w.poll() is None for w in workers):
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        print("\nrasd demo: stopping", flush=True)
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                for sig in (signal.SIGCONT, signal.SIGTERM):
-                    w.send_signal(sig)
-        deadline = time.monotonic() + 5
-        for w in workers:
-            try:
-                w.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                w.kill()
-        if not args.no_restart:
-            joining.unlink(missing_ok=True)
-    codes = [w.returncode for w in workers]
-    faulted = {inj.rank for inj in injections if inj.kind in ("exception", "kill", "stop")}
-    survivors_fine = all(c in (0, -signal.SIGTERM) for r, c in enumerate(codes) if r not in faulted)
-    return 0 if survivors_fine and any(c in (0, -signal.SIGTERM) for c in codes) else 1
-
-
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
-
-
-def join_main(args: argparse.Namespace) -> int:
-    """``rasd demo --join``: one more worker into the running demo; it ends when it or the demo ends."""
-    path = join_file(args.addr)
-    try:
-        running = json.loads(path.read_text())
-        os.kill(int(running["pid"]), 0)
-    except (OSError, ValueError, KeyError):
-        print(f"rasd demo --join: no running demo found ({path}); start one with: rasd demo", file=sys.stderr)
-        return 2
-    env = {key: value for key, value in running["env"].items() if key not in ("RANK", "LOCAL_RANK")}
-    print(
-        f"rasd demo --join: one more process joins the demo (pid {running['pid']}); it waits for the next "
-        "commit, where a rendezvous round admits it and state.sync() gives it the model",
-        flush=True,
-    )
-    signal.signal(signal.SIGTERM, _interrupt)
-    worker = subprocess.Popen(running["cmd"], env={**env, "INPROCESS_JOIN": "1"}, stdin=subprocess.DEVNULL)
-    try:
-        while worker.poll() is None:
-            try:
-                os.kill(int(running["pid"]), 0)
-            except OSError:  # the demo ended (Ctrl+C): this process goes with it
-                break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        print("\nrasd demo --join: stopping", flush=True)
-    finally:
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(5)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-    return 0 if worker.returncode in (0, -signal.SIGTERM) else 1
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # One worker
 
@@ -306,21 +109,48 @@ def worker_main(argv: list[str]) -> int:
             logging.getLogger(name).setLevel(logging.ERROR)
     import rasd
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean exit: the node says goodbye
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
     rasd.install()
-    joiner = os.environ.get("INPROCESS_JOIN") == "1"  # started by ``rasd demo --join``: no initial rank
-    initial_rank = -1 if joiner else int(os.environ["RANK"])
-    trainer = Trainer(args, [Injection.parse(s) for s in args.inject if Injection.parse(s).rank == initial_rank])
+    trainer = Trainer(args, own_injections(args.inject, os.environ))
     if args.no_restart:
         return trainer.run_without_restarts()
     return trainer.run_under_the_wrapper()
 
 
+#: The signal that asked this worker to stop (Ctrl+C, passed on by the launcher; a scheduler's SIGTERM), if one did.
+_stop_signal: int | None = None
+
+
+def _stop(signum: int, frame: object) -> None:
+    """A clean exit (the node says goodbye: LEFT, not DEAD): ``SystemExit`` out of the training, now and, should
+    the Wrapper take it for the fault of a restart (it reaches a rank blocked in a collective just as the others'
+    exits restart it), again at the next step (``_exit_if_stopped``)."""
+    global _stop_signal
+    _stop_signal = signum
+    sys.exit(0)
+
+
+def _exit_if_stopped() -> None:
+    if _stop_signal is not None:
+        sys.exit(0)
+
+
+def own_injections(specs: list[str], environ: Mapping[str, str]) -> list[Injection]:
+    """The faults this process makes: those of its initial rank. A replacement that rasd launch started for a dead
+    worker (``INPROCESS_JOIN=1``) has no initial rank (-1): the slot's ``RANK`` it inherits is the dead worker's,
+    whose faults were made already, so a fault happens once per demo, never again in the replacement."""
+    joiner = environ.get("INPROCESS_JOIN", "").strip() == "1"
+    initial_rank = -1 if joiner else int(environ["RANK"])
+    return [inj for inj in map(Injection.parse, specs) if inj.rank == initial_rank]
+
+
 def say(line: str) -> None:
-    """Write ``line`` and its newline with one ``write`` system call. The workers share the demo's terminal or
-    pipe, unbuffered, and ``print`` writes a line's text and its newline apart: two workers' lines then
-    interleaved mid-line (``...mean loss 0.0526step    40  pair 2-3...``). One write of a line, far below
-    PIPE_BUF (4096 bytes), reaches a pipe or a terminal whole."""
+    """Write ``line`` and its newline with one ``write`` system call. ``rasd launch`` reads each worker's output
+    through a pipe of its own and shows it line by line, whole; under a launcher whose workers share one terminal or
+    pipe (torchrun without ``--tee``), ``print`` writes a line's text and its newline apart, and two workers' lines
+    interleave mid-line (``...mean loss 0.0526step    40  pair 2-3...``). One write of a line, far below PIPE_BUF
+    (4096 bytes), reaches a pipe or a terminal whole."""
     sys.stdout.flush()  # whatever Python still buffers goes first
     data = (line + "\n").encode()
     while data:
@@ -353,14 +183,18 @@ class Replica:
         self.model, self.optimizer = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
 
     def load_into(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Load the state into a freshly built module and optimizer (FSDP2: each rank keeps its shard of it)."""
+        """Load the state into a freshly built module and optimizer (FSDP2: each rank keeps its shard of it).
+
+        torch's ``set_state_dict`` with ``full_state_dict`` replaces the full tensors of the dicts it is given by
+        this rank's shards (DTensors of this iteration's device mesh): it gets copies of the containers, so that
+        the replica stays the full state (the tensors themselves are not written)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         set_state_dict(
             model,
             optimizer,
-            model_state_dict=self.model,
-            optim_state_dict=self.optimizer,
+            model_state_dict=_containers_copied(self.model),
+            optim_state_dict=_containers_copied(self.optimizer),
             options=StateDictOptions(full_state_dict=True),
         )
 
@@ -410,19 +244,21 @@ class Trainer:
 
     def run_under_the_wrapper(self) -> int:
         import inprocess
-        from inprocess.elastic import HostRemoved, JoinFailed, Joining
+        from inprocess.elastic import HostRemoved, JoinFailed
 
-        wrapper = inprocess.Wrapper(
-            store_kwargs={"port": int(os.environ["RASD_DEMO_WRAPPER_PORT"])},
-            # Processes may join (rasd demo --join) up to the initial size; a round below it waits 1 s for more.
-            joining=Joining(max_nodes=int(os.environ["WORLD_SIZE"]), last_call=1.0, check_every=1),
-        )
+        # The Wrapper's store on MASTER_PORT + 1 (the launcher serves its own on MASTER_PORT). No ``joining=``:
+        # under rasd launch the Wrapper admits the replacement of a dead worker by itself (INPROCESS_JOINING), as
+        # it does for a user's script; with ``rasd demo --max-respawns 0`` (or under torchrun) the world shrinks.
+        wrapper = inprocess.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1})
         try:
             wrapper(self.train_in_wrapper)()
         except inprocess.rank_assignment.RankDiscarded:
+            # A hung rank that resumed after the others went on without it. Not a finished worker: a non-zero exit,
+            # so that rasd launch starts a replacement, which joins (a user's script exits 1 too, on the exception).
             say(f"rank {os.environ['RANK']}: left the job (terminated while it was unresponsive)")
+            return 1
         except (JoinFailed, HostRemoved) as error:
-            say(f"rasd demo: {error}")
+            say(str(error))  # a replacement that came too late (the job completed) says so, and is not respawned
             return 1 if isinstance(error, JoinFailed) else 0
         return 0
 
@@ -432,6 +268,7 @@ class Trainer:
         import torch.distributed as dist
 
         assert call_wrapper is not None, "the Wrapper passes its CallWrapper to the function it wraps"
+        _exit_if_stopped()  # stopped while the Wrapper restarted: leave, do not train on
         dist.init_process_group(
             "gloo",
             store=call_wrapper.store,
@@ -444,7 +281,7 @@ class Trainer:
         # not its own, would be recorded as the cause.
         self.state.sync()  # after a restart: the last commit, on every rank (the Replica and the step)
         restart = call_wrapper.last_restart
-        if restart is None and call_wrapper.iteration > 0:  # started by rasd demo --join, admitted just now
+        if restart is None and call_wrapper.iteration > 0:  # a replacement (INPROCESS_JOIN=1), admitted just now
             say(
                 f"joined as rank {dist.get_rank()} of {dist.get_world_size()} at step {self.state.step} (the "
                 "state came from the other ranks' memory)"
@@ -476,6 +313,7 @@ class Trainer:
 
             # FSDP2 on the CPU needs a device mesh of type "cpu" over the gloo group; one parameter group (the
             # whole MLP): one all-gather in the forward, one reduce-scatter in the backward.
+            _forget_earlier_meshes()
             fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
         optimizer = _optimizer(module)
         self.replica.load_into(module, optimizer)
@@ -491,6 +329,7 @@ class Trainer:
         pairs = [dist.new_group([p, p + 1]) if p + 1 < world else dist.new_group([p]) for p in range(0, world, 2)]
         pair = pairs[rank // 2]
         while args.steps == 0 or state.step < args.steps:
+            _exit_if_stopped()
             state.step += 1
             step = state.step
             started = time.monotonic()
@@ -528,6 +367,38 @@ class Trainer:
             self.pending.remove(inj)
             skip = _inject(inj, inj.rank) or skip
         return skip
+
+
+def _containers_copied(value: Any) -> Any:
+    """``value`` with its dicts and lists copied, its tensors and other leaves shared."""
+    if isinstance(value, dict):
+        return {key: _containers_copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_containers_copied(item) for item in value]
+    return value
+
+
+def _forget_earlier_meshes() -> None:
+    """Empty torch's DTensor sharding-propagation caches before a restart iteration builds its FSDP2 module.
+
+    Why: a ``DeviceMesh`` equals (and hashes like) any mesh of the same shape and device type, whichever rank this
+    process holds in it, and torch caches the output specs of DTensor operations, each holding its mesh, keyed on
+    such meshes. When the world comes back to a size it had before (a replacement joined after a kill) with this
+    process at another rank, ``fully_shard`` then gets a parameter spec on the earlier iteration's mesh, whose
+    coordinate is this process's earlier rank: the shards it loads are another rank's (a shape error where the
+    shards differ in size, silently wrong data where they do not). torch 2.13 keeps these caches in C++
+    (``torch._C._clear_DTensor_sharding_propagator_cache``) and in Python (the sharding propagator's LRU cache)."""
+    import torch
+
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:
+        clear_native()
+    try:
+        from torch.distributed.tensor import DTensor
+
+        DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache.cache_clear()
+    except AttributeError:  # another torch release: nothing of that name to clear
+        pass
 
 
 def _mlp() -> torch.nn.Module:

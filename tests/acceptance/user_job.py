@@ -81,6 +81,7 @@ def train(args: argparse.Namespace, progress: dict, call_wrapper: inprocess.Call
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 2, world, is_master=False, use_libuv=True
     )
     store = dist.PrefixStore(f"iteration{call_wrapper.iteration}", store)
+    created_ns = time.time_ns()  # this iteration's groups: the Flight Recorder also holds the destroyed ones
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     model, opt = build(args.model)
     # Every rank resumes from the step the slowest one completed (the in-memory state of a user's job).
@@ -111,7 +112,7 @@ def train(args: argparse.Namespace, progress: dict, call_wrapper: inprocess.Call
     entries = json.loads(dump(includeCollectives=True, onlyActive=False))["entries"]
     names: dict[str, int] = {}
     for e in entries:
-        if e["process_group"][0] == world_pg.group_name and e["time_created_ns"] >= progress["created_ns"]:
+        if e["process_group"][0] == world_pg.group_name and e["time_created_ns"] >= created_ns:
             names[e["profiling_name"]] = names.get(e["profiling_name"], 0) + 1
     out = Path(args.out)
     result = {"rank": rank, "steps": step, "world": dist.get_world_size(), "iteration": call_wrapper.iteration}
@@ -136,7 +137,7 @@ def main() -> None:
     app_store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 2, world, is_master=rank == 0, use_libuv=True
     )
-    progress = {"step": 0, "created_ns": time.time_ns()}
+    progress = {"step": 0}
     wrapper = inprocess.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1})
     wrapper(train)(args, progress)
     del app_store

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from launching import free_base_port, free_port
 from ras_client import ask
 
 pytestmark = pytest.mark.slow
@@ -34,34 +34,12 @@ WORLD = 4
 FR_NAME = {"gloo:all_reduce": "AllReduce", "gloo:broadcast": "Broadcast", "gloo:all_gather": "AllGather"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _free_base_port() -> int:
-    """A port p with p, p+1 and p+2 free (torchrun's store, the Wrapper's store, the application's store)."""
-    for _ in range(100):
-        base = _free_port()
-        if base + 2 >= 65536:
-            continue
-        try:
-            for p in (base + 1, base + 2):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no three consecutive free ports")
-
-
 class Job:
     def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.out = tmp / "out"
         self.out.mkdir()
-        self.port = _free_port()
-        master = _free_base_port()
+        self.port = free_port()
+        master = free_base_port()
         self.log = open(tmp / "torchrun.log", "w")  # noqa: SIM115 - closed in stop()
         environ = dict(os.environ, TORCHRAS_ADDR=f"127.0.0.1:{self.port}", PYTHONUNBUFFERED="1", **(env or {}))
         environ["PYTHONPATH"] = os.pathsep.join([str(REPOSITORY), environ.get("PYTHONPATH", "")])

@@ -91,7 +91,7 @@ def measured_hop_cost() -> float:
     t0 = time.perf_counter()
     for i in range(n):
         b.received(cid, wire.encode(wire.CollReq(a.me.addr, 10_000 + i, 5000)), 2.0)
-        frame = wire.encode(wire.CollResp(a.me.addr, 10_000 + i, 0, ((Addr("10.9.9.9", i + 1), data),)))
+        frame = wire.encode(wire.collresp(a.me.addr, 10_000 + i, 0, ((Addr("10.9.9.9", i + 1), data),)))
         for c in list(b.conns.values()):  # answer b's forward so that its gather completes
             b.received(c.id, frame, 2.0)
     return (time.perf_counter() - t0) / n

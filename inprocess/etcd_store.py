@@ -54,7 +54,7 @@ from typing import Any
 import torch.distributed
 
 from . import logs
-from .store import StoreMixin
+from .store_base import StoreMixin
 
 log = logs.get_logger(__name__)
 

@@ -1,13 +1,17 @@
 """What a worker tells the launcher that started it: a few JSON lines in a file the launcher reads.
 
-Why a channel at all. A launcher sees its workers from outside: pids, exit codes, output. Three things it needs
+Why a channel at all. A launcher sees its workers from outside: pids, exit codes, output. Four things it needs
 only the Wrapper knows:
 
 * whether a replacement could be admitted at all: only a Wrapper with joining (``inprocess.elastic.Joining``) takes
   a process that starts later, so ``rasd launch`` respawns a dead worker only once one of its workers said so;
 * when a replacement was admitted, with which rank, into which world: the launcher's "joined" line;
 * that a replacement was refused because the job had completed (``JoinFailed``, closed): its exit is the end of the
-  job, not a failure to respawn again.
+  job, not a failure to respawn again;
+* that the Wrapper gave up (``gave_up``, with its ``reason``: an ``initialize`` raised ``RestartAbort``, as
+  ``RetryController`` does, or ``rasd demo``'s check for a fault that repeats): a replacement would meet what the
+  restarts met, so the job ends: ``rasd launch`` respawns no worker any more, lets the others end, says why the job
+  gave up and exits non-zero (``torchras.launch.workers``).
 
 The launcher names the file in ``TORCHRAS_LAUNCH_EVENTS`` (one file per worker process). Without it (plain
 torchrun, a test) nothing is written. A line is written whole with one ``write`` of a file opened for appending,

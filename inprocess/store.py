@@ -6,8 +6,9 @@ Because the store outlives a call, every call of the wrapped function works in a
 (``open_base_store``); the function's own store (``CallWrapper.store``) is ``user_store(i)`` of that namespace.
 
 Layout and vocabulary: ``inprocess.store_mixin``, which holds ``StoreMixin`` without importing torch (the monitor
-process uses it over ``inprocess.tcpstore_client``). This module combines it with torch's stores and keeps every
-name it always had.
+process uses it over ``inprocess.tcpstore_client``). ``inprocess.store_base`` combines it with torch's ``Store``
+(``StoreMixin``, ``PrefixStore``, ``NamespaceStore``: what ``EtcdStore`` builds on too, without importing this
+module); this module adds torch's concrete stores and keeps every name it always had.
 
 Method resolution: ``StoreMixin`` comes *first* in the bases of the concrete stores. torch 2.13 added a native
 ``Store.barrier(key, world_size, timeout)``; with the torch class first it would shadow the wrapper's barrier.
@@ -19,13 +20,14 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed
 
 from . import exception, logs, store_mixin, utils  # noqa: F401 - names of the reference's module
 from .attribution import InterruptionRecord  # noqa: F401 - names of the reference's module
 from .state import Mode, State  # noqa: F401 - names of the reference's module
+from .store_base import NamespaceStore, PrefixStore, StoreMixin  # noqa: F401 - this module's names, as before
 from .store_mixin import (  # noqa: F401 - the vocabulary's names are this module's public names, as before
     FAULT_REASONS_KEY,
     FAULT_TIME_KEY,
@@ -56,79 +58,6 @@ class StoreUnavailable(BaseException):
 
     def __str__(self) -> str:
         return self.args[0] if self.args else self.message
-
-
-if TYPE_CHECKING:
-    # Combined with torch's stores only (listed first in their bases); a type checker sees torch's Store as its
-    # base, so the operations the vocabulary builds on are checked.
-    _Store = torch.distributed.Store
-else:
-    _Store = object
-
-
-class StoreMixin(store_mixin.StoreMixin, _Store):
-    """``inprocess.store_mixin.StoreMixin`` for torch's stores: its namespaces are torch ``PrefixStore``s."""
-
-    def iteration_store(self, iteration: int) -> PrefixStore:
-        return PrefixStore(iteration, self)
-
-    def user_store(self, iteration: int) -> NamespaceStore:
-        """The wrapped function's own namespace in ``iteration`` (``CallWrapper.store``), apart from the wrapper's."""
-        return NamespaceStore(USER_PREFIX.format(iteration=iteration), self)
-
-
-class PrefixStore(StoreMixin, torch.distributed.PrefixStore):
-    """The namespace of restart iteration ``iteration`` inside another store, ``_inprocess_{iteration}``.
-
-    Takes the iteration, as the reference's ``PrefixStore(iteration, store)`` does (torch joins prefix and key
-    with ``/``).
-    """
-
-    def __init__(self, iteration: Any, store: torch.distributed.Store) -> None:
-        prefix = ITERATION_PREFIX.format(iteration=iteration)
-        super().__init__(prefix, store)
-        self.iteration = iteration
-        self.prefix = prefix
-        self.base_store = store
-
-    @property
-    def critical_ranks(self) -> tuple[int, ...]:
-        return getattr(self.base_store, "critical_ranks", ())
-
-    def new_connection(self) -> PrefixStore:
-        base = self.base_store
-        # Store.clone: in torch 2.13, not in its type stubs.
-        other = base.new_connection() if isinstance(base, StoreMixin) else base.clone()  # type: ignore[attr-defined]
-        return PrefixStore(self.iteration, other)
-
-
-class NamespaceStore(StoreMixin, torch.distributed.PrefixStore):
-    """Any namespace inside another store: a call's namespace (``open_base_store``), the function's own store."""
-
-    def __init__(self, prefix: str, store: torch.distributed.Store) -> None:
-        super().__init__(prefix, store)
-        self.prefix = prefix
-        self.base_store = store
-
-    @property
-    def critical_ranks(self) -> tuple[int, ...]:
-        return getattr(self.base_store, "critical_ranks", ())
-
-    @property
-    def port(self) -> int | None:
-        """The port of the store underneath, if it has one (the abort leaves connections to it alone)."""
-        return getattr(self.base_store, "port", None)
-
-    @property
-    def ports(self) -> tuple[int, ...]:
-        """Every port of a replicated store underneath (its members); empty for other stores."""
-        return tuple(getattr(self.base_store, "ports", None) or ())
-
-    def new_connection(self) -> NamespaceStore:
-        base = self.base_store
-        # Store.clone: in torch 2.13, not in its type stubs.
-        other = base.new_connection() if isinstance(base, StoreMixin) else base.clone()  # type: ignore[attr-defined]
-        return NamespaceStore(self.prefix, other)
 
 
 class TCPStore(StoreMixin, torch.distributed.TCPStore):

@@ -810,6 +810,8 @@ class CallWrapper:
         log.warning("rank %s leaves the wrapper: %r", state.rank, error)
         if isinstance(error, joining_module.JoinFailed):  # refused (the job completed, or a timeout): no respawn
             launch_events.announce("join_failed", reason=error.reason)
+        elif isinstance(error, exception.RestartAbort):  # an initialize gave up: no restart would heal it either
+            launch_events.announce("gave_up", reason=f"{type(error).__name__}: {error}"[:500])
         monitor = self.monitor_thread
         if monitor is not None:
             monitor.leave_function()

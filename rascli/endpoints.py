@@ -1,33 +1,42 @@
-"""``--list``: the torchras jobs serving on this node, read from the endpoint files their processes register.
+"""The endpoint files: how a process that serves a client port records it, so that other torchras processes on the
+host (choosing their port) and ``rascli --list`` find it. The one implementation of the format: rasd's registry
+(``rasd.net.endpoints``: the lock, the port choice, removing stale files) writes and reads the files through this
+module, and ``--list`` (``listing.py``) reads them through it. It imports only the standard library and psutil, so a
+training process that imports it loads nothing else of the client.
 
-Every serving process writes ``<port>-<pid>.json`` into ``$TORCHRAS_RUN_DIR`` (default
-``/tmp/torchras-<uid>/endpoints``)::
+Every serving process writes ``<port>-<pid>.json`` into the run directory (``$TORCHRAS_RUN_DIR``, default
+``/tmp/torchras-<uid>/endpoints``), first as ``<port>-<pid>.tmp`` and then renamed, so a reader never sees half a
+file::
 
     {"host": "localhost", "port": 28028, "job_id": "3f2a...", "pid": 1234, "started": 1763722800.5,
      "hostname": "node7"}
 
-Files of processes that no longer exist are ignored (a process killed with -9 cannot remove its own file), and
-so is a file whose pid now belongs to a newer process. What is left is grouped by (port, job id): one row per job.
+A job's id is a hash of its secret, so the processes of one job agree on it without talking, and it reveals nothing
+about the secret. A file that is not an endpoint (not JSON, a field missing or of the wrong type) is skipped, never
+judged. An endpoint is *stale* when its process no longer runs (``process_alive``): killed with -9, a zombie, or its
+pid now held by a newer process.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
 log = logging.getLogger(__name__)
 
 RUN_DIR_ENV = "TORCHRAS_RUN_DIR"
+#: The endpoint files, and the same files while they are being written.
+FILES = "*-*.json"
+TEMPORARY_FILES = "*-*.tmp"
 #: How much later than its endpoint's start a process may have been created and still be the same process.
 PID_REUSE_SLACK = 2.0
 
@@ -45,32 +54,56 @@ class Endpoint:
     port: int
     job_id: str
     pid: int
+    #: When the process registered, wall clock (``time.time()``).
     started: float
     hostname: str
-
-
-@dataclass(frozen=True)
-class Job:
-    host: str
-    port: int
-    job_id: str
-    pids: tuple[int, ...]
-    started: float
 
     def as_json(self) -> dict[str, object]:
         return {
             "host": self.host,
             "port": self.port,
             "job_id": self.job_id,
-            "processes": len(self.pids),
-            "pids": list(self.pids),
+            "pid": self.pid,
             "started": self.started,
+            "hostname": self.hostname,
         }
 
 
+def parse_endpoint(text: str) -> Endpoint:
+    """The endpoint an endpoint file holds; ValueError when it holds none."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    missing = [name for name in ("host", "port", "job_id", "pid", "started") if name not in data]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)}")
+    host, port, job_id, pid, started = data["host"], data["port"], data["job_id"], data["pid"], data["started"]
+    hostname = data.get("hostname", "")
+    if not (isinstance(host, str) and isinstance(job_id, str) and isinstance(hostname, str)):
+        raise ValueError("host, job_id and hostname must be strings")
+    if not (_integer(port) and 0 < port < 65536 and _integer(pid) and pid > 0):
+        raise ValueError("port must be a port number and pid a positive integer")
+    if not (isinstance(started, (int, float)) and not isinstance(started, bool) and math.isfinite(started)):
+        raise ValueError("started must be a finite number")
+    return Endpoint(host, port, job_id, pid, float(started), hostname)
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def process_alive(pid: int, started: float) -> bool:
-    """Whether ``pid`` still runs the process that registered the endpoint at ``started``. A zombie (exited, not
-    yet reaped) does not: it serves nothing (the registry in rasd applies the same rule)."""
+    """Whether ``pid`` still runs the process that registered an endpoint at ``started`` (wall clock).
+
+    A process is gone only on evidence: psutil finds no such process (``NoSuchProcess``, ``ZombieProcess`` included),
+    it is a zombie (exited, not yet reaped: it serves nothing), or it was created after ``started`` (the pid now
+    belongs to a newer process). A process that exists but cannot be inspected (``AccessDenied``, or any other
+    psutil or OS error) is alive. Mistaking a live process for a gone one costs far more than the reverse: its
+    file is deleted for good (the process never writes it again), ``--list`` no longer shows its job, and another
+    job may then take its port, which mixes two jobs on one port. Mistaking a gone one for a live one costs a row
+    in ``--list`` and one port skipped, until the process can be inspected again."""
+    if pid <= 0:
+        return False  # no process that could register has such a pid (psutil refuses it)
     try:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:
@@ -78,96 +111,46 @@ def process_alive(pid: int, started: float) -> bool:
         created = process.create_time()
     except psutil.NoSuchProcess:
         return False
-    except (psutil.AccessDenied, psutil.ZombieProcess):
+    except (psutil.Error, OSError):
         return True
-    except (psutil.Error, OSError, ValueError):
-        return False
     return created <= started + PID_REUSE_SLACK
 
 
-def _endpoint(data: object) -> Endpoint:
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    port, pid, started = data["port"], data["pid"], data.get("started", 0.0)
-    if not isinstance(port, int) or not isinstance(pid, int) or not isinstance(started, (int, float)):
-        raise ValueError("port and pid must be integers, started a number")
-    return Endpoint(
-        str(data.get("host", "localhost")),
-        port,
-        str(data["job_id"]),
-        pid,
-        float(started),
-        str(data.get("hostname", "")),
-    )
-
-
-def read_endpoints(directory: Path, alive: Callable[[int, float], bool] = process_alive) -> list[Endpoint]:
+def scan(directory: Path, alive: Callable[[int, float], bool] = process_alive) -> tuple[list[Endpoint], list[Path]]:
+    """The endpoints registered in ``directory`` whose process still runs, in file-name order, and the files of the
+    stale ones. A file that cannot be read or holds no endpoint is in neither list. Never raises."""
     try:
-        paths = sorted(directory.glob("*.json"))
+        paths = sorted(directory.glob(FILES))
     except OSError as err:
         log.debug("cannot list %s: %s", directory, err)
-        return []
-    endpoints = []
+        return [], []
+    live: list[Endpoint] = []
+    stale: list[Path] = []
     for path in paths:
         try:
-            endpoint = _endpoint(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            endpoint = parse_endpoint(path.read_text())
+        except (OSError, ValueError) as err:  # removed meanwhile, unreadable, or not an endpoint
             log.debug("ignoring %s: %s", path, err)
             continue
         if alive(endpoint.pid, endpoint.started):
-            endpoints.append(endpoint)
+            live.append(endpoint)
         else:
-            log.debug("ignoring %s: process %d is gone", path, endpoint.pid)
-    return endpoints
+            log.debug("%s is stale: process %d is gone", path, endpoint.pid)
+            stale.append(path)
+    return live, stale
 
 
-def group_jobs(endpoints: Iterable[Endpoint]) -> list[Job]:
-    groups: dict[tuple[int, str], list[Endpoint]] = {}
-    for endpoint in endpoints:
-        groups.setdefault((endpoint.port, endpoint.job_id), []).append(endpoint)
-    jobs = [
-        Job(members[0].host, port, job_id, tuple(sorted(e.pid for e in members)), min(e.started for e in members))
-        for (port, job_id), members in groups.items()
-    ]
-    return sorted(jobs, key=lambda job: (job.port, job.started))
+def read_endpoints(directory: Path, alive: Callable[[int, float], bool] = process_alive) -> list[Endpoint]:
+    """The endpoints registered in ``directory`` whose process still runs (the stale files are left as they are)."""
+    return scan(directory, alive)[0]
 
 
-def _started(when: float, now: float) -> str:
-    age = max(0, int(now - when))
-    ago = (
-        f"{age // 86400}d {age % 86400 // 3600}h"
-        if age >= 86400
-        else f"{age // 3600}h {age % 3600 // 60}m"
-        if age >= 3600
-        else f"{age // 60}m {age % 60}s"
-        if age >= 60
-        else f"{age}s"
-    )
-    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))} ({ago} ago)"
-
-
-HEADER = ("PORT", "JOB ID", "PROCESSES", "STARTED")
-
-
-def rows(jobs: list[Job], now: float) -> list[tuple[str, ...]]:
-    return [(str(job.port), job.job_id, str(len(job.pids)), _started(job.started, now)) for job in jobs]
-
-
-def plain_table(jobs: list[Job], now: float) -> str:
-    lines = [HEADER, *rows(jobs, now)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER) - 1)]
-    return "".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)) + "  " + line[-1] + "\n"
-        for line in lines
-    )
-
-
-def rich_table(jobs: list[Job], now: float) -> Table:
-    table = Table(
-        box=box.SIMPLE_HEAD, title="torchras jobs serving on this node", title_justify="left", title_style="bold"
-    )
-    for name in HEADER:
-        table.add_column(name, justify="right" if name in ("PORT", "PROCESSES") else "left")
-    for row in rows(jobs, now):
-        table.add_row(*(Text(cell) for cell in row))
-    return table
+def write_endpoint(directory: Path, host: str, port: int, job_id: str) -> Path:
+    """Register this process's client port: write its endpoint file (through a temporary file, so that no reader
+    sees half of it) and return its path. Raises OSError when the directory cannot take it."""
+    endpoint = Endpoint(host, port, job_id, os.getpid(), time.time(), socket.gethostname())
+    path = directory / f"{port}-{endpoint.pid}.json"
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(endpoint.as_json()))
+    os.replace(temporary, path)
+    return path

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 
-from . import __version__, endpoints, monitor, watch
+from . import __version__, endpoints, listing, monitor, watch
 from .errors import Exit, RasCliError
 from .options import USAGE, Options, parse
 from .output import Streams, from_sys
@@ -78,16 +78,16 @@ def check(options: Options, timeouts: Timeouts, streams: Streams) -> int:
 
 def list_jobs(options: Options, streams: Streams, environ: Mapping[str, str]) -> int:
     directory = endpoints.run_dir(environ)
-    jobs = endpoints.group_jobs(endpoints.read_endpoints(directory))
+    jobs = listing.group_jobs(endpoints.read_endpoints(directory))
     now = time.time()
     if options.json:
         streams.write((json.dumps([job.as_json() for job in jobs], indent=2) + "\n").encode())
     elif not jobs:
         streams.message(f"No torchras job is serving on this node (no live endpoints in {directory}).")
     elif streams.console is not None:
-        streams.console.print(endpoints.rich_table(jobs, now))
+        streams.console.print(listing.rich_table(jobs, now))
     else:
-        streams.write(endpoints.plain_table(jobs, now).encode())
+        streams.write(listing.plain_table(jobs, now).encode())
     return Exit.OK
 
 

@@ -33,6 +33,7 @@ from rasd.core.comms import ProcessData
 from rasd.core.config import Timers, read_switch
 from rasd.core.events import Event, Kind
 from rasd.core.peers import Addr, PeerInfo, new_incarnation
+from rasd.net import metrics
 from rasd.net.bootstrap import StoreBootstrap
 from rasd.net.runtime import Runtime, mesh_host
 from rasd.net.subscriptions import Subscription
@@ -74,6 +75,11 @@ class RasHandle:
     def client_address(self) -> tuple[str, int] | None:
         """Where this process serves the client port (``rascli``, ``nc``): (host, port), or None without one."""
         return self._runtime.client_address
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """Where this process serves its Prometheus metrics (``TORCHRAS_METRICS_ADDR``): (host, port), or None."""
+        return self._runtime.metrics_address
 
     def subscribe(self, kinds: Iterable[Kind] | None = None, replay: bool = False) -> Subscription:
         """A queue of this node's events (see ``rasd.subscribe``)."""
@@ -172,6 +178,8 @@ def _new_runtime(
             addr=Addr(listen_host, port), pid=pid, hostname=hostname, incarnation=incarnation, devices=dev, rank=rank
         )
 
+    # Metrics first: a service that serves nothing unless TORCHRAS_METRICS_ADDR is set (docs/operations.md).
+    services = [metrics.serve, *(services or [])]
     return Runtime(info, secret, listen_host, timers, bootstrap=bootstrap, local_data=local_data, services=services)
 
 

@@ -57,6 +57,9 @@ def member_main(argv: list[str]) -> int:
     def record(e: rasd.Event) -> None:
         events.write(json.dumps(event_record(e)) + "\n")
 
+    # A member is local rank I of its host: a metrics port set with TORCHRAS_METRICS_ADDR is the port plus I, as
+    # under torchrun (docs/operations.md, "Metrics and alerts").
+    os.environ["LOCAL_RANK"] = str(args.index)
     services = _member_services(args.index)
     store = FileStore(os.environ.get("TORCHRAS_SWARM_STORE") or work / "store")
     node = rasd.start(store, rank=args.index, services=services["services"], local_data=services["local_data"])
@@ -75,6 +78,7 @@ def member_main(argv: list[str]) -> int:
                 "host": node.address.host,
                 "port": node.address.port,
                 "client_port": client[1] if client else None,
+                "metrics_port": node.metrics_address[1] if node.metrics_address else None,
             }
         )
     )
@@ -183,6 +187,8 @@ class Member:
     port: int = 0
     #: The client port this member serves (None without one).
     client_port: int | None = None
+    #: The port this member serves its Prometheus metrics on (None without: ``TORCHRAS_METRICS_ADDR``).
+    metrics_port: int | None = None
 
     @property
     def addr(self) -> str:
@@ -226,6 +232,7 @@ class Swarm:
                 time.sleep(0.02)
             info = json.loads(path.read_text())
             m.pid, m.host, m.port, m.client_port = info["pid"], info["host"], info["port"], info.get("client_port")
+            m.metrics_port = info.get("metrics_port")
         if wait_mesh:
             self.wait_for(
                 lambda: all(self.peers_known(i) >= self.n for i in range(self.n)),

@@ -19,6 +19,12 @@ The client port is on: ``rascli -v`` or ``echo verbose status | nc localhost 280
 Faults on demand: ``--inject KIND:rank=R,step=S[,seconds=X]`` (repeatable), the kinds in
 ``torchras.demo_worker.FAULTS``. R is an initial rank: a replacement never makes a fault again.
 
+A fault that no restart heals (the same exception ends ``REPEATS``, 3, restart iterations in a row with no step
+completed in between: a missing dependency, a bug, a bad setting) ends the demo instead of looping: every worker's
+Wrapper gives up (``torchras.demo_worker.RepeatedFaults``), rank 0 says what the error was, once, and
+``rasd launch`` does what it does for any job whose Wrapper gave up: it respawns nothing, says that the job gave up
+and why, and its status, the demo's, is 1 (``torchras.launch.workers``).
+
 ``--join`` (once needed to bring a replacement in by hand, from a second terminal) is kept for the command lines
 that have it: it says that the demo now respawns a dead process by itself, and exits.
 """
@@ -29,7 +35,7 @@ import argparse
 import os
 import sys
 
-from .demo_worker import FAULTS, MODELS, Injection
+from .demo_worker import FAULTS, MODELS, REPEATS, Injection
 
 #: The module every worker runs (``python -m``).
 WORKER = "torchras.demo_worker"
@@ -45,12 +51,17 @@ JOIN_NOTE = (
     "by itself; the replacement joins the running job at its next commit (see the demo's 'rasd launch:' lines)"
 )
 
-DESCRIPTION = """A real local training job with the mesh: N gloo processes on the CPU train a small MLP
+DESCRIPTION = f"""A real local training job with the mesh: N gloo processes on the CPU train a small MLP
 with torch's DistributedDataParallel (--model fsdp: FSDP2; --model manual: hand-written
 all-reduces) under inprocess.Wrapper, which restarts them in place after a fault, from the
 training state kept in memory. They run under rasd launch, which respawns a dead process;
 the replacement joins the running job and gets the model from the others' memory. Query it
-from another terminal: rascli -v"""
+from another terminal: rascli -v
+
+A fault that restarts cannot heal ends it: when the same exception (type, message, the
+line that raised it) ends {REPEATS} restart iterations in a row with no step completed in
+between, as a missing dependency does, every worker exits with status 1 and rank 0 prints
+the error once."""
 
 
 def add_parser(subcommands: argparse._SubParsersAction) -> argparse.ArgumentParser:

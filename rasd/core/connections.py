@@ -38,12 +38,6 @@ class Conn:
     reader: wire.FrameReader = field(default_factory=wire.FrameReader)
     last_recv: float = 0.0
     last_send: float = 0.0
-    my_nonce: bytes = b""
-    their_nonce: bytes = b""
-    peer_wants: bool = True  # the peer said it uses this connection as a link
-    wanted_sent: bool | None = None  # what we last told the peer about our use of this connection
-    full_sent_for: tuple[int, int] | None = None  # our (table, dead) hashes when we last sent our whole table
-    probe: bool = False  # a reunion probe to a process we hold dead (reunion.py)
 
 
 class Connections:
@@ -100,6 +94,34 @@ class Connections:
 
     def ready(self, except_conn: int | None = None) -> list[Conn]:
         return [c for c in self.by_id.values() if c.id != except_conn and c.state is ConnState.READY]
+
+    # --- what happens to a connection (the node calls these as its inputs and the handshake's effects say) ---------
+
+    def connected(self, conn: Conn, now: float) -> None:
+        """Our outgoing connection is up: its challenge-response starts."""
+        conn.state = ConnState.AUTH
+        conn.last_recv = now
+
+    def authenticated(self, conn_id: int) -> None:
+        """The connection passed the challenge-response: whole frames may come now."""
+        conn = self.by_id.get(conn_id)
+        if conn is not None:
+            conn.state = ConnState.INIT
+            conn.reader.max_frame = wire.MAX_FRAME
+
+    def reaches(self, conn_id: int, incarnation: int | None) -> None:
+        """The connection reaches this incarnation of its peer."""
+        conn = self.by_id.get(conn_id)
+        if conn is not None:
+            conn.incarnation = incarnation
+
+    def ready_for(self, conn_id: int, peer: Addr, incarnation: int | None) -> None:
+        """The handshake is over: the connection is a link to ``peer``'s ``incarnation``."""
+        conn = self.by_id.get(conn_id)
+        if conn is not None:
+            conn.peer = peer
+            conn.incarnation = incarnation
+            conn.state = ConnState.READY
 
     def forgive(self, gap: float) -> None:
         """The node did not run for ``gap`` seconds: no connection is to blame for that silence."""

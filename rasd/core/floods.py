@@ -14,17 +14,32 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .connections import Conn
+from .effects import (
+    Broadcast,
+    Dead,
+    Effects,
+    Expel,
+    Heard,
+    HoldStuck,
+    Hung,
+    Left,
+    Outvoted,
+    Recovered,
+    ReleaseStuck,
+    Suspect,
+    Vouch,
+)
 from .peers import Addr, PeerKey
 from .recent import Recent
 from .stuck import StuckVerdict
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .view import World
 
 
 class Floods:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, world: World) -> None:
+        self.world = world
         self._next_id = 1
         self._seen: Recent[tuple[Addr, int]] = Recent()
 
@@ -32,90 +47,70 @@ class Floods:
         """A new flood id from this node, remembered as seen (our own flood coming back is not applied again)."""
         flood_id = self._next_id
         self._next_id += 1
-        self._seen.remember((self.node.me.addr, flood_id))
+        self._seen.remember((self.world.me.addr, flood_id))
         return flood_id
 
     def verdict(self, kind: wire.FloodKind, subject: PeerKey, stamp: float = 0.0) -> wire.Flood:
         """A new flood of a process verdict about ``subject``, originated here (``stamp``: wire.Flood)."""
-        return wire.Flood(self.node.me.addr, self._allocate(), kind, subject.addr, subject.incarnation, stamp)
+        return wire.Flood(self.world.me.addr, self._allocate(), kind, subject.addr, subject.incarnation, stamp)
 
-    def comm_verdict(self, v: StuckVerdict, stuck: bool) -> wire.CommVerdict:
+    def originate(self, kind: wire.FloodKind, subject: PeerKey, stamp: float = 0.0) -> Effects:
+        return [Broadcast(self.verdict(kind, subject, stamp), None)]
+
+    def originate_comm(self, v: StuckVerdict, stuck: bool) -> Effects:
         """A new flood of a communicator verdict (or its clear), originated here."""
-        return wire.CommVerdict(
-            self.node.me.addr,
-            self._allocate(),
-            stuck,
-            v.comm_hash,
-            v.op,
-            v.seq,
-            v.behind,
-            v.inside,
-            v.global_behind,
-            v.global_inside,
-        )
+        return [Broadcast(wire.CommVerdict(self.world.me.addr, self._allocate(), stuck, v), None)]
 
-    def on_flood(self, conn: Conn, msg: wire.Flood, now: float) -> None:
-        node = self.node
+    def on_flood(self, conn: Conn, msg: wire.Flood, now: float) -> Effects:
+        world = self.world
         if not self._seen.first_sight((msg.origin, msg.flood_id)):
-            return
-        if node.is_dead(msg.origin):
+            return []
+        if world.is_dead(msg.origin):
             # A verdict of a process we hold dead: a zombie's, or the other side's of a healed partition, passed on
             # by a process both sides hold alive. Neither applies here, nor goes further (sweep seed 46: the
             # smaller side's late verdict about a process of the larger side, carried into the larger side).
-            return
+            return []
         subject = PeerKey(msg.subject, msg.incarnation)
         if msg.kind is wire.FloodKind.OUTVOTED:
-            node.reunion.outvoted(conn, msg, subject, now)
-            return
+            return [Outvoted(conn.id, msg, subject)]
         if msg.kind is wire.FloodKind.SUSPECT:
-            if not node.verdicts.gone(subject):
-                node.suspicion.on_suspect(conn, msg, subject, now)
-            return
-        if subject == node.me.key:
+            return [] if world.is_gone(subject) else [Suspect(conn.id, msg, subject)]
+        if subject == world.me.key:
             if msg.kind is wire.FloodKind.DEAD:
                 # Pass it on first: those still linked to us were most likely cut off with us, and may hear of our
                 # death only through us (gossip.py does the same with a full update naming us dead).
-                node.pass_on(msg, except_conn=conn.id)
-                node.expel(now)
-            elif msg.kind is wire.FloodKind.HUNG:
+                return [Broadcast(msg, conn.id), Expel()]
+            if msg.kind is wire.FloodKind.HUNG:
                 # Somebody holds us hung, and we run: refute it, stamped with our own clock.
-                node.pass_on(self.verdict(wire.FloodKind.RECOVERED, subject, now), except_conn=None)
-            return
-        if not node.table.is_current(subject) or node.verdicts.gone(subject):
-            return  # unknown, already gone, or an older incarnation of that address (gone by rule): stale
+                return self.originate(wire.FloodKind.RECOVERED, subject, now)
+            return []
+        if not world.table.is_current(subject) or world.is_gone(subject):
+            return []  # unknown, already gone, or an older incarnation of that address (gone by rule): stale
+        out: Effects = []
         if msg.kind is wire.FloodKind.DEAD:
-            node.verdicts.declare_dead(subject, now, None, flood=False)
+            out.append(Dead(subject, None, flood=False))
         elif msg.kind is wire.FloodKind.LEFT:
-            node.verdicts.mark_left(subject, now)
+            out.append(Left(subject))
         elif msg.kind is wire.FloodKind.HUNG:
-            if node.links.fresher(subject, msg.stamp):
+            if world.fresher(subject, msg.stamp):
                 # Refuted: we heard it well after the origin last did. The flood stops here and our RECOVERED tells
                 # the job, the origin included, before its verdict becomes a death (liveness.py, CONFIRM).
-                refute = self.verdict(wire.FloodKind.RECOVERED, subject, node.links.stamp(subject))
-                node.pass_on(refute, except_conn=None)
-                return
-            if node.links.refuted(subject, msg.stamp):
-                return  # a RECOVERED stamped well after this verdict came in first, by a faster path: old news
-            node.verdicts.hung_verdict(subject, now, "peer silent beyond the hang limit")
+                return self.originate(wire.FloodKind.RECOVERED, subject, world.stamp(subject))
+            if world.refuted(subject, msg.stamp):
+                return []  # a RECOVERED stamped well after this verdict came in first, by a faster path: old news
+            out.append(Hung(subject, "peer silent beyond the hang limit"))
         elif msg.kind is wire.FloodKind.RECOVERED:
-            node.verdicts.recovered(subject, now)
-            node.links.vouch(subject, msg.stamp, now)
+            out += [Recovered(subject), Vouch(subject, msg.stamp)]
         elif msg.kind is wire.FloodKind.HEARD:
             # Not a RECOVERED: that one says "heard after the HUNG's origin did", which may be long ago (sweep seed
             # 471: a partition's stale HUNG verdicts, refuted again and again about a process paused for good, kept
             # its suspicion from ever being raised). HEARD says "heard within the dead limit".
-            node.links.vouch(subject, msg.stamp, now)
-            node.suspicion.refuted(subject, now)
-        node.pass_on(msg, except_conn=conn.id)
+            out += [Vouch(subject, msg.stamp), Heard(subject)]
+        out.append(Broadcast(msg, conn.id))
+        return out
 
-    def on_comm_verdict(self, conn: Conn, msg: wire.CommVerdict, now: float) -> None:
+    def on_comm_verdict(self, conn: Conn, msg: wire.CommVerdict, now: float) -> Effects:
         if not self._seen.first_sight((msg.origin, msg.flood_id)):
-            return
-        verdict = StuckVerdict(
-            msg.comm_hash, msg.op, msg.seq, msg.behind, msg.inside, msg.global_behind, msg.global_inside
-        )
-        if msg.stuck:
-            self.node.sweeper.hold(verdict, now)
-        else:
-            self.node.sweeper.release(verdict.comm_hash, now, "counters moving again")
-        self.node.pass_on(msg, except_conn=conn.id)
+            return []
+        held = HoldStuck(msg.verdict) if msg.stuck else ReleaseStuck(msg.verdict.comm_hash, "counters moving again")
+        return [held, Broadcast(msg, conn.id)]

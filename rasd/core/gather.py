@@ -4,27 +4,27 @@ Belongs here: the gathers in progress (``Gather``), their ids, the memory of fin
 gather may use, answering duplicates, counting leg timeouts (a leg that closes or goes silent, the collective
 timeout, the hard limit) and, at the root, turning what was gathered into a ``JobSnapshot``. NCCL's scheme
 (docs/architecture.md section 4): duplicates answered empty, a quiet leg counted as a timeout, a hard limit of
-timeout + ``gather_extra``. The sweeper's gathers end in ``sweeper.py``; a client's end in a ``GatherDone``.
+timeout + ``gather_extra``. A gather rooted here ends in a ``GatherFinished``, which the node routes: the sweeper's
+to ``sweeper.py``, a reachability gather's to ``suspicion.py``, a client's to its driver as a ``GatherDone``. A relay
+keeps the entries it passes on encoded (``wire.CollResp``): only the root decodes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import wire
-from .actions import GatherDone
 from .comms import ProcessData
 from .connections import Conn, ConnState
+from .effects import Effects, GatherFinished, Say, SayFrame
 from .peers import Addr
 from .recent import Recent
 from .snapshot import JobSnapshot
-from .suspicion import REACH_QUERY
-from .sweeper import SWEEP_QUERY
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .view import World
 
 
 @dataclass
@@ -36,7 +36,11 @@ class Gather:
     started: float
     timeout: float | None
     pending: set[int]
-    entries: list[tuple[Addr, ProcessData]]
+    #: At the root: every entry, decoded as it arrives.
+    entries: list[tuple[Addr, ProcessData]] = field(default_factory=list)
+    #: At a relay: the entries to pass back, still encoded (its own first), and how many they are.
+    raw: list[bytes] = field(default_factory=list)
+    count: int = 0
     leg_timeouts: int = 0
 
     @property
@@ -45,8 +49,8 @@ class Gather:
 
 
 class Gathering:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, world: World) -> None:
+        self.world = world
         self.gathers: dict[tuple[Addr, int], Gather] = {}
         self._done: Recent[tuple[Addr, int]] = Recent()
         self._next_id = 1
@@ -54,63 +58,65 @@ class Gathering:
     def contribution(self) -> ProcessData:
         """What this process adds to a gather: its communicators, once it has restarted its restarts, and whether
         it waits to be admitted into training."""
-        node = self.node
-        data = node.local_data()
-        if node.restart is not None and data.restart is None:
-            data = dataclasses.replace(data, restart=node.restart)
-        if node.waiting and not data.waiting:
+        world = self.world
+        data = world.local_data()
+        if world.restart is not None and data.restart is None:
+            data = dataclasses.replace(data, restart=world.restart)
+        if world.waiting and not data.waiting:
             data = dataclasses.replace(data, waiting=True)
         return data
 
-    def _open(self, g: Gather, request: wire.CollReq, now: float) -> None:
+    def _open(self, g: Gather, request: wire.CollReq, now: float) -> Effects:
         """Record ``g`` and forward the request on every connection a gather may use (not back where it came
         from); a gather with nobody to wait on ends at once."""
         self.gathers[g.key] = g
         usable = self._usable(now, except_conn=g.from_conn)
-        frame = wire.encode(request) if usable else b""
-        for c in usable:
-            self.node.send_encoded(c, frame, now)
-            g.pending.add(c.id)
-        self._maybe_finish(g, now)
+        out: Effects = []
+        if usable:
+            frame = wire.encode(request)
+            for c in usable:
+                out.append(SayFrame(c.id, frame))
+                g.pending.add(c.id)
+        return out + self._maybe_finish(g, now)
 
-    def start(self, query_id: int, now: float, timeout: float | None) -> None:
+    def start(self, query_id: int, now: float, timeout: float | None) -> Effects:
         """A gather rooted here. ``timeout``: None for the default, ``inf`` for none."""
-        node = self.node
+        world = self.world
         if timeout is None:
-            timeout = node.timers.leg_timeout
+            timeout = world.timers.leg_timeout
         coll_id = self._next_id
         self._next_id += 1
         g = Gather(
-            root=node.me.addr,
+            root=world.me.addr,
             coll_id=coll_id,
             from_conn=None,
             query_id=query_id,
             started=now,
             timeout=None if timeout == float("inf") else timeout,
             pending=set(),
-            entries=[(node.me.addr, self.contribution())],
+            entries=[(world.me.addr, self.contribution())],
         )
         # The wire carries a u32 of milliseconds (49.7 days): a longer client TIMEOUT is clamped, never raised.
         timeout_ms = 0 if g.timeout is None else max(1, min(int(g.timeout * 1000), 0xFFFFFFFF))
-        self._open(g, wire.CollReq(g.root, g.coll_id, timeout_ms), now)
+        return self._open(g, wire.CollReq(g.root, g.coll_id, timeout_ms), now)
 
     def _usable(self, now: float, except_conn: int | None) -> list[Conn]:
         """Connections a gather may use: ready, in use by a link, and not silent."""
-        node = self.node
+        world = self.world
         out = []
-        for c in node.connections.ready(except_conn):
+        for c in world.ready_conns(except_conn):
             if c.peer is None:
                 continue
-            in_use = c.peer in node.links.contacts or c.peer_wants
-            if in_use and now - c.last_recv <= node.timers.unresponsive and not node.links.is_delayed(c.peer):
+            in_use = world.has_link(c.peer) or world.peer_wants(c.id)
+            if in_use and now - c.last_recv <= world.timers.unresponsive and not world.is_delayed(c.peer):
                 out.append(c)
         return out
 
-    def on_collreq(self, conn: Conn, msg: wire.CollReq, now: float) -> None:
+    def on_collreq(self, conn: Conn, msg: wire.CollReq, now: float) -> Effects:
         key = (msg.root, msg.coll_id)
         if key in self.gathers or key in self._done:
-            self.node.send(conn, wire.CollResp(msg.root, msg.coll_id, 0, ()), now)
-            return
+            return [Say(conn.id, wire.CollResp(msg.root, msg.coll_id, 0, 0, b""))]
+        me = self.world.me.addr
         g = Gather(
             root=msg.root,
             coll_id=msg.coll_id,
@@ -119,63 +125,63 @@ class Gathering:
             started=now,
             timeout=None if msg.timeout_ms == 0 else msg.timeout_ms / 1000,
             pending=set(),
-            entries=[(self.node.me.addr, self.contribution())],
+            raw=[wire.encode_entry(me, self.contribution())],
+            count=1,
         )
-        self._open(g, msg, now)
+        return self._open(g, msg, now)
 
-    def on_collresp(self, conn: Conn, msg: wire.CollResp, now: float) -> None:
+    def on_collresp(self, conn: Conn, msg: wire.CollResp, now: float) -> Effects:
         g = self.gathers.get((msg.root, msg.coll_id))
         if g is None or conn.id not in g.pending:
-            return
+            return []
+        if g.from_conn is None:
+            g.entries.extend(msg.entries)  # decoded here, at the root, once (a ProtocolError drops the leg)
+        elif msg.count:
+            g.raw.append(msg.raw)
+            g.count += msg.count
         g.pending.discard(conn.id)
         g.leg_timeouts += msg.leg_timeouts
-        g.entries.extend(msg.entries)
-        self._maybe_finish(g, now)
+        return self._maybe_finish(g, now)
 
-    def _maybe_finish(self, g: Gather, now: float, force: bool = False) -> None:
+    def _maybe_finish(self, g: Gather, now: float, force: bool = False) -> Effects:
         if g.pending and not force:
-            return
-        node = self.node
+            return []
         g.leg_timeouts += len(g.pending)
         g.pending.clear()
         self.gathers.pop(g.key, None)
         self._done.remember(g.key)
         if g.from_conn is None:
-            snap = self._snapshot(g, now)
-            if g.query_id == SWEEP_QUERY:
-                node.sweeper.swept(snap, now)
-            elif g.query_id == REACH_QUERY:
-                node.suspicion.reached(snap, now)
-            else:
-                node.act(GatherDone(g.query_id, snap))
-        else:
-            back = node.connections.get(g.from_conn)
-            if back is not None and back.state is ConnState.READY:
-                node.send(back, wire.CollResp(g.root, g.coll_id, g.leg_timeouts, tuple(g.entries)), now)
+            return [GatherFinished(g.query_id, self._snapshot(g, now))]
+        back = self.world.conn(g.from_conn)
+        if back is not None and back.state is ConnState.READY:
+            return [Say(back.id, wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.count, b"".join(g.raw)))]
+        return []
 
     def _snapshot(self, g: Gather, now: float) -> JobSnapshot:
         """What the root knows when its gather ends."""
-        node = self.node
+        world = self.world
+        table = world.table
         responses: dict[Addr, ProcessData] = {}
         for addr, data in g.entries:
             responses.setdefault(addr, data)
-        dead, left = node.verdicts.dead, node.verdicts.left
-        former = node.table.former()
+        dead, left = world.dead, world.left
+        former = table.former()
         return JobSnapshot(
-            peers=tuple(node.table),
-            dead=frozenset(k.addr for k in dead if node.table.is_current(k)),
-            left=frozenset(k.addr for k in left if node.table.is_current(k)),
+            peers=tuple(table),
+            dead=frozenset(k.addr for k in dead if table.is_current(k)),
+            left=frozenset(k.addr for k in left if table.is_current(k)),
             former_dead=tuple(p for p in former if p.key in dead),
             former_left=tuple(p for p in former if p.key in left and p.key not in dead),
             responses=responses,
             timeouts=g.leg_timeouts,
             collection_time=now - g.started,
-            stuck=node.sweeper.standing(),
-            in_flight_grace=node.timers.in_flight,
+            stuck=world.standing_stuck(),
+            in_flight_grace=world.timers.in_flight,
         )
 
-    def purge(self, conn_id: int, now: float) -> None:
+    def purge(self, conn_id: int, now: float) -> Effects:
         """A connection went silent or away: count it as a leg timeout wherever a gather waits on it."""
+        out: Effects = []
         for key, g in list(self.gathers.items()):
             if g.from_conn == conn_id:
                 del self.gathers[key]  # nobody left to answer to
@@ -183,36 +189,37 @@ class Gathering:
             elif conn_id in g.pending:
                 g.pending.discard(conn_id)
                 g.leg_timeouts += 1
-                self._maybe_finish(g, now)
+                out += self._maybe_finish(g, now)
+        return out
 
-    def finish_all(self, now: float) -> None:
+    def finish_all(self, now: float) -> Effects:
         """This node was expelled: its own gathers end at once with what they have; the others are dropped."""
+        out: Effects = []
         for g in list(self.gathers.values()):
             if g.from_conn is None:
-                self._maybe_finish(g, now, force=True)
+                out += self._maybe_finish(g, now, force=True)
         self.gathers.clear()
+        return out
 
-    def tick(self, now: float) -> None:
-        node = self.node
+    def tick(self, now: float) -> Effects:
+        world = self.world
+        out: Effects = []
         for g in list(self.gathers.values()):
             # A leg whose connection has gone silent is answered by nobody: count it now (NCCL purges a delayed
             # connection from its collectives), whether or not the connection is one of our links.
             for cid in list(g.pending):
-                c = node.connections.get(cid)
-                if c is not None and c.state is ConnState.READY and now - c.last_recv > node.timers.unresponsive:
-                    self.purge(cid, now)
+                c = world.conn(cid)
+                if c is not None and c.state is ConnState.READY and now - c.last_recv > world.timers.unresponsive:
+                    out += self.purge(cid, now)
             if g.timeout is None or g.key not in self.gathers:
                 continue
-            if now >= g.started + g.timeout + node.timers.gather_extra:
-                self._maybe_finish(g, now, force=True)
+            if now >= g.started + g.timeout + world.timers.gather_extra:
+                out += self._maybe_finish(g, now, force=True)
             elif now >= g.started + g.timeout:
                 for cid in list(g.pending):
-                    c = node.connections.get(cid)
-                    if (
-                        c is None
-                        or c.state is not ConnState.READY
-                        or (c.peer is not None and node.links.is_delayed(c.peer))
-                    ):
+                    c = world.conn(cid)
+                    if c is None or c.state is not ConnState.READY or (c.peer is not None and world.is_delayed(c.peer)):
                         g.pending.discard(cid)
                         g.leg_timeouts += 1
-                self._maybe_finish(g, now)
+                out += self._maybe_finish(g, now)
+        return out

@@ -3,8 +3,8 @@
 Belongs here: merging entries into the table (``PEER_NEW`` for each new one, retiring the incarnations they
 replace), passing new entries on as a diff, comparing the hashes a keepalive carries with our own and answering a
 mismatch with the whole table (once per state of our hashes and that connection), and applying a table update.
-This is NCCL's scheme with the departed list added (docs/architecture.md section 2.4). The hashes are computed in
-``peers.py`` (the table) and ``verdicts.py`` (the dead and departed sets).
+The peer table itself lives here. This is NCCL's scheme with the departed list added (docs/architecture.md section
+2.4). The hashes are computed in ``peers.py`` (the table) and ``verdicts.py`` (the dead and departed sets).
 """
 
 from __future__ import annotations
@@ -14,80 +14,105 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .connections import Conn
+from .effects import Broadcast, Dead, Effects, Expel, Left, Notify, Relink, Retire, Say
 from .events import Kind
-from .peers import PeerInfo, PeerKey
+from .peers import PeerInfo, PeerKey, PeerTable
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .view import World
 
 
 class Gossip:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, world: World, me: PeerInfo) -> None:
+        self.world = world
+        self.table = PeerTable()
+        self.table.merge([me])
+        #: Our (table, dead) hashes when we last sent our whole table on each connection (by id).
+        self._full_sent_for: dict[int, tuple[int, int]] = {}
 
-    def merge(self, peers: Iterable[PeerInfo], now: float, retire: bool = True) -> list[PeerInfo]:
-        """Add entries to the table (PEER_NEW for each new one) and, unless the caller does it after applying
-        dead and departed lists, retire the older incarnations at the addresses that got a new one."""
-        node = self.node
-        new = node.table.merge(peers)
-        for p in new:
-            node.emit(Kind.PEER_NEW, now, p)
+    def adopt(self, table: PeerTable) -> None:
+        """Start from a whole table (the simulator's start of thousands of nodes that have all heard of each other)."""
+        self.table = table
+
+    def merge(self, peers: Iterable[PeerInfo], now: float, retire: bool = True) -> tuple[list[PeerInfo], Effects]:
+        """Add entries to the table: the new ones, and PEER_NEW for each; unless the caller does it after applying
+        dead and departed lists, the older incarnations at the addresses that got a new one are retired."""
+        new = self.table.merge(peers)
+        out: Effects = [Notify(Kind.PEER_NEW, p.key) for p in new]
         if retire and new:
-            node.verdicts.retire({p.addr for p in new}, now)
-        return new
+            out.append(Retire(frozenset(p.addr for p in new)))
+        return new, out
 
-    def spread(self, new: Iterable[PeerInfo], except_conn: int | None) -> None:
+    def merged(
+        self, peers: Iterable[PeerInfo], spread: bool, except_conn: int | None, relink: bool, now: float
+    ) -> Effects:
+        """Entries for the table from a handshake or the bootstrap: if any is new, it is passed on (``spread``) and
+        the links are recomputed (``relink``)."""
+        new, out = self.merge(peers, now)
+        if new:
+            if spread:
+                out.append(self.spread(new, except_conn))
+            if relink:
+                out.append(Relink())
+        return out
+
+    @staticmethod
+    def spread(new: Iterable[PeerInfo], except_conn: int | None) -> Broadcast:
         """Pass entries new to us on, as a diff, to every other ready connection."""
-        self.node.pass_on(wire.PeersUpdate(tuple(new), (), (), full=False), except_conn=except_conn)
+        return Broadcast(wire.PeersUpdate(tuple(new), (), (), full=False), except_conn)
 
-    def sync(self, conn: Conn, peers_hash: int, dead_hash: int, now: float) -> None:
+    def sync(self, conn: Conn, peers_hash: int, dead_hash: int, now: float) -> Effects:
         """The peer's hashes differ from ours: send it our whole table, once per state of our hashes."""
-        node = self.node
-        mine = (node.table.hash, node.verdicts.dead_hash)
-        if (peers_hash, dead_hash) != mine and conn.full_sent_for != mine:
-            conn.full_sent_for = mine
-            node.send(conn, self.full_update(), now)
+        mine = (self.table.hash, self.world.dead_hash)
+        if (peers_hash, dead_hash) != mine and self._full_sent_for.get(conn.id) != mine:
+            self._full_sent_for[conn.id] = mine
+            return [Say(conn.id, self.full_update())]
+        return []
 
     def full_update(self) -> wire.PeersUpdate:
         """Our whole table and our dead and departed lists."""
-        node = self.node
+        world = self.world
         return wire.PeersUpdate(
-            tuple(node.table.all_entries()),
-            tuple(sorted(node.verdicts.dead, key=PeerKey.sort_key)),
-            tuple(sorted(node.verdicts.left, key=PeerKey.sort_key)),
+            tuple(self.table.all_entries()),
+            tuple(sorted(world.dead, key=PeerKey.sort_key)),
+            tuple(sorted(world.left, key=PeerKey.sort_key)),
             full=True,
         )
 
-    def on_keepalive(self, conn: Conn, msg: wire.Keepalive, now: float) -> None:
-        conn.peer_wants = msg.wanted
-        self.node.links.clocked(conn, msg.clock)
-        self.sync(conn, msg.peers_hash, msg.dead_hash, now)
+    def send_table(self, conn_id: int) -> Effects:
+        return [Say(conn_id, self.full_update())]
 
-    def on_peers_update(self, conn: Conn, msg: wire.PeersUpdate, now: float) -> None:
-        node = self.node
-        verdicts = node.verdicts
-        if node.me.key in msg.dead or node.me.key in msg.left:
+    def forget_conn(self, conn_id: int) -> None:
+        self._full_sent_for.pop(conn_id, None)
+
+    def on_keepalive(self, conn: Conn, msg: wire.Keepalive, now: float) -> Effects:
+        return self.sync(conn, msg.peers_hash, msg.dead_hash, now)
+
+    def on_peers_update(self, conn: Conn, msg: wire.PeersUpdate, now: float) -> Effects:
+        world = self.world
+        me = world.me.key
+        if me in msg.dead or me in msg.left:
             # The job holds us gone. Those we are still connected to were most likely cut off with us (a healed
             # partition's smaller side): pass the job's lists on so that they learn it now, then leave.
-            node.pass_on(msg, except_conn=conn.id)
-            node.expel(now)
-            return
+            return [Broadcast(msg, conn.id), Expel()]
         # The lists first, then the rule that retires replaced incarnations: a replaced process that this update
         # lists as departed is recorded LEFT, not dead.
-        new = self.merge(msg.peers, now, retire=False)
+        new, out = self.merge(msg.peers, now, retire=False)
         changed = bool(new)
+        dead, left = world.dead, world.left
         for k in msg.left:
-            if k not in verdicts.left and k not in verdicts.dead and node.table.knows(k):
-                verdicts.mark_left(k, now)
+            if k not in left and k not in dead and self.table.knows(k):
+                out.append(Left(k))
                 changed = True
         for k in msg.dead:
-            if k not in verdicts.dead and node.table.knows(k):
-                verdicts.declare_dead(k, now, None, flood=False)
+            if k not in dead and self.table.knows(k):
+                out.append(Dead(k, None, flood=False))
                 changed = True
-        verdicts.retire({p.addr for p in new}, now)
-        if node.expelled:
-            return
+        out.append(Retire(frozenset(p.addr for p in new)))
+        # After an expulsion (a retire of our own address) there is no connection left to pass anything on to, and
+        # an expelled node links nothing.
         if new:
-            self.spread(new, except_conn=conn.id)
+            out.append(self.spread(new, conn.id))
         if changed:
-            node.links.relink(now)
+            out.append(Relink())
+        return out

@@ -28,11 +28,33 @@ from typing import TYPE_CHECKING, Any
 
 from . import auth, wire
 from .connections import Conn, ConnState
+from .effects import (
+    Attach,
+    Authenticated,
+    Broadcast,
+    Confirm,
+    Drop,
+    Effects,
+    Expel,
+    Incarnation,
+    Judge,
+    Left,
+    MeasureAgain,
+    Merge,
+    Notify,
+    Outnumbered,
+    ProbeAnswered,
+    ProbeMet,
+    Ready,
+    Say,
+    SendConnInit,
+    SendTable,
+    Sync,
+)
 from .events import Kind
-from .reunion import Ruling
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .view import World
 
 
 class Side(enum.Enum):
@@ -40,185 +62,179 @@ class Side(enum.Enum):
     ACCEPTOR = False
 
 
-Handler = Callable[["Handshake", Conn, Any, float], None]
+Handler = Callable[["Handshake", Conn, Any, float], Effects]
 
 
 class Handshake:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, world: World) -> None:
+        self.world = world
+        #: The nonces of each connection in its challenge-response (by id): ours, and the peer's once it sent one.
+        self._nonces: dict[int, tuple[bytes, bytes]] = {}
 
-    def connected(self, conn: Conn, now: float) -> None:
+    def connected(self, conn: Conn, now: float) -> Effects:
         """Our outgoing connection is up: the connector speaks first."""
-        conn.state = ConnState.AUTH
-        conn.my_nonce = self.node.rng.randbytes(wire.NONCE_LEN)
-        conn.last_recv = now
-        self.node.send(conn, wire.Hello(conn.my_nonce), now)
+        mine = self.world.random_bytes(wire.NONCE_LEN)
+        self._nonces[conn.id] = (mine, b"")
+        return [Say(conn.id, wire.Hello(mine))]
 
-    def on_message(self, conn: Conn, msg: wire.Message, now: float) -> None:
+    def on_message(self, conn: Conn, msg: wire.Message, now: float) -> Effects:
         """A message on a connection in AUTH or INIT: the one the table expects, or a protocol error."""
         handler = HANDSHAKE.get((Side(conn.outgoing), conn.state, type(msg)))
         if handler is None:
             stage = "during authentication" if conn.state is ConnState.AUTH else "before CONNINIT"
             raise wire.ProtocolError(f"unexpected {type(msg).__name__} {stage}")
-        handler(self, conn, msg, now)
+        return handler(self, conn, msg, now)
+
+    def forget_conn(self, conn_id: int) -> None:
+        self._nonces.pop(conn_id, None)
 
     # --- authentication ----------------------------------------------------------------------------------------
 
-    def _hello(self, conn: Conn, msg: wire.Hello, now: float) -> None:
-        if conn.their_nonce:
+    def _hello(self, conn: Conn, msg: wire.Hello, now: float) -> Effects:
+        if conn.id in self._nonces:
             raise wire.ProtocolError("unexpected Hello during authentication")
-        conn.their_nonce = msg.nonce
-        conn.my_nonce = self.node.rng.randbytes(wire.NONCE_LEN)
-        mac = auth.acceptor_mac(self.node.secret, conn.their_nonce, conn.my_nonce)
-        self.node.send(conn, wire.Challenge(conn.my_nonce, mac), now)
+        mine = self.world.random_bytes(wire.NONCE_LEN)
+        self._nonces[conn.id] = (mine, msg.nonce)
+        mac = auth.acceptor_mac(self.world.secret, msg.nonce, mine)
+        return [Say(conn.id, wire.Challenge(mine, mac))]
 
-    def _proof(self, conn: Conn, msg: wire.Proof, now: float) -> None:
-        if not conn.their_nonce:
+    def _proof(self, conn: Conn, msg: wire.Proof, now: float) -> Effects:
+        if conn.id not in self._nonces:
             raise wire.ProtocolError("unexpected Proof during authentication")
-        expected = auth.connector_mac(self.node.secret, conn.their_nonce, conn.my_nonce)
+        mine, theirs = self._nonces[conn.id]
+        expected = auth.connector_mac(self.world.secret, theirs, mine)
         if not auth.verify(expected, msg.mac):
             raise wire.ProtocolError("bad proof: wrong job secret")
-        self._authenticated(conn)
+        del self._nonces[conn.id]
+        return [Authenticated(conn.id)]
 
-    def _challenge(self, conn: Conn, msg: wire.Challenge, now: float) -> None:
-        node = self.node
-        expected = auth.acceptor_mac(node.secret, conn.my_nonce, msg.nonce)
+    def _challenge(self, conn: Conn, msg: wire.Challenge, now: float) -> Effects:
+        secret = self.world.secret
+        mine = self._nonces.get(conn.id, (b"", b""))[0]
+        expected = auth.acceptor_mac(secret, mine, msg.nonce)
         if not auth.verify(expected, msg.mac):
             raise wire.ProtocolError("bad challenge: wrong job secret")
-        node.send(conn, wire.Proof(auth.connector_mac(node.secret, conn.my_nonce, msg.nonce)), now)
-        node.send(conn, node.reunion.conninit(conn, now), now)
-        self._authenticated(conn)
-
-    @staticmethod
-    def _authenticated(conn: Conn) -> None:
-        conn.state = ConnState.INIT
-        conn.reader.max_frame = wire.MAX_FRAME
+        self._nonces.pop(conn.id, None)
+        return [
+            Say(conn.id, wire.Proof(auth.connector_mac(secret, mine, msg.nonce))),
+            SendConnInit(conn.id),
+            Authenticated(conn.id),
+        ]
 
     # --- introductions -----------------------------------------------------------------------------------------
 
-    def _conninit(self, conn: Conn, msg: wire.ConnInit, now: float) -> None:
-        node = self.node
+    def _conninit(self, conn: Conn, msg: wire.ConnInit, now: float) -> Effects:
+        world = self.world
         addr = msg.info.addr
         key = msg.info.key
-        if node.verdicts.gone(key) or node.table.is_outdated(key):
-            ruling = node.reunion.judge(key, msg, now)
-            if ruling is Ruling.WE_LOSE:
-                # A healed partition, and the connector's side is the larger one: ours leaves (reunion.py).
-                node.send(conn, wire.ConnInitAck(wire.Nack.OUTNUMBERED), now)
-                node.drop_conn(conn.id)
-                node.reunion.lost(key, now)
-                return
-            if ruling is Ruling.MEASURE:
-                node.send(conn, wire.ConnInitAck(wire.Nack.MEASURE), now)
-                node.drop_conn(conn.id)
-                return
-            # Dead, departed, or older than the process that holds its address now (so gone): never rejoins. A dead
-            # one gets our lists first, which it passes on to whoever it is still connected to: most likely
-            # processes cut off with it (the smaller side of a healed partition), who learn it at once.
-            if key in node.verdicts.dead:
-                node.send(conn, node.gossip.full_update(), now)
-            node.send(conn, wire.ConnInitAck(wire.Nack.YOU_ARE_DEAD), now)
-            node.drop_conn(conn.id)
-            return
-        if addr == node.me.addr:
+        if world.is_gone(key) or world.table.is_outdated(key):
+            # Dead, departed, or older than the process that holds its address now: the reunion rule answers
+            # (reunion.py): our lists and YOU_ARE_DEAD, OUTNUMBERED, or MEASURE.
+            return [Judge(conn.id, key, msg)]
+        if addr == world.me.addr:
             raise wire.ProtocolError("connection from our own address")
-        existing = node.connections.to(addr, exclude=conn.id)
+        out: Effects = []
+        existing = world.conn_to(addr, exclude=conn.id)
         if existing is not None and existing.incarnation not in (None, key.incarnation):
             existing = None  # a connection to an older process at that address: the merge below retires it
         if existing is not None:
             # Simultaneous connects (docs/architecture.md 2.3): the connection the lower address opened survives,
             # on both sides, whatever the timing. A ready connection gone silent is no reason to refuse a fresh one.
-            stale = existing.state is ConnState.READY and now - existing.last_recv > node.timers.unresponsive
-            if node.me.addr.sort_key() < addr.sort_key() and not stale:
-                node.send(conn, wire.ConnInitAck(wire.Nack.DUPLICATE), now)
-                node.drop_conn(conn.id)
-                return
-            node.drop_conn(existing.id, replaced=True)
-        conn.peer = addr
-        conn.incarnation = key.incarnation
-        conn.state = ConnState.READY
-        conn.peer_wants = True
-        if node.gossip.merge([msg.info], now):
-            node.gossip.spread([msg.info], except_conn=conn.id)
-            node.links.relink(now)
-        node.emit(Kind.PEER_CONNECTING, now, node.table.get(addr))
-        node.send(conn, wire.ConnInitAck(wire.Nack.OK, node.me), now)
-        node.links.attach(conn, now)
-        node.gossip.sync(conn, msg.peers_hash, msg.dead_hash, now)
+            stale = existing.state is ConnState.READY and now - existing.last_recv > world.timers.unresponsive
+            if world.me.addr.sort_key() < addr.sort_key() and not stale:
+                return [Say(conn.id, wire.ConnInitAck(wire.Nack.DUPLICATE)), Drop(conn.id)]
+            out.append(Drop(existing.id, replaced=True))
+        out += [
+            Ready(conn.id, addr, key.incarnation),
+            Merge((msg.info,), spread=True, except_conn=conn.id, relink=True),
+            Notify(Kind.PEER_CONNECTING, addr),
+            Say(conn.id, wire.ConnInitAck(wire.Nack.OK, world.me)),
+            Attach(conn.id),
+            Sync(conn.id, msg.peers_hash, msg.dead_hash),
+        ]
+        return out
 
-    def _ack(self, conn: Conn, msg: wire.ConnInitAck, now: float) -> None:
-        node = self.node
+    def _ack(self, conn: Conn, msg: wire.ConnInitAck, now: float) -> Effects:
+        world = self.world
         assert conn.peer is not None
-        if conn.probe and msg.nack is not wire.Nack.MEASURE:
-            node.reunion.answered()
+        probe = world.is_probe(conn.id)
+        out: Effects = []
+        if probe and msg.nack is not wire.Nack.MEASURE:
+            out.append(ProbeAnswered())
         if msg.nack is wire.Nack.YOU_ARE_DEAD:
-            acceptor = node.table.get(conn.peer)
-            if conn.probe and acceptor is not None:
-                node.reunion.lost(acceptor.key, now)  # our probe met the larger side of a healed partition
+            acceptor = world.table.get(conn.peer)
+            if probe and acceptor is not None:
+                out.append(Outnumbered(acceptor.key))  # our probe met the larger side of a healed partition
             else:
-                node.expel(now)
-            return
+                out.append(Expel())
+            return out
         if msg.nack is wire.Nack.OUTNUMBERED:
-            node.drop_conn(conn.id)  # the acceptor's side is the smaller one: it leaves the job
-            return
+            return out + [Drop(conn.id)]  # the acceptor's side is the smaller one: it leaves the job
         if msg.nack is wire.Nack.MEASURE:
-            node.drop_conn(conn.id)  # a side not measured yet: gather, then probe again with ours (reunion.py)
-            node.reunion.measure(now, again=conn.peer)
-            return
+            # A side not measured yet: gather, then probe again with ours (reunion.py).
+            return out + [Drop(conn.id), MeasureAgain(conn.peer)]
         if msg.nack is wire.Nack.DUPLICATE:
-            node.drop_conn(conn.id, replaced=True)
-            return
+            return out + [Drop(conn.id, replaced=True)]
         if msg.nack is wire.Nack.LEAVING:
-            node.drop_conn(conn.id)
-            acceptor = node.table.get(conn.peer)
+            out.append(Drop(conn.id))
+            acceptor = world.table.get(conn.peer)
             if acceptor is not None:
-                node.verdicts.mark_left(acceptor.key, now)
-            return
+                out.append(Left(acceptor.key))
+            return out
         if msg.info is not None and msg.info.addr != conn.peer:
             raise wire.ProtocolError("the peer answered with another address")
-        if msg.info is not None and (node.verdicts.gone(msg.info.key) or node.table.is_outdated(msg.info.key)):
+        if msg.info is not None and (world.is_gone(msg.info.key) or world.table.is_outdated(msg.info.key)):
             # A process the job holds gone answered (a zombie that missed its verdict, the smaller side of a healed
             # partition): send it our lists, which name it dead (it passes them on to its side), and close.
-            if msg.info.key in node.verdicts.dead:
-                node.send(conn, node.gossip.full_update(), now)
-            node.drop_conn(conn.id)
-            return
-        current = node.table.get(conn.peer)
-        conn.incarnation = msg.info.incarnation if msg.info is not None else current.incarnation if current else None
+            if msg.info.key in world.dead:
+                out.append(SendTable(conn.id))
+            return out + [Drop(conn.id)]
+        current = world.table.get(conn.peer)
+        incarnation = msg.info.incarnation if msg.info is not None else current.incarnation if current else None
+        out.append(Incarnation(conn.id, incarnation))
         # A newer process at that address retires the older one first (dropping its connections, not this one).
-        if msg.info is not None and node.gossip.merge([msg.info], now):
-            node.links.relink(now)
-        existing = node.connections.to(conn.peer, exclude=conn.id)
+        if msg.info is not None:
+            out.append(Merge((msg.info,), relink=True))
+        return out + [Confirm(conn.id)]
+
+    def confirm(self, conn: Conn, now: float) -> Effects:
+        """The connector's handshake ends, once the acceptor's entry is merged (``_ack``)."""
+        world = self.world
+        assert conn.peer is not None
+        out: Effects = []
+        existing = world.conn_to(conn.peer, exclude=conn.id)
         if existing is not None and existing.state is ConnState.READY:
             # The peer accepted our connection and dropped its own: keep this one.
-            node.drop_conn(existing.id, replaced=True)
-        conn.state = ConnState.READY
-        conn.probe = False  # a probe that met a newer process at that address is an ordinary connection now
-        node.emit(Kind.PEER_CONNECTED, now, node.table.get(conn.peer), "connection established successfully")
-        node.links.attach(conn, now)
+            out.append(Drop(existing.id, replaced=True))
+        # A probe that met a newer process at that address is an ordinary connection now.
+        out += [
+            Ready(conn.id, conn.peer, conn.incarnation),
+            ProbeMet(conn.id),
+            Notify(Kind.PEER_CONNECTED, conn.peer, "connection established successfully"),
+            Attach(conn.id),
+        ]
+        return out
 
-    def _lists(self, conn: Conn, msg: wire.PeersUpdate, now: float) -> None:
+    def _lists(self, conn: Conn, msg: wire.PeersUpdate, now: float) -> Effects:
         """The acceptor's lists, sent just before it tells us we are dead: pass them on, for those cut off with us."""
-        node = self.node
-        if msg.full and node.me.key in msg.dead:
-            node.pass_on(msg, except_conn=conn.id)
+        if msg.full and self.world.me.key in msg.dead:
+            return [Broadcast(msg, conn.id)]
+        return []
 
     # --- the time limit ----------------------------------------------------------------------------------------
 
-    def timeouts(self, now: float) -> None:
+    def timeouts(self, now: float) -> Effects:
         """Drop every connection not READY within the handshake limit; its contact reconnects when due."""
-        node = self.node
-        for conn in node.connections:
-            if conn.state is not ConnState.READY and now - conn.opened_at > node.timers.handshake:
+        world = self.world
+        out: Effects = []
+        for conn in world.conns_list():
+            if conn.state is not ConnState.READY and now - conn.opened_at > world.timers.handshake:
                 if conn.peer is not None:
                     direction = "outgoing" if conn.outgoing else "incoming"
-                    node.emit(
-                        Kind.PEER_INIT_TIMEOUT,
-                        now,
-                        node.table.get(conn.peer),
-                        f"handshake completion timed out after {int(now - conn.opened_at)}s ({direction} connection)",
-                    )
-                node.drop_conn(conn.id)
+                    why = f"handshake completion timed out after {int(now - conn.opened_at)}s ({direction} connection)"
+                    out.append(Notify(Kind.PEER_INIT_TIMEOUT, conn.peer, why))
+                out.append(Drop(conn.id))
+        return out
 
 
 #: (our side of the connection, its state, the message) -> what to do. Any other message before READY is a

@@ -1,10 +1,12 @@
 """The RAS node: the one facade the drivers hold, composing the mesh's rules from their own modules.
 
 Belongs here: the node's inputs (each takes the current time and returns the actions the driver must carry out, in
-order), the queries the drivers and tests read, and the few services every concept shares (sending, emitting,
-passing a message on, dropping a connection, expelling this node). Every rule of the mesh lives in its own module
-with its own small state; the runtime (``rasd/net/runtime.py``) and the simulator (``rasd/sim/network.py``) only
-carry bytes and time in and out::
+order), the queries the drivers, the tests and the concepts read (``view.World``), and the routing of effects: one
+table, ``ROUTES``, that says which room takes each effect a concept returns (the wiring diagram of the mesh). Every
+rule of the mesh lives in its own module with its own small state; a concept reads the world through the node's
+queries, takes ``now`` as an argument and returns effects (``effects.py``), and never calls or writes another
+concept. The node is the only module of the core that knows more than one concept. The runtime
+(``rasd/net/runtime.py``) and the simulator (``rasd/sim/network.py``) only carry bytes and time in and out::
 
     driver                                   Node
       accepted / connected / received  --->  (state changes)  ---> [Send, Connect, Close, Emit, ...]
@@ -23,6 +25,10 @@ Where each rule lives (docs/architecture.md, "Where each rule lives"):
     sweeper.py      the stuck sweeper, COMM_STUCK verdicts  stuck.py      whether a communicator is stuck (pure)
     actions.py      what the node asks its driver to do     snapshot.py   a gather's result, and its one merge
 
+The order of effects, stated once: an input's effects are carried out in the order its concepts returned them, and
+each effect's own consequences (the effects its room returns) are carried out before the next one, depth first. So a
+concept's effects happen in the order it wrote them, after it has returned: no room is re-entered while it runs.
+
 A *paused* node (its thread starved, or SIGSTOP) does not blame its peers for its own silence: a long gap between
 ticks moves every silence clock forward by the gap (``_forgive_pause``).
 """
@@ -33,11 +39,12 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from . import wire
+from . import effects as fx, wire
 from .actions import Action, Close, Connect, Emit, GatherDone, ProbePid, Send
 from .comms import ProcessData, RestartRecord, next_restart
 from .config import Timers
 from .connections import MAX_PENDING_CONNS, Conn, Connections, ConnState
+from .effects import REACH_QUERY, SWEEP_QUERY, Effects, Purpose
 from .events import Event, Kind
 from .floods import Floods
 from .gather import Gather, Gathering
@@ -64,6 +71,7 @@ __all__ = [
     "MAX_PENDING_CONNS",
     "Node",
     "ProbePid",
+    "ROUTES",
     "Send",
 ]
 
@@ -84,36 +92,40 @@ class Node:
         self.rng = rng or random.SystemRandom()
         self.local_data = local_data
         self.express_links = express_links
-        self.table = PeerTable()
-        self.table.merge([info])
         self.expelled = False
         self.leaving = False
         #: This process's in-process restarts (``restarted``), contributed to every gather.
         self.restart: RestartRecord | None = None
         #: This process waits to be admitted into training (``rasd.record_waiting``): reports mark it WAITING.
         self.waiting = False
-        # The concepts, each with its own state (the module docstrings say what belongs in each).
+        # The rooms, each with its own state (the module docstrings say what belongs in each); each reads the
+        # world through this node's queries (view.World).
         self.connections = Connections()
+        self.gossip = Gossip(self, info)
         self.verdicts = Verdicts(self)
         self.links = Links(self)
         self.handshake = Handshake(self)
         self.floods = Floods(self)
-        self.gossip = Gossip(self)
         self.gathering = Gathering(self)
         self.sweeper = Sweeper(self)
         self.reunion = Reunion(self)
         self.suspicion = Suspicion(self)
-        #: What a READY connection may carry, and which concept takes it.
-        self._ready_handlers: dict[type, Callable[[Conn, Any, float], None]] = {
-            wire.Keepalive: self.gossip.on_keepalive,
-            wire.PeersUpdate: self.gossip.on_peers_update,
-            wire.Flood: self.floods.on_flood,
-            wire.CollReq: self.gathering.on_collreq,
-            wire.CollResp: self.gathering.on_collresp,
-            wire.CommVerdict: self.floods.on_comm_verdict,
-        }
+        #: What a tick does, in this order.
+        self._tick_steps: tuple[Callable[[float], Effects], ...] = (
+            self.handshake.timeouts,
+            self.links.climb,
+            self.verdicts.expire_hung,
+            self.sweeper.tick,
+            self.sweeper.expire,
+            self.links.connect_due,
+            self.links.keepalives,
+            self.links.close_idle,
+            self.reunion.probe_due,
+            self.suspicion.tick,
+            self.gathering.tick,
+        )
         self._last_tick: float | None = None
-        self.now = 0.0  # the time of the input being handled, for services that send or close
+        self.now = 0.0  # the time of the input being handled, for the effects it leads to
         self._out: list[Action] = []
 
     # ------------------------------------------------------------------------------------------------------------
@@ -121,7 +133,7 @@ class Node:
 
     def start(self, now: float) -> list[Action]:
         self.now = now
-        self.emit(Kind.PEER_NEW, now, self.me)
+        self._emit(Event(kind=Kind.PEER_NEW, at=now, addr=self.me.addr, peer=self.me))
         self._last_tick = now
         self.sweeper.start(now)
         return self._flush()
@@ -132,13 +144,11 @@ class Node:
         them, and gossip tells the rest of the job)."""
         self.now = now
         if not self.expelled:
-            new = self.gossip.merge(peers, now)
-            if new:
-                self.gossip.spread(new, except_conn=None)
+            self._run(self.gossip.merged(peers, spread=True, except_conn=None, relink=False, now=now))
             self.links.relink(now)
             if introduce:
-                self.links.introduce(peers, now)
-            self.links.connect_due(now)
+                self._run(self.links.introduce(peers, now))
+            self._run(self.links.connect_due(now))
         return self._flush()
 
     def adopt_table(self, table: PeerTable, now: float) -> list[Action]:
@@ -147,9 +157,9 @@ class Node:
         self.now = now
         if self.me.addr not in table or self.expelled:
             raise ValueError("the adopted table must list this node")
-        self.table = table
+        self.gossip.adopt(table)
         self.links.relink(now)
-        self.links.connect_due(now)
+        self._run(self.links.connect_due(now))
         return self._flush()
 
     def accepted(self, conn_id: int, now: float) -> list[Action]:
@@ -160,7 +170,7 @@ class Node:
             return self._flush()
         oldest = self.connections.oldest_pending_incoming()
         if oldest is not None:
-            self.drop_conn(oldest.id)
+            self._drop(oldest.id)
         self.connections.open_incoming(conn_id, now)
         return self._flush()
 
@@ -171,15 +181,16 @@ class Node:
         if conn is None:
             self._out.append(Close(conn_id))
         else:
-            self.handshake.connected(conn, now)
+            self.connections.connected(conn, now)
+            self._run(self.handshake.connected(conn, now))
         return self._flush()
 
     def connect_failed(self, conn_id: int, now: float, refused: bool) -> list[Action]:
         self.now = now
         conn = self.connections.pop(conn_id)
-        contact = self.links.retry(conn, now) if conn is not None else None
-        if contact is not None and refused:
-            self.verdicts.refused(contact.key, contact.lost_connection, now)
+        if conn is not None:
+            self._forget_conn(conn_id)
+            self._run(self.links.connect_failed(conn, refused, now))
         return self._flush()
 
     def closed(self, conn_id: int, now: float) -> list[Action]:
@@ -187,25 +198,17 @@ class Node:
         self.now = now
         conn = self.connections.pop(conn_id)
         if conn is not None:
-            self.gathering.purge(conn_id, now)
-            if conn.peer is not None and conn.state is ConnState.READY:
-                self.links.lost(conn, now, "peer closed connection during receive operation")
-            elif conn.peer is not None:
-                # Closed by the acceptor before it was ready (its handshake timer, its pending limit): retry as after
-                # a failed connect, or the contact would wait on a connection that no longer exists until the dead
-                # limit declares a live peer dead.
-                contact = self.links.retry(conn, now)
-                if contact is not None:
-                    contact.lost_connection = True  # a refused reconnect now means the peer is gone
-                    self.verdicts.probe_if_local(conn.peer)
-            self.links.connect_due(now)
+            self._forget_conn(conn_id)
+            self._run(self.gathering.purge(conn_id, now))
+            self._run(self.links.closed(conn, now))
+            self._run(self.links.connect_due(now))
         return self._flush()
 
     def pid_gone(self, addr: Addr, now: float) -> list[Action]:
         """The driver checked a ``ProbePid``: that process no longer exists. The verdict is about the incarnation
         the probe asked about; if a newer one holds the address by now, that one is not touched."""
         self.now = now
-        self.verdicts.pid_gone(addr, now)
+        self._run(self.verdicts.pid_gone(addr, now))
         return self._flush()
 
     def received(self, conn_id: int, data: bytes, now: float) -> list[Action]:
@@ -217,14 +220,16 @@ class Node:
             # Any bytes are proof of life, a whole frame or not (NCCL's lastRecvTime): a large frame crawling over a
             # slow link comes from a peer that speaks (tests/unit/core/test_frame_arriving.py).
             conn.last_recv = now
-            self.links.heard(conn, now)
+            effects = self.links.heard(conn, now)
+            if effects:
+                self._run(effects)
         try:
             for msg in conn.reader.feed(data):
                 if conn_id not in self.connections.by_id:
                     break
                 self._on_message(conn, msg, now)
         except wire.ProtocolError:
-            self.drop_conn(conn_id)
+            self._drop(conn_id)
         return self._flush()
 
     def tick(self, now: float) -> list[Action]:
@@ -236,24 +241,17 @@ class Node:
             if gap > max(3 * self.timers.tick, 2 * self.timers.keepalive):
                 self._forgive_pause(gap - self.timers.tick)
         self._last_tick = now
-        self.handshake.timeouts(now)
-        self.links.climb(now)
-        self.verdicts.expire_hung(now)
-        self.sweeper.tick(now)
-        self.sweeper.expire(now)
-        self.links.connect_due(now)
-        self.links.keepalives(now)
-        self.links.close_idle(now)
-        self.reunion.probe_due(now)
-        self.suspicion.tick(now)
-        self.gathering.tick(now)
+        for step in self._tick_steps:
+            effects = step(now)
+            if effects:
+                self._run(effects)
         return self._flush()
 
     def start_gather(self, query_id: int, now: float, timeout: float | None = None) -> list[Action]:
         """Start a status gather rooted here. ``timeout``: the collective timeout in seconds (None: the default;
         ``float('inf')``: no collective timeout). Ends with a ``GatherDone`` action."""
         self.now = now
-        self.gathering.start(query_id, now, timeout)
+        self._run(self.gathering.start(query_id, now, timeout))
         return self._flush()
 
     def restarted(
@@ -267,7 +265,7 @@ class Node:
         record = next_restart(self.restart, iteration, cause, terminated, seconds_lost)
         if record is not None:
             self.restart = record
-            self.act_emit(
+            self._emit(
                 Event(
                     kind=Kind.RESTART,
                     at=now,
@@ -292,14 +290,24 @@ class Node:
         self.now = now
         if not self.expelled and not self.leaving:
             self.leaving = True
-            self.pass_on(self.floods.verdict(wire.FloodKind.LEFT, self.me.key), except_conn=None)
+            self._run(self.floods.originate(wire.FloodKind.LEFT, self.me.key))
         for cid in list(self.connections.by_id):
-            self.drop_conn(cid)
-        self.links.contacts.clear()
+            self._drop(cid)
+        self.links.clear()
         return self._flush()
 
+    def carry_out(self, effects: Effects, now: float) -> None:
+        """Carry out effects a test got from one of this node's concepts by hand (``node.suspicion.tick(now)``):
+        their actions are queued, and the next input returns them."""
+        self.now = now
+        self._run(effects)
+
     # ------------------------------------------------------------------------------------------------------------
-    # Queries (for the drivers and tests)
+    # Queries (for the drivers and tests, and view.World for the concepts)
+
+    @property
+    def table(self) -> PeerTable:
+        return self.gossip.table
 
     @property
     def conns(self) -> dict[int, Conn]:
@@ -338,7 +346,12 @@ class Node:
 
     def live_peers(self) -> list[PeerInfo]:
         """The current entry of every address whose process is neither dead nor departed."""
-        return [p for p in self.table if not self.verdicts.gone(p.key)]
+        table, verdicts = self.table, self.verdicts
+        if not verdicts.dead and not verdicts.left:
+            return list(table)
+        # The gone sets are small and the table is not: leave out the current entries of gone processes, by identity.
+        gone = {id(table.get(k.addr)) for s in (verdicts.dead, verdicts.left) for k in s if table.is_current(k)}
+        return [p for p in table if id(p) not in gone]
 
     def is_dead(self, addr: Addr) -> bool:
         """Whether the process that holds ``addr`` now (the newest incarnation known there) is dead."""
@@ -357,19 +370,98 @@ class Node:
     def is_unresponsive(self, addr: Addr) -> bool:
         return self.links.is_delayed(addr)
 
+    # view.World: what the concepts may read of each other, answered by the room that owns it.
+
+    def random_bytes(self, n: int) -> bytes:
+        return self.rng.randbytes(n)
+
+    def conn(self, conn_id: int | None) -> Conn | None:
+        return self.connections.get(conn_id)
+
+    def conns_list(self) -> list[Conn]:
+        """Every connection, as a list (``conns`` is the drivers' dict of them)."""
+        return list(self.connections)
+
+    def conn_to(self, addr: Addr, exclude: int | None = None) -> Conn | None:
+        return self.connections.to(addr, exclude)
+
+    def ready_conns(self, except_conn: int | None = None) -> list[Conn]:
+        return self.connections.ready(except_conn)
+
+    def is_gone(self, key: PeerKey) -> bool:
+        return self.verdicts.gone(key)
+
+    def is_hung(self, key: PeerKey) -> bool:
+        return key in self.verdicts.hung
+
+    def gone_addresses(self) -> set[Addr]:
+        return self.verdicts.gone_addresses()
+
+    def has_link(self, addr: Addr) -> bool:
+        return addr in self.links.contacts
+
+    def is_delayed(self, addr: Addr) -> bool:
+        return self.links.is_delayed(addr)
+
+    def holds_hung(self, key: PeerKey) -> bool:
+        return self.links.holds_hung(key)
+
+    def peer_wants(self, conn_id: int) -> bool:
+        return self.links.peer_wants(conn_id)
+
+    def fresher(self, key: PeerKey, stamp: float) -> bool:
+        return self.links.fresher(key, stamp)
+
+    def refuted(self, key: PeerKey, stamp: float) -> bool:
+        return self.links.refuted(key, stamp)
+
+    def stamp(self, key: PeerKey) -> float:
+        return self.links.stamp(key)
+
+    def heard_within(self, key: PeerKey, window: float, now: float) -> bool:
+        return self.links.heard_within(key, window, now)
+
+    def still_silent(self, key: PeerKey, now: float) -> float | None:
+        return self.links.still_silent(key, now)
+
+    def standing_stuck(self) -> dict[int, StuckVerdict]:
+        return self.sweeper.standing()
+
+    def reach_gathering(self) -> bool:
+        return self.suspicion.gathering
+
+    def is_probe(self, conn_id: int) -> bool:
+        return self.reunion.is_probe(conn_id)
+
     # ------------------------------------------------------------------------------------------------------------
-    # Messages
+    # Messages, and carrying out effects
 
     def _on_message(self, conn: Conn, msg: wire.Message, now: float) -> None:
-        conn.last_recv = now
-        if conn.state in (ConnState.AUTH, ConnState.INIT):
-            self.handshake.on_message(conn, msg, now)
+        conn.last_recv = now  # the node keeps each connection's traffic times (connections.py's records)
+        if conn.state is not ConnState.READY:
+            self._run(self.handshake.on_message(conn, msg, now))
             return
-        self.links.heard(conn, now)
-        handler = self._ready_handlers.get(type(msg))
-        if handler is None:
+        effects = self.links.heard(conn, now)
+        if effects:
+            self._run(effects)
+        handlers = READY.get(type(msg))
+        if handlers is None:
             raise wire.ProtocolError(f"unexpected {type(msg).__name__} on a ready connection")
-        handler(conn, msg, now)
+        for handler in handlers:
+            effects = handler(self, conn, msg, now)
+            if effects:
+                self._run(effects)
+
+    def _run(self, effects: Effects) -> None:
+        """Carry out ``effects`` in order, each one's consequences before the next (the module's doc)."""
+        for effect in effects:
+            route = ROUTES.get(type(effect))
+            if route is None:
+                self._out.append(effect)  # type: ignore[arg-type]  # an action: the driver carries it out
+            else:
+                more = route(self, effect)
+                if more:
+                    self._run(more)
 
     def _forgive_pause(self, gap: float) -> None:
         """This node did not run for ``gap`` seconds: its peers' silence over that time is not their fault."""
@@ -379,63 +471,154 @@ class Node:
         self.links.forgive(gap)
         self.connections.forgive(gap)
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Services for the concept modules (not for drivers)
+    def _send(self, conn_id: int, frame: bytes) -> None:
+        conn = self.connections.by_id.get(conn_id)
+        if conn is not None and conn.last_send < self.now:
+            conn.last_send = self.now
+        self._out.append(Send(conn_id, frame))
 
-    def connect(self, addr: Addr, now: float) -> Conn:
-        """Open a new outgoing connection to ``addr``."""
-        conn = self.connections.open_outgoing(addr, now)
-        self._out.append(Connect(conn.id, addr))
-        return conn
-
-    def send(self, conn: Conn, msg: wire.Message, now: float) -> None:
-        self.send_encoded(conn, wire.encode(msg), now)
-
-    def send_encoded(self, conn: Conn, frame: bytes, now: float) -> None:
-        """Send a frame already encoded (``wire.encode``): one message to many connections is encoded once."""
-        conn.last_send = max(conn.last_send, now)
-        self._out.append(Send(conn.id, frame))
-
-    def pass_on(self, msg: wire.Message, except_conn: int | None) -> None:
-        """Send ``msg`` on every ready connection but ``except_conn``."""
+    def _broadcast(self, msg: wire.Message, except_conn: int | None) -> None:
+        """Send ``msg`` on every ready connection but ``except_conn``, encoded once."""
         ready = self.connections.ready(except_conn)
         if ready:
             frame = wire.encode(msg)
             for c in ready:
-                self.send_encoded(c, frame, self.now)
+                self._send(c.id, frame)
 
-    def drop_conn(self, conn_id: int, replaced: bool = False) -> None:
+    def _dial(self, addr: Addr, purpose: Purpose) -> None:
+        conn = self.connections.open_outgoing(addr, self.now)
+        self._out.append(Connect(conn.id, addr))
+        if purpose is Purpose.LINK:
+            self.links.dialled(addr, conn.id)
+        elif purpose is Purpose.PROBE:
+            self.reunion.dialled(conn.id)
+
+    def _drop(self, conn_id: int, replaced: bool = False) -> None:
         """Close a connection. ``replaced``: another connection to that peer takes over its contact."""
         conn = self.connections.pop(conn_id)
         if conn is None:
             return
         self._out.append(Close(conn_id))
+        self._forget_conn(conn_id)
         self.links.detach(conn, replaced, self.now)
-        self.gathering.purge(conn_id, self.now)
+        self._run(self.gathering.purge(conn_id, self.now))
 
-    def emit(self, kind: Kind, now: float, peer: PeerInfo | None, details: str = "") -> None:
-        self.act_emit(Event(kind=kind, at=now, addr=peer.addr if peer else None, peer=peer, details=details))
+    def _forget_conn(self, conn_id: int) -> None:
+        """A connection is gone: the rooms that keep something per connection forget it."""
+        self.handshake.forget_conn(conn_id)
+        self.gossip.forget_conn(conn_id)
+        self.reunion.forget_conn(conn_id)
 
-    def act_emit(self, event: Event) -> None:
+    def _emit(self, event: Event) -> None:
         self._out.append(Emit(event))
 
-    def act(self, action: Action) -> None:
-        self._out.append(action)
+    def _notify(self, n: fx.Notify) -> None:
+        about = n.about
+        peer = self.table.entry(about) if isinstance(about, PeerKey) else self.table.get(about) if about else None
+        self._emit(Event(kind=n.kind, at=self.now, addr=peer.addr if peer else None, peer=peer, details=n.details))
 
-    def probe(self, peer: PeerInfo) -> None:
-        self._out.append(ProbePid(peer.addr, peer.pid))
-
-    def expel(self, now: float, why: str = "this process was declared dead by the job") -> None:
+    def _expel(self, why: str) -> Effects:
         """The job has declared this process dead. It can never rejoin: stop taking part."""
         if self.expelled:
-            return
+            return []
         self.expelled = True
-        self.emit(Kind.PEER_DEAD, now, self.me, why)
+        self._emit(Event(kind=Kind.PEER_DEAD, at=self.now, addr=self.me.addr, peer=self.me, details=why))
         for cid in list(self.connections.by_id):
-            self.drop_conn(cid)
-        self.links.contacts.clear()
-        self.gathering.finish_all(now)
+            self._drop(cid)
+        self.links.clear()
+        return self.gathering.finish_all(self.now)
+
+    def _with_conn(self, conn_id: int, then: Callable[[Conn], Effects]) -> Effects:
+        conn = self.connections.get(conn_id)
+        return then(conn) if conn is not None else []
+
+    def _gather_finished(self, e: fx.GatherFinished) -> Effects:
+        if e.query_id == SWEEP_QUERY:
+            return self.sweeper.swept(e.snapshot, self.now)
+        if e.query_id == REACH_QUERY:
+            return self.suspicion.reached(e.snapshot, self.now)
+        return [GatherDone(e.query_id, e.snapshot)]
 
     def _flush(self) -> list[Action]:
         out, self._out = self._out, []
         return out
+
+
+Route = Callable[[Node, Any], Effects | None]
+
+#: The wiring diagram of the mesh: which room takes each effect a concept returns. An effect's consequences are
+#: carried out before the next effect (``Node._run``). Actions for the driver (``actions.py``) pass straight through.
+ROUTES: dict[type, Route] = {
+    # connections, carried out by the node
+    fx.Say: lambda n, e: n._send(e.conn_id, wire.encode(e.msg)),
+    fx.SayFrame: lambda n, e: n._send(e.conn_id, e.frame),
+    fx.Broadcast: lambda n, e: n._broadcast(e.msg, e.except_conn),
+    fx.Dial: lambda n, e: n._dial(e.addr, e.purpose),
+    fx.Drop: lambda n, e: n._drop(e.conn_id, e.replaced),
+    fx.Authenticated: lambda n, e: n.connections.authenticated(e.conn_id),
+    fx.Incarnation: lambda n, e: n.connections.reaches(e.conn_id, e.incarnation),
+    fx.Ready: lambda n, e: n.connections.ready_for(e.conn_id, e.peer, e.incarnation),
+    fx.Confirm: lambda n, e: n._with_conn(e.conn_id, lambda c: n.handshake.confirm(c, n.now)),
+    # the node itself
+    fx.Notify: lambda n, e: n._notify(e),
+    fx.Expel: lambda n, e: n._expel(e.why),
+    # verdicts.py
+    fx.Dead: lambda n, e: n.verdicts.declare_dead(e.key, n.now, e.why, e.flood),
+    fx.Left: lambda n, e: n.verdicts.mark_left(e.key, n.now),
+    fx.Retire: lambda n, e: n.verdicts.retire(e.addrs, n.now),
+    fx.Hung: lambda n, e: n.verdicts.hung_verdict(e.key, n.now, e.why),
+    fx.HungEnded: lambda n, e: n.verdicts.hung_ended(e.key),
+    fx.Recovered: lambda n, e: n.verdicts.recovered(e.key, n.now),
+    fx.ProbeLocal: lambda n, e: n.verdicts.probe_if_local(e.addr),
+    fx.Refused: lambda n, e: n.verdicts.refused(e.key, e.lost_connection, n.now),
+    # floods.py
+    fx.Originate: lambda n, e: n.floods.originate(e.kind, e.subject, e.stamp),
+    fx.OriginateComm: lambda n, e: n.floods.originate_comm(e.verdict, e.stuck),
+    # gossip.py
+    fx.Merge: lambda n, e: n.gossip.merged(e.peers, e.spread, e.except_conn, e.relink, n.now),
+    fx.SendTable: lambda n, e: n.gossip.send_table(e.conn_id),
+    fx.Sync: lambda n, e: n._with_conn(e.conn_id, lambda c: n.gossip.sync(c, e.peers_hash, e.dead_hash, n.now)),
+    # links.py
+    fx.Relink: lambda n, e: n.links.relink(n.now),
+    fx.ClimbOn: lambda n, e: n.links.climb_on(n.now),
+    fx.Forget: lambda n, e: n.links.forget(e.key),
+    fx.Attach: lambda n, e: n._with_conn(e.conn_id, lambda c: n.links.attach(c, n.now)),
+    fx.Vouch: lambda n, e: n.links.vouch(e.key, e.stamp, n.now),
+    fx.Answered: lambda n, e: n.links.answered(e.key, n.now),
+    fx.LastCall: lambda n, e: n.links.last_call(e.key, n.now),
+    # gather.py
+    fx.StartGather: lambda n, e: n.gathering.start(e.query_id, n.now, e.timeout),
+    fx.Purge: lambda n, e: n.gathering.purge(e.conn_id, n.now),
+    fx.GatherFinished: lambda n, e: n._gather_finished(e),
+    # sweeper.py
+    fx.HoldStuck: lambda n, e: n.sweeper.hold(e.verdict, n.now),
+    fx.ReleaseStuck: lambda n, e: n.sweeper.release(e.comm_hash, n.now, e.why),
+    # suspicion.py
+    fx.Silent: lambda n, e: n.suspicion.silent(e.key, n.now),
+    fx.Suspect: lambda n, e: n.suspicion.on_suspect(e.conn_id, e.msg, e.subject, n.now),
+    fx.Heard: lambda n, e: n.suspicion.refuted(e.subject, n.now),
+    fx.Measure: lambda n, e: n.suspicion.measure(n.now),
+    fx.Decide: lambda n, e: n.suspicion.decide(n.now),
+    # reunion.py
+    fx.Measured: lambda n, e: n.reunion.measured(e.side, e.complete, n.now),
+    fx.Judge: lambda n, e: n.reunion.judge(e.conn_id, e.key, e.msg, n.now),
+    fx.SendConnInit: lambda n, e: n.reunion.send_conninit(e.conn_id, n.now),
+    fx.ProbeAnswered: lambda n, e: n.reunion.answered(),
+    fx.ProbeMet: lambda n, e: n.reunion.met(e.conn_id),
+    fx.MeasureAgain: lambda n, e: n.reunion.measure(n.now, again=e.addr),
+    fx.Outnumbered: lambda n, e: n.reunion.lost(e.winner, n.now),
+    fx.Outvoted: lambda n, e: n.reunion.outvoted(e.conn_id, e.msg, e.winner, n.now),
+}
+
+#: What a READY connection may carry, and which rooms take it, in order.
+READY: dict[type, tuple[Callable[[Node, Conn, Any, float], Effects], ...]] = {
+    wire.Keepalive: (
+        lambda n, c, m, t: n.links.on_keepalive(c, m, t),
+        lambda n, c, m, t: n.gossip.on_keepalive(c, m, t),
+    ),
+    wire.PeersUpdate: (lambda n, c, m, t: n.gossip.on_peers_update(c, m, t),),
+    wire.Flood: (lambda n, c, m, t: n.floods.on_flood(c, m, t),),
+    wire.CollReq: (lambda n, c, m, t: n.gathering.on_collreq(c, m, t),),
+    wire.CollResp: (lambda n, c, m, t: n.gathering.on_collresp(c, m, t),),
+    wire.CommVerdict: (lambda n, c, m, t: n.floods.on_comm_verdict(c, m, t),),
+}

@@ -39,33 +39,36 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from . import wire
-from .connections import Conn
+from .effects import (
+    Broadcast,
+    Dial,
+    Drop,
+    Effects,
+    Expel,
+    Measure,
+    Originate,
+    Purpose,
+    Say,
+    SendTable,
+    Side,
+)
 from .peers import Addr, PeerKey
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .view import World
+
+__all__ = ["MEASURED_FOR", "PROBE_EVERY", "Reunion", "Ruling", "Side", "spread"]
 
 #: How often a node probes its ring gap, in hang limits (10 s at the defaults).
 PROBE_EVERY = 1.0
 #: How long a measured side stands, in gather hard limits (leg timeout + extra: 20 s at the defaults). Long enough for
 #: the re-probe after a MEASURE (one hard limit later) to find both sides' gathers done.
 MEASURED_FOR = 2.0
-
-
-class Side(NamedTuple):
-    """One side of a partition as one of its members measured it."""
-
-    live: int  # processes that answered its reachability gather, the member included; 0: not measured
-    lowest: Addr  # the lowest address among them
-
-    def beats(self, other: Side) -> bool:
-        """More members wins; equal counts: the lower lowest address wins."""
-        if self.live != other.live:
-            return self.live > other.live
-        return self.lowest.sort_key() < other.lowest.sort_key()
+#: Why a node whose side lost leaves the job.
+_LOST = "the larger side of a healed partition holds this process dead"
 
 
 class Ruling(enum.Enum):
@@ -77,14 +80,16 @@ class Ruling(enum.Enum):
 
 
 class Reunion:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, world: World) -> None:
+        self.world = world
         self._next_probe = 0.0
         self._turn = 0
         self._measured: tuple[Side, bool, float] | None = None  # our side as our last reachability gather found it
         self._again: tuple[Addr, float] | None = None  # a probe answered MEASURE: whom to probe again, and when
         self._measures = 0  # MEASURE answers in a row from one process (``_measured_for``)
         self._measured_for: Addr | None = None
+        #: Our probes in progress, by connection id (a probe that met a live process is an ordinary connection).
+        self.probes: set[int] = set()
 
     def measured(self, side: Side, complete: bool, now: float) -> None:
         """A reachability gather ended (``suspicion.py``): what it reached is our side. ``complete``: no leg timed
@@ -96,7 +101,7 @@ class Reunion:
         if self._measured is None:
             return None
         side, whole, at = self._measured
-        timers = self.node.timers
+        timers = self.world.timers
         if now - at > MEASURED_FOR * (timers.leg_timeout + timers.gather_extra) or (complete and not whole):
             return None
         return side
@@ -105,61 +110,75 @@ class Reunion:
 
     def gap(self) -> list[Addr]:
         """The dead processes between this node and its next live peer in table order (its ring gap)."""
-        node = self.node
-        order = list(node.table)
-        start = next(i for i, p in enumerate(order) if p.addr == node.me.addr)
+        world = self.world
+        order = list(world.table)
+        start = next(i for i, p in enumerate(order) if p.addr == world.me.addr)
         gap: list[Addr] = []
+        dead = world.dead
         for step in range(1, len(order)):
             p = order[(start + step) % len(order)]
-            if not node.verdicts.gone(p.key):
+            if not world.is_gone(p.key):
                 break
-            if p.key in node.verdicts.dead:
+            if p.key in dead:
                 gap.append(p.addr)
         return gap
 
-    def probe_due(self, now: float) -> None:
+    def probe_due(self, now: float) -> Effects:
         """Every PROBE_EVERY hang limits, connect to the next dead process of our ring gap (one at a time); a probe
         answered MEASURE is made again once both sides have gathered."""
-        node = self.node
-        if node.expelled or node.leaving:
-            return
+        world = self.world
+        if world.expelled or world.leaving:
+            return []
         if self._again is not None:
             target, at = self._again
-            if now < at or node.suspicion.gathering:
-                return  # our own gather first: the probe carries its measure
+            if now < at or world.reach_gathering():
+                return []  # our own gather first: the probe carries its measure
             if self.side(now, complete=True) is None:
-                node.suspicion.measure(now)  # it ended too long ago, or lost a leg: once more
-                return
+                return [Measure()]  # it ended too long ago, or lost a leg: once more
             self._again = None
-            if node.is_dead(target):
-                node.connect(target, now).probe = True
-            return
+            return [Dial(target, Purpose.PROBE)] if world.is_dead(target) else []
         if now < self._next_probe:
-            return
-        self._next_probe = now + PROBE_EVERY * node.timers.hang
-        if not node.verdicts.dead or self._again is not None or any(c.probe for c in node.connections.by_id.values()):
-            return
+            return []
+        self._next_probe = now + PROBE_EVERY * world.timers.hang
+        if not world.dead or self._again is not None or self.probes:
+            return []
         gap = self.gap()
         if gap:
             target = gap[spread(self._turn, len(gap))]
             self._turn += 1
-            node.connect(target, now).probe = True
+            return [Dial(target, Purpose.PROBE)]
+        return []
 
-    def measure(self, now: float, again: Addr | None = None) -> None:
+    def dialled(self, conn_id: int) -> None:
+        """The connection a ``Dial(PROBE)`` of ours asked for is open."""
+        self.probes.add(conn_id)
+
+    def met(self, conn_id: int) -> None:
+        """A probe met a process the job holds alive (a newer one at that address): an ordinary connection now."""
+        self.probes.discard(conn_id)
+
+    def forget_conn(self, conn_id: int) -> None:
+        self.probes.discard(conn_id)
+
+    def is_probe(self, conn_id: int) -> bool:
+        return conn_id in self.probes
+
+    def measure(self, now: float, again: Addr | None = None) -> Effects:
         """Gather to measure our side (a prober: unless it measured lately); with ``again``, probe that process
         again once our gather has ended: a keepalive interval later the first time (the acceptor's gather, started
         when it answered, takes about as long as ours), a gather's hard limit later after that (its gather waits on
         a silent leg)."""
-        node = self.node
+        out: Effects = []
         if again is None or self.side(now, complete=True) is None:
-            node.suspicion.measure(now)
+            out.append(Measure())
         if again is not None:
             if again != self._measured_for:
                 self._measures, self._measured_for = 0, again
             self._measures += 1
-            timers = node.timers
+            timers = self.world.timers
             wait = timers.keepalive if self._measures == 1 else timers.leg_timeout + timers.gather_extra
             self._again = (again, now + wait)
+        return out
 
     def answered(self) -> None:
         """A probe of ours was answered with a ruling (not MEASURE)."""
@@ -167,52 +186,62 @@ class Reunion:
 
     # --- comparing -----------------------------------------------------------------------------------------------
 
-    def judge(self, key: PeerKey, msg: wire.ConnInit, now: float) -> Ruling:
-        """A connection from ``key``, a process we hold gone: a zombie (no probe: it holds us alive), or a probe
-        whose measured side beats ours, or a probe where one of the two sides is not measured lately (then we
-        start measuring ours)."""
-        node = self.node
-        if msg.side_lowest is None or key not in node.verdicts.dead or not node.table.is_current(key):
-            return Ruling.ZOMBIE
+    def judge(self, conn_id: int, key: PeerKey, msg: wire.ConnInit, now: float) -> Effects:
+        """A connection from ``key``, a process we hold gone or older than the one at its address (the acceptor's
+        side of the rule): our lists and YOU_ARE_DEAD, OUTNUMBERED and our side leaves, or MEASURE."""
+        ruling, out = self._ruling(key, msg, now)
+        if ruling is Ruling.WE_LOSE:
+            # A healed partition, and the connector's side is the larger one: ours leaves.
+            return out + [Say(conn_id, wire.ConnInitAck(wire.Nack.OUTNUMBERED)), Drop(conn_id)] + self.lost(key, now)
+        if ruling is Ruling.MEASURE:
+            return out + [Say(conn_id, wire.ConnInitAck(wire.Nack.MEASURE)), Drop(conn_id)]
+        # Dead, departed, or older than the process that holds its address now (so gone): never rejoins. A dead one
+        # gets our lists first, which it passes on to whoever it is still connected to: most likely processes cut
+        # off with it (the smaller side of a healed partition), who learn it at once.
+        if key in self.world.dead:
+            out.append(SendTable(conn_id))
+        return out + [Say(conn_id, wire.ConnInitAck(wire.Nack.YOU_ARE_DEAD)), Drop(conn_id)]
+
+    def _ruling(self, key: PeerKey, msg: wire.ConnInit, now: float) -> tuple[Ruling, Effects]:
+        """A zombie (no probe: it holds us alive), or a probe whose measured side beats ours, or a probe where one of
+        the two sides is not measured lately (then we start measuring ours)."""
+        world = self.world
+        if msg.side_lowest is None or key not in world.dead or not world.table.is_current(key):
+            return Ruling.ZOMBIE, []
         ours = self.side(now)
         if msg.side_live == 0 or ours is None:
-            if ours is None:
-                self.measure(now)
-            return Ruling.MEASURE
+            return Ruling.MEASURE, self.measure(now) if ours is None else []
         if not Side(msg.side_live, msg.side_lowest).beats(ours):
-            return Ruling.ZOMBIE
+            return Ruling.ZOMBIE, []
         if self.side(now, complete=True) is None:
             # We would lose, but our gather lost legs: part of our side may have gone uncounted. Measure again
             # before leaving (a lost leg can only make a side look smaller).
-            self.measure(now)
-            return Ruling.MEASURE
-        return Ruling.WE_LOSE
+            return Ruling.MEASURE, self.measure(now)
+        return Ruling.WE_LOSE, []
 
-    def conninit(self, conn: Conn, now: float) -> wire.ConnInit:
-        """The CONNINIT this node sends on ``conn``: on a probe, with its measured side (live 0: none lately, or only
-        by a gather that lost a leg, which could make the larger side lose)."""
-        node = self.node
-        msg = wire.ConnInit(node.me, node.table.hash, node.verdicts.dead_hash)
-        if conn.probe:
-            side = self.side(now, complete=True) or Side(0, node.me.addr)  # a lost leg can hide part of it
-            msg = wire.ConnInit(node.me, node.table.hash, node.verdicts.dead_hash, side.live, side.lowest)
-        return msg
+    def conninit(self, conn_id: int, now: float) -> wire.ConnInit:
+        """The CONNINIT this node sends on a connection: on a probe, with its measured side (live 0: none lately, or
+        only by a gather that lost a leg, which could make the larger side lose)."""
+        world = self.world
+        if conn_id in self.probes:
+            side = self.side(now, complete=True) or Side(0, world.me.addr)  # a lost leg can hide part of it
+            return wire.ConnInit(world.me, world.table.hash, world.dead_hash, side.live, side.lowest)
+        return wire.ConnInit(world.me, world.table.hash, world.dead_hash)
+
+    def send_conninit(self, conn_id: int, now: float) -> Effects:
+        return [Say(conn_id, self.conninit(conn_id, now))]
 
     # --- losing --------------------------------------------------------------------------------------------------
 
-    def lost(self, winner: PeerKey, now: float) -> None:
+    def lost(self, winner: PeerKey, now: float) -> Effects:
         """Our side met a larger one that holds us dead: tell our side, then leave the job."""
-        node = self.node
-        node.pass_on(node.floods.verdict(wire.FloodKind.OUTVOTED, winner), except_conn=None)
-        node.expel(now, "the larger side of a healed partition holds this process dead")
+        return [Originate(wire.FloodKind.OUTVOTED, winner), Expel(_LOST)]
 
-    def outvoted(self, conn: Conn, msg: wire.Flood, winner: PeerKey, now: float) -> None:
+    def outvoted(self, conn_id: int, msg: wire.Flood, winner: PeerKey, now: float) -> Effects:
         """A member of our side lost to ``winner``'s side. If we hold the winner dead we were cut off with it."""
-        node = self.node
-        if winner == node.me.key or winner not in node.verdicts.dead:
-            return
-        node.pass_on(msg, except_conn=conn.id)
-        node.expel(now, "the larger side of a healed partition holds this process dead")
+        if winner == self.world.me.key or winner not in self.world.dead:
+            return []
+        return [Broadcast(msg, conn_id), Expel(_LOST)]
 
 
 def spread(turn: int, n: int) -> int:

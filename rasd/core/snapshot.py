@@ -1,9 +1,15 @@
 """The input of a status report: what the root of a gather knows when the gather ends, and how it is merged.
 
-Belongs here: ``JobSnapshot`` and the one merge of its communicators (``merge_communicators``), which the stuck
-sweeper (``stuck.py``) and the report (``rasd/report/model.py``) both use, so they can never disagree about one
-snapshot. ``rasd.report`` turns a ``JobSnapshot`` into the report model and renders it; the gather in ``rasd.core``
-produces it. Keeping it a plain value makes the report a pure function, tested without a mesh.
+Belongs here: ``JobSnapshot`` and the one merge of its communicators (``merge_communicators``, giving
+``MergedCommunicator``), which the stuck sweeper (``stuck.py``) and the report (``rasd/report/model.py``) both use,
+so they can never disagree about one snapshot. ``rasd.report`` turns a ``JobSnapshot`` into the report model and
+renders it; the gather in ``rasd.core`` produces it. Keeping it a plain value makes the report a pure function, tested
+without a mesh. It imports nothing of the stuck detector (which reads snapshots): the verdicts it carries are values
+of ``stuck_verdict.py``.
+
+Dead and departed processes travel in one representation, the gather's, from here to the report: the current table
+entries by address (``dead``, ``left``: disjoint) and the older processes at those addresses by their table entries
+(``former_dead``, ``former_left``). The report reads these fields as they are; it does not convert them.
 
 The merge (docs/architecture.md section 4): each responding process reports the communicators it holds ranks of.
 They are merged by (hash, size): two communicators with one hash but different sizes are a hash collision and are
@@ -15,13 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from .comms import CommRecord, ProcessData, RankRecord
 from .peers import Addr, PeerInfo, addr_order
-
-if TYPE_CHECKING:
-    from .stuck import StuckVerdict
+from .stuck_verdict import StuckVerdict
 
 #: Communicator hashes are 64-bit (the wire's u64); a wider value is cut to that.
 HASH_MASK = (1 << 64) - 1
@@ -32,7 +36,9 @@ class JobSnapshot:
     #: The whole peer table of the root, sorted by address, dead and departed peers included: one entry per address.
     peers: tuple[PeerInfo, ...]
     #: Peers known dead (permanent) and peers that left cleanly (a finished process is not a fault), by address:
-    #: about the entry of ``peers`` at that address, the newest process known there.
+    #: about the entry of ``peers`` at that address, the newest process known there. Disjoint: an address given in
+    #: both is taken out of ``dead`` (it said goodbye first). The gather never gives one in both, as the verdicts
+    #: about one process are exclusive; a snapshot built by hand may.
     dead: frozenset[Addr] = frozenset()
     left: frozenset[Addr] = frozenset()
     #: Older processes at addresses a newer one holds now (a restarted process that got its predecessor's port
@@ -50,6 +56,10 @@ class JobSnapshot:
     in_flight_grace: float = 0.0
     #: Standing COMM_STUCK verdicts the root holds: communicator hash -> what is stuck and who is to blame.
     stuck: dict[int, StuckVerdict] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.dead.isdisjoint(self.left):
+            object.__setattr__(self, "dead", self.dead - self.left)  # frozen: set once, here
 
     def missing(self) -> list[PeerInfo]:
         """Live peers that did not answer (NCCL's missing = peers - dead - responders; departed peers excluded)."""

@@ -10,9 +10,9 @@ counts cannot do::
     -> operation 57 is stuck; rank 2 is behind (never launched it); ranks 0, 1, 3 are inside it
 
 A verdict clears as soon as the counters move or agree again. Pure: snapshots and times in, verdicts out. The
-snapshot is merged by ``snapshot.merge_communicators``, the same merge the report uses. A verdict is data (op type,
-operation, ranks behind, ranks inside) all the way to the JSON report; ``describe`` is its sentence, for events
-and the text report.
+snapshot is merged by ``snapshot.merge_communicators``, the same merge the report uses. The verdict itself,
+``StuckVerdict``, is a value of its own module (``stuck_verdict.py``), which the snapshot carries; it is importable
+from here too.
 """
 
 from __future__ import annotations
@@ -21,34 +21,7 @@ from dataclasses import dataclass, field
 
 from .comms import OP_TYPES
 from .snapshot import JobSnapshot, MergedCommunicator, merge_communicators
-
-
-@dataclass(frozen=True)
-class StuckVerdict:
-    comm_hash: int
-    op: int  # index into OP_TYPES
-    seq: int  # the operation the most advanced ranks launched
-    behind: tuple[int, ...]  # communicator ranks that launched fewer operations of this type
-    inside: tuple[int, ...]  # communicator ranks that launched an operation of this type and did not complete it
-    global_behind: tuple[int, ...] = ()  # the same ranks as global ranks, where the rank map tells
-    global_inside: tuple[int, ...] = ()
-
-    def describe(self) -> str:
-        op = OP_TYPES[self.op]
-        parts = [f"{op} operation {self.seq} stuck"]
-        if self.behind:
-            parts.append(f"{_ranks(self.behind)} behind (not launched)")
-        if self.inside:
-            parts.append(f"{_ranks(self.inside)} inside it (launched, not completed)")
-        return "; ".join(parts)
-
-    @property
-    def global_ranks(self) -> tuple[int, ...]:
-        return tuple(dict.fromkeys(self.global_behind + self.global_inside))
-
-
-def _ranks(ranks: tuple[int, ...]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
+from .stuck_verdict import StuckVerdict as StuckVerdict  # re-exported: the rest of the core names it from here
 
 
 def attribute(comm: MergedCommunicator) -> StuckVerdict | None:

@@ -61,26 +61,37 @@ from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from . import wire
-from .connections import Conn
+from .effects import (
+    REACH_QUERY,
+    Answered,
+    Broadcast,
+    Dead,
+    Decide,
+    Effects,
+    LastCall,
+    Measured,
+    Notify,
+    Originate,
+    Side,
+    StartGather,
+)
 from .events import Kind
 from .liveness import CONFIRM
 from .peers import Addr, PeerInfo, PeerKey
-from .reunion import Side
 from .snapshot import JobSnapshot
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .view import World
 
-#: The query id of reachability gathers (the stuck sweeper's is -1; a client's are positive).
-REACH_QUERY = -2
+__all__ = ["ECHO", "REACH_QUERY", "Suspicion", "unreached_runs"]
 #: How long a SUSPECT or HEARD flood about a process stands for all, in gather leg timeouts: shorter than the time
 #: from one gather of a node to its next (a leg timeout and the hard extra).
 ECHO = 1.0
 
 
 class Suspicion:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, world: World) -> None:
+        self.world = world
         self.pending: dict[PeerKey, float] = {}  # silence verdicts of our ladder -> since when
         self.suspects: dict[PeerKey, float] = {}  # processes the last gather did not reach -> since when
         self.runs: dict[PeerKey, frozenset[PeerKey]] = {}  # an unreached process -> its run (see the module's doc)
@@ -96,39 +107,40 @@ class Suspicion:
 
     # --- inputs --------------------------------------------------------------------------------------------------
 
-    def silent(self, key: PeerKey, now: float) -> bool:
+    def silent(self, key: PeerKey, now: float) -> Effects:
         """Our ladder's DEAD rung: that linked process is silent past the dead limit and nobody refuted our HUNG.
-        True when the verdict is newly pending (the caller floods its HUNG once more: its last call)."""
+        When the verdict is newly pending, our HUNG goes out once more (its last call) after our gather starts."""
         if key in self.pending:
-            return False
+            return []
         self.pending[key] = now
-        self._gather(now)
-        return True
+        out = self._gather(now)
+        out.append(LastCall(key))
+        return out
 
-    def reached(self, snap: JobSnapshot, now: float) -> None:
+    def reached(self, snap: JobSnapshot, now: float) -> Effects:
         """A reachability gather ended: are we the larger side, and whom can we not reach?"""
-        node = self.node
+        world = self.world
         self._gathering = False
-        if node.expelled or node.leaving:
-            return
-        live = node.live_peers()
+        if world.expelled or world.leaving:
+            return []
+        live = world.live_peers()
         answered = [p for p in live if p.addr in snap.responses]  # the table is sorted: the first is the lowest
-        lowest = live[0].addr if live else node.me.addr
+        lowest = live[0].addr if live else world.me.addr
         was_majority = self.majority
         self.majority = 2 * len(answered) > len(live) or (2 * len(answered) == len(live) and lowest in snap.responses)
-        side = Side(len(answered), answered[0].addr if answered else node.me.addr)
-        node.reunion.measured(side, snap.timeouts == 0, now)
+        side = Side(len(answered), answered[0].addr if answered else world.me.addr)
+        out: Effects = [Measured(side, snap.timeouts == 0)]
         for key in list(self.pending):
             # It answered: it is alive and reachable now (a partition healed, a link came back, a paused process
             # resumed while the gather ran), so the silence of our link to it is not a death.
             if key.addr in snap.responses:
                 del self.pending[key]
-                node.links.answered(key, now)
+                out.append(Answered(key))
         for key in list(self.suspects):
             if key.addr in snap.responses:
                 del self.suspects[key]
         if self.majority and not was_majority:
-            self._call_again(now)
+            out += self._call_again(now)
         self.runs = unreached_runs(live, snap.responses)
         self.unreached = bool(self.runs)
         for run in set(self.runs.values()):
@@ -140,30 +152,27 @@ class Suspicion:
                 self.suspects[key] = now
                 self._called.pop(key, None)
                 if not self._lately(self._suspected, key, now):
-                    self._call(key, now)
-        self._decide(now)
+                    out += self._call(key, now)
+        return out + self._decide(now)
 
-    def on_suspect(self, conn: Conn, msg: wire.Flood, subject: PeerKey, now: float) -> None:
+    def on_suspect(self, conn_id: int, msg: wire.Flood, subject: PeerKey, now: float) -> Effects:
         """A SUSPECT flood: refute it if we are the suspect or heard it within the dead limit; else pass it on."""
-        node = self.node
-        if subject == node.me.key:
+        world = self.world
+        if subject == world.me.key:
             # The suspect answers every SUSPECT about itself, however lately it answered one: its last HEARD may
             # have gone out before this suspecter could be reached (a partition healing; sweep seed 5482).
             self._heard[subject] = now
-            node.pass_on(node.floods.verdict(wire.FloodKind.HEARD, subject, now), except_conn=None)
-            return
-        if node.links.heard_within(subject, node.timers.dead, now) and not self._lately(self._heard, subject, now):
+            return [Originate(wire.FloodKind.HEARD, subject, now)]
+        if world.heard_within(subject, world.timers.dead, now) and not self._lately(self._heard, subject, now):
             self._heard[subject] = now
-            stamp = node.links.stamp(subject)
-            node.pass_on(node.floods.verdict(wire.FloodKind.HEARD, subject, stamp), except_conn=None)
-            return
+            return [Originate(wire.FloodKind.HEARD, subject, world.stamp(subject))]
         # Not heard by us, or heard and answered lately (maybe before this suspecter could be reached): no second
         # HEARD, but the SUSPECT goes on, towards the suspect, which answers every one; stopped here, it would stop
         # next to the suspect, whose links all heard it.
         self._suspected[subject] = now
         if (subject in self.suspects or subject in self._final) and subject not in self._called:
             self._called[subject] = now  # our suspicion's call: it went out after we suspected
-        node.pass_on(msg, except_conn=conn.id)
+        return [Broadcast(msg, conn_id)]
 
     def refuted(self, subject: PeerKey, now: float) -> None:
         """A HEARD flood about that process: somebody heard it within the dead limit, so its whole run may have been
@@ -175,9 +184,9 @@ class Suspicion:
         if self._final.pop(subject, None) is not None:
             self.pending.pop(subject, None)  # its last call was answered: somebody reachable hears it
 
-    def tick(self, now: float) -> None:
-        node = self.node
-        if now - self._pruned >= ECHO * node.timers.leg_timeout:
+    def tick(self, now: float) -> Effects:
+        world = self.world
+        if now - self._pruned >= ECHO * world.timers.leg_timeout:
             self._pruned = now
             for seen in (self._suspected, self._heard):
                 for key in [k for k, at in seen.items() if not self._lately(seen, k, now)]:
@@ -186,20 +195,21 @@ class Suspicion:
             for key in [k for k in d if k not in self.pending and k not in self.suspects]:
                 del d[key]  # dropped meanwhile (answered a gather, heard again, refuted, declared)
         if not self.pending and not self.suspects and not self.unreached:
-            return
+            return []
         for key in list(self.pending):
-            if node.verdicts.gone(key) or node.links.still_silent(key, now) is None:
+            if world.is_gone(key) or world.still_silent(key, now) is None:
                 del self.pending[key]  # declared by somebody else, heard again, or no longer a link of ours
         for key in list(self.suspects):
-            if node.verdicts.gone(key) or not node.table.is_current(key):
+            if world.is_gone(key) or not world.table.is_current(key):
                 del self.suspects[key]
+        out: Effects = []
         if (
             not self.majority or self.unreached
-        ) and now - self._gathered >= node.timers.leg_timeout + node.timers.gather_extra:
+        ) and now - self._gathered >= world.timers.leg_timeout + world.timers.gather_extra:
             # Look again: on the smaller side a heal makes us the larger one; processes we could not reach are
             # suspected again (a refutation by a node that heard them within the dead limit ages out).
-            self._gather(now)
-        self._decide(now)
+            out += self._gather(now)
+        return out + self._decide(now)
 
     def forgive(self, gap: float) -> None:
         for d in (self.pending, self.suspects, self._final, self._called):
@@ -208,7 +218,7 @@ class Suspicion:
 
     def _lately(self, seen: dict[PeerKey, float], key: PeerKey, now: float) -> bool:
         at = seen.get(key)
-        return at is not None and now - at < ECHO * self.node.timers.leg_timeout
+        return at is not None and now - at < ECHO * self.world.timers.leg_timeout
 
     # --- deciding ------------------------------------------------------------------------------------------------
 
@@ -216,57 +226,63 @@ class Suspicion:
     def gathering(self) -> bool:
         return self._gathering
 
-    def measure(self, now: float) -> None:
+    def measure(self, now: float) -> Effects:
         """A reachability gather for the reunion rule, which measures a side with it (``reunion.py``)."""
-        self._gather(now)
+        return self._gather(now)
 
-    def _gather(self, now: float) -> None:
-        node = self.node
-        if not self._gathering and not node.expelled and not node.leaving:
+    def _gather(self, now: float) -> Effects:
+        world = self.world
+        if not self._gathering and not world.expelled and not world.leaving:
             self._gathering = True
             self._gathered = now
-            node.gathering.start(REACH_QUERY, now, None)
+            return [StartGather(REACH_QUERY)]
+        return []
 
-    def _decide(self, now: float) -> None:
+    def decide(self, now: float) -> Effects:
+        """Decide again, after a silence death this node declared has been carried out (``_decide``)."""
+        return self._decide(now)
+
+    def _decide(self, now: float) -> Effects:
         """Declare what is due: on the larger side pending deaths at once and suspicions after CONFIRM; on the
         smaller side both one dead limit later. A gather in flight decides first."""
-        node = self.node
+        world = self.world
         if self._gathering:
-            return
-        wait = 0.0 if self.majority else node.timers.dead
-        confirm = CONFIRM * node.timers.unresponsive
+            return []
+        out: Effects = []
+        declared: set[PeerKey] = set()  # suspects declared by this pass
+        wait = 0.0 if self.majority else world.timers.dead
+        confirm = CONFIRM * world.timers.unresponsive
         for key, since in list(self.pending.items()):
-            silence = node.links.still_silent(key, now)
+            silence = world.still_silent(key, now)
             if silence is None:
                 del self.pending[key]  # heard again, or vouched for: its last HUNG was refuted
                 continue
-            if now - since >= max(wait, confirm) and self._last_call(key, wait, now):
+            if now - since >= max(wait, confirm) and self._last_call(key, wait, now, out):
                 del self.pending[key]
-                node.emit(
-                    Kind.PEER_TIMEOUT_DEAD,
-                    now,
-                    node.table.entry(key),
-                    f"peer failed to respond for {int(silence)}s, declaring dead",
-                )
-                node.verdicts.declare_dead(key, now, None)
+                # One silence death at a time: the links it drops or adds are seen before the next one is decided (a
+                # pending death whose link the relink after this one drops is no longer ours to declare).
+                why = f"peer failed to respond for {int(silence)}s, declaring dead"
+                return out + [Notify(Kind.PEER_TIMEOUT_DEAD, key, why), Dead(key, None), Decide()]
         for key, since in list(self.suspects.items()):
-            if node.verdicts.gone(key):
-                del self.suspects[key]  # declared just above, as a pending death of ours
+            if key in declared or world.is_gone(key):
+                del self.suspects[key]  # declared already (as a pending death of ours, by the pass before this one)
                 continue
             if (
-                now - since >= max(wait, CONFIRM * node.timers.unresponsive)
-                and (wait or self._answered(key, since, now))
-                and self._last_call(key, wait, now)
+                now - since >= max(wait, CONFIRM * world.timers.unresponsive)
+                and (wait or self._answered(key, since, now, out))
+                and self._last_call(key, wait, now, out)
             ):
                 del self.suspects[key]
-                node.verdicts.declare_dead(key, now, "unreachable, and nobody reachable heard it for the dead limit")
+                declared.add(key)
+                out.append(Dead(key, "unreachable, and nobody reachable heard it for the dead limit"))
+        return out
 
-    def _last_call(self, key: PeerKey, wait: float, now: float) -> bool:
+    def _last_call(self, key: PeerKey, wait: float, now: float, out: Effects) -> bool:
         """On the smaller side a death is declared a dead limit after it was due, when the network may have healed
-        meanwhile: one more SUSPECT flood first, and the death only if nobody refutes it for CONFIRM unresponsive
-        limits. (Sweep seed 46: a suspicion raised during a partition came due after the heal and was declared;
-        the verdict reached processes of the larger side that the larger side still held alive, and through them
-        the larger side, about a process it heard all along.)"""
+        meanwhile: one more SUSPECT flood first (into ``out``), and the death only if nobody refutes it for CONFIRM
+        unresponsive limits. (Sweep seed 46: a suspicion raised during a partition came due after the heal and was
+        declared; the verdict reached processes of the larger side that the larger side still held alive, and
+        through them the larger side, about a process it heard all along.)"""
         if not wait:
             return True
         called = self._final.get(key)
@@ -280,11 +296,11 @@ class Suspicion:
             self._final[key] = now
             self._called.pop(key, None)
             if not self._lately(self._suspected, key, now):
-                self._call(key, now)
+                out += self._call(key, now)
             return False
-        return self._answered(key, called, now)
+        return self._answered(key, called, now, out)
 
-    def _call_again(self, now: float) -> None:
+    def _call_again(self, now: float) -> Effects:
         """This gather put us on the larger side after the last one put us on the smaller: every last call and
         suspicion older than this gather went out where only the smaller side could hear it, so nobody who hears
         the process had the chance to refute. Each pending death is called again (our HUNG once more) and waits
@@ -292,37 +308,39 @@ class Suspicion:
         that reaches the larger side. (Sweep seed 7705: a silence death pending on the cut-off side since before
         the heal was declared by the first gather after it, with a last call nobody on the larger side had seen,
         about a process the larger side heard all along.)"""
+        out: Effects = []
         began = self._gathered
         for key, since in list(self.pending.items()):
             if since < began:
                 self.pending[key] = now
                 self._final.pop(key, None)
-                self.node.links.last_call(key, now)
+                out.append(LastCall(key))
         for key, since in list(self.suspects.items()):
             if since < began:
                 del self.suspects[key]
                 self._called.pop(key, None)
                 self._final.pop(key, None)
+        return out
 
-    def _call(self, key: PeerKey, now: float) -> None:
+    def _call(self, key: PeerKey, now: float) -> Effects:
         """Our SUSPECT flood about ``key``: its suspect, and anybody who heard it within the dead limit, refute."""
         self._suspected[key] = now
         self._called.setdefault(key, now)
-        node = self.node
-        node.pass_on(node.floods.verdict(wire.FloodKind.SUSPECT, key), except_conn=None)
+        return [Originate(wire.FloodKind.SUSPECT, key)]
 
-    def _answered(self, key: PeerKey, since: float, now: float) -> bool:
+    def _answered(self, key: PeerKey, since: float, now: float, out: Effects) -> bool:
         """Whether a suspicion (or last call) begun at ``since`` has had its chance to be refuted: a SUSPECT flood
         about ``key``, ours or another node's seen here, went out after ``since`` and stood CONFIRM unresponsive
         limits. When we flooded none because another node's SUSPECT had just gone by (``ECHO``), and none came
-        after ours began, we flood ours once CONFIRM has passed: the other flood may have gone out over a network
-        that did not reach the suspect (sweep seed 5482: a SUSPECT flooded on the smaller side of a partition that
-        healed moments later stood in for a suspicion raised after the heal; the suspect, reachable, never saw it)."""
-        confirm = CONFIRM * self.node.timers.unresponsive
+        after ours began, we flood ours (into ``out``) once CONFIRM has passed: the other flood may have gone out
+        over a network that did not reach the suspect (sweep seed 5482: a SUSPECT flooded on the smaller side of a
+        partition that healed moments later stood in for a suspicion raised after the heal; the suspect, reachable,
+        never saw it)."""
+        confirm = CONFIRM * self.world.timers.unresponsive
         called = self._called.get(key)
         if called is None:
             if now - since >= confirm:
-                self._call(key, now)
+                out += self._call(key, now)
             return False
         return now - called >= confirm
 

@@ -12,86 +12,96 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .actions import Emit
+from .effects import SWEEP_QUERY, Effects, OriginateComm, StartGather
 from .events import Event, Kind
 from .snapshot import JobSnapshot
 from .stuck import StuckDetector, StuckVerdict
 
 if TYPE_CHECKING:
-    from .node import Node
-
-#: The query id of the sweeper's own gathers (client queries have positive ids).
-SWEEP_QUERY = -1
+    from .view import World
 
 
 class Sweeper:
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.detector = StuckDetector(node.timers.stuck)
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.detector = StuckDetector(world.timers.stuck)
         #: Every communicator verdict this node holds, by communicator hash, with when it was last confirmed.
         self.stuck: dict[int, tuple[StuckVerdict, float]] = {}
         self._next_sweep = 0.0
         self._sweeping = False
 
     def start(self, now: float) -> None:
-        self._next_sweep = now + self.node.timers.sweep
+        self._next_sweep = now + self.world.timers.sweep
 
     def is_sweeper(self) -> bool:
         """The lowest-address live peer that this node does not know to be silent sweeps the job."""
-        node = self.node
-        for p in node.table:
-            if p.addr == node.me.addr:
+        world = self.world
+        for p in world.table:
+            if p.addr == world.me.addr:
                 return True
-            if node.verdicts.gone(p.key) or p.key in node.verdicts.hung or node.links.is_delayed(p.addr):
+            if world.is_gone(p.key) or world.is_hung(p.key) or world.is_delayed(p.addr):
                 continue
             return False
         return False
 
-    def tick(self, now: float) -> None:
-        node = self.node
+    def tick(self, now: float) -> Effects:
+        world = self.world
         if self._sweeping or now < self._next_sweep or not self.is_sweeper():
-            return
-        self._next_sweep = now + node.timers.sweep
-        if not node.local_data().comms:
-            return  # a sweeper that holds no communicator has none to watch (every rank holds the world group)
+            return []
+        self._next_sweep = now + world.timers.sweep
+        if not world.local_data().comms:
+            return []  # a sweeper that holds no communicator has none to watch (every rank holds the world group)
         self._sweeping = True
-        node.gathering.start(SWEEP_QUERY, now, None)
+        return [StartGather(SWEEP_QUERY)]
 
-    def swept(self, snapshot: JobSnapshot, now: float) -> None:
+    def swept(self, snapshot: JobSnapshot, now: float) -> Effects:
         """Our sweep's gather ended (``snapshot``): new verdicts, refreshes of standing ones, and clears."""
-        node = self.node
+        world = self.world
         self._sweeping = False
-        if node.expelled:
-            return
+        if world.expelled:
+            return []
+        out: Effects = []
         _, cleared = self.detector.observe(snapshot, now)
         due = self.detector.due()
         if due is not None:  # a verdict falls due before the next sweep: sweep then (never sooner than a leg)
-            self._next_sweep = min(self._next_sweep, max(due, now + node.timers.leg_timeout / 4))
+            self._next_sweep = min(self._next_sweep, max(due, now + world.timers.leg_timeout / 4))
         for v in cleared:
-            self.release(v.comm_hash, now, "counters moving again")
-            node.pass_on(node.floods.comm_verdict(v, stuck=False), except_conn=None)
+            out += self.release(v.comm_hash, now, "counters moving again")
+            out.append(OriginateComm(v, stuck=False))
         for v in self.detector.active():  # new ones, and a refresh of those that stand
-            self.hold(v, now)
-            node.pass_on(node.floods.comm_verdict(v, stuck=True), except_conn=None)
+            out += self.hold(v, now)
+            out.append(OriginateComm(v, stuck=True))
+        return out
 
-    def hold(self, v: StuckVerdict, now: float) -> None:
+    def hold(self, v: StuckVerdict, now: float) -> Effects:
+        out: Effects = []
         if v.comm_hash not in self.stuck:
-            self.node.act_emit(
-                Event(kind=Kind.COMM_STUCK, at=now, details=v.describe(), comm_hash=v.comm_hash, ranks=v.global_ranks)
+            out.append(
+                Emit(
+                    Event(
+                        kind=Kind.COMM_STUCK, at=now, details=v.describe(), comm_hash=v.comm_hash, ranks=v.global_ranks
+                    )
+                )
             )
         self.stuck[v.comm_hash] = (v, now)
+        return out
 
-    def release(self, comm_hash: int, now: float, why: str) -> None:
+    def release(self, comm_hash: int, now: float, why: str) -> Effects:
         held = self.stuck.pop(comm_hash, None)
-        if held is not None:
-            self.node.act_emit(
-                Event(kind=Kind.COMM_RECOVERED, at=now, details=why, comm_hash=comm_hash, ranks=held[0].global_ranks)
-            )
+        if held is None:
+            return []
+        return [
+            Emit(Event(kind=Kind.COMM_RECOVERED, at=now, details=why, comm_hash=comm_hash, ranks=held[0].global_ranks))
+        ]
 
-    def expire(self, now: float) -> None:
-        t = self.node.timers
+    def expire(self, now: float) -> Effects:
+        t = self.world.timers
+        out: Effects = []
         for comm_hash, (_, confirmed) in list(self.stuck.items()):
             if now - confirmed > 3 * t.sweep + t.leg_timeout + t.gather_extra:
-                self.release(comm_hash, now, "verdict no longer confirmed")
+                out += self.release(comm_hash, now, "verdict no longer confirmed")
+        return out
 
     def standing(self) -> dict[int, StuckVerdict]:
         """The verdicts this node holds now, for a report."""

@@ -12,17 +12,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import wire
+from .actions import ProbePid
+from .effects import Drop, Effects, Expel, Forget, Notify, Originate, Relink
 from .events import Kind
 from .liveness import HUNG_EXPIRY
 from .peers import Addr, PeerKey, key_set_hash
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .view import World
 
 
 class Verdicts:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, world: World) -> None:
+        self.world = world
         # Dead and departed processes, by (address, incarnation): a newer process at one of their addresses is not.
         self.dead: set[PeerKey] = set()
         self.left: set[PeerKey] = set()
@@ -43,109 +45,119 @@ class Verdicts:
 
     def gone_addresses(self) -> set[Addr]:
         """The addresses whose current process is dead or departed (the ring skips them)."""
-        return {k.addr for k in self.dead | self.left if self.node.table.is_current(k)}
+        table = self.world.table
+        return {k.addr for k in self.dead | self.left if table.is_current(k)}
 
     # --- death and departure -----------------------------------------------------------------------------------
 
-    def declare_dead(self, key: PeerKey, now: float, why: str | None, flood: bool = True) -> None:
-        node = self.node
-        if key in self.dead or key == node.me.key:
-            return
-        peer = node.table.entry(key)
+    def declare_dead(self, key: PeerKey, now: float, why: str | None, flood: bool = True) -> Effects:
+        world = self.world
+        if key in self.dead or key == world.me.key:
+            return []
+        known = world.table.entry(key) is not None
         self.dead.add(key)
         self.left.discard(key)
         self.hung.pop(key, None)
         self.dead_hash = self.gone_hash()
-        self.disconnect(key)
-        node.emit(Kind.PEER_DEAD, now, peer, why or "")
-        if flood and peer is not None:
-            node.pass_on(node.floods.verdict(wire.FloodKind.DEAD, key), except_conn=None)
-        node.links.relink(now)
+        out = self._disconnect(key)
+        out.append(Notify(Kind.PEER_DEAD, key, why or ""))
+        if flood and known:
+            out.append(Originate(wire.FloodKind.DEAD, key))
+        out.append(Relink())
+        return out
 
-    def mark_left(self, key: PeerKey, now: float) -> None:
-        node = self.node
-        if key in self.left or key in self.dead or key == node.me.key:
-            return
+    def mark_left(self, key: PeerKey, now: float) -> Effects:
+        if key in self.left or key in self.dead or key == self.world.me.key:
+            return []
         self.left.add(key)
         self.hung.pop(key, None)
         self.dead_hash = self.gone_hash()
-        self.disconnect(key)
-        node.emit(Kind.PEER_LEFT, now, node.table.entry(key), "process left the job")
-        node.links.relink(now)
+        out = self._disconnect(key)
+        out.append(Notify(Kind.PEER_LEFT, key, "process left the job"))
+        out.append(Relink())
+        return out
 
-    def disconnect(self, key: PeerKey) -> None:
+    def _disconnect(self, key: PeerKey) -> Effects:
         """Forget the link to that process and close its connections. Connections to the same address that belong
         to a newer incarnation stay; ones still in their handshake (incarnation unknown) go only if ``key`` is the
         current entry, as they would reach that process."""
-        node = self.node
-        contact = node.links.contacts.get(key.addr)
-        if contact is not None and contact.incarnation == key.incarnation:
-            del node.links.contacts[key.addr]
-        current = node.table.is_current(key)
-        for c in node.connections:
+        world = self.world
+        out: Effects = [Forget(key)]
+        current = world.table.is_current(key)
+        for c in world.conns_list():
             if c.peer == key.addr and (c.incarnation == key.incarnation or (c.incarnation is None and current)):
-                node.drop_conn(c.id)
+                out.append(Drop(c.id))
+        return out
 
-    def retire(self, addrs: set[Addr], now: float) -> None:
+    def retire(self, addrs: frozenset[Addr], now: float) -> Effects:
         """Newer incarnations arrived at ``addrs``: every older one there that is not yet known gone is dead (its
         port was free for the newer process to bind). If a newer incarnation holds this node's own address, the job
         counts this node gone: it stops taking part."""
-        node = self.node
+        world = self.world
+        out: Effects = []
         for addr in sorted(addrs, key=Addr.sort_key):
-            for p in node.table.former(addr):
+            for p in world.table.former(addr):
                 if not self.gone(p.key):
-                    self.declare_dead(p.key, now, "a newer process holds its address", flood=False)
-        if node.me.addr in addrs and not node.table.is_current(node.me.key):
-            node.expel(now)
+                    out += self.declare_dead(p.key, now, "a newer process holds its address", flood=False)
+        if world.me.addr in addrs and not world.table.is_current(world.me.key):
+            out.append(Expel())
+        return out
 
     # --- fast death --------------------------------------------------------------------------------------------
 
-    def refused(self, key: PeerKey, lost_connection: bool, now: float) -> None:
+    def refused(self, key: PeerKey, lost_connection: bool, now: float) -> Effects:
         """A reconnect to that process was refused (nobody listens on its port). After a lost connection it is
         dead at once (fast death); otherwise it may not listen yet, so only a local process is probed."""
-        if self.node.timers.fast_death and lost_connection:
-            self.declare_dead(key, now, "connection closed and reconnect refused")
-        else:
-            self.probe_if_local(key.addr)  # nobody listens there: if its process is gone, it is dead
+        if self.world.timers.fast_death and lost_connection:
+            return self.declare_dead(key, now, "connection closed and reconnect refused")
+        return self.probe_if_local(key.addr)  # nobody listens there: if its process is gone, it is dead
 
-    def probe_if_local(self, addr: Addr) -> None:
+    def probe_if_local(self, addr: Addr) -> Effects:
         """Ask the driver whether a peer on this host still has a process (same IP and host name)."""
-        node = self.node
-        peer = node.table.get(addr)
-        same_host = peer is not None and peer.host == node.me.host and peer.hostname == node.me.hostname
-        if same_host and node.timers.fast_death and peer is not None:
+        world = self.world
+        peer = world.table.get(addr)
+        same_host = peer is not None and peer.host == world.me.host and peer.hostname == world.me.hostname
+        if same_host and world.timers.fast_death and peer is not None:
             self._probes[addr] = peer.key
-            node.probe(peer)
+            return [ProbePid(peer.addr, peer.pid)]
+        return []
 
-    def pid_gone(self, addr: Addr, now: float) -> None:
+    def pid_gone(self, addr: Addr, now: float) -> Effects:
         """The answer to a probe: the process at ``addr`` that the probe asked about no longer exists."""
-        node = self.node
-        current = node.table.get(addr)
+        table = self.world.table
+        current = table.get(addr)
         key = self._probes.pop(addr, None) or (current.key if current is not None else None)
-        if node.timers.fast_death and key is not None and node.table.is_current(key) and not self.gone(key):
-            self.declare_dead(key, now, "process no longer exists")
+        if self.world.timers.fast_death and key is not None and table.is_current(key) and not self.gone(key):
+            return self.declare_dead(key, now, "process no longer exists")
+        return []
 
     # --- hangs -------------------------------------------------------------------------------------------------
 
-    def hung_verdict(self, key: PeerKey, now: float, why: str) -> None:
-        if key not in self.hung:
-            self.node.emit(Kind.PEER_HUNG, now, self.node.table.entry(key), why)
+    def hung_verdict(self, key: PeerKey, now: float, why: str) -> Effects:
+        out: Effects = [] if key in self.hung else [Notify(Kind.PEER_HUNG, key, why)]
         self.hung[key] = now
+        return out
 
-    def recovered(self, key: PeerKey, now: float) -> None:
+    def hung_ended(self, key: PeerKey) -> None:
+        """We heard that process ourselves (links.py tells the job)."""
+        self.hung.pop(key, None)
+
+    def recovered(self, key: PeerKey, now: float) -> Effects:
         """A RECOVERED flood: the verdict ends here too, and only a node that held it says so."""
         if self.hung.pop(key, None) is not None:
-            self.node.emit(Kind.PEER_RECOVERED, now, self.node.table.entry(key), "peer responding again")
+            return [Notify(Kind.PEER_RECOVERED, key, "peer responding again")]
+        return []
 
-    def expire_hung(self, now: float) -> None:
-        node = self.node
+    def expire_hung(self, now: float) -> Effects:
+        world = self.world
+        out: Effects = []
         for key, confirmed in list(self.hung.items()):
-            contact = node.links.contacts.get(key.addr)
-            if contact is not None and contact.hung and contact.incarnation == key.incarnation:
+            if world.holds_hung(key):
                 continue  # our own verdict: it stands while we hear nothing
-            if now - confirmed > HUNG_EXPIRY * node.timers.hang:
+            if now - confirmed > HUNG_EXPIRY * world.timers.hang:
                 del self.hung[key]
-                node.emit(Kind.PEER_RECOVERED, now, node.table.entry(key), "hang verdict no longer confirmed")
+                out.append(Notify(Kind.PEER_RECOVERED, key, "hang verdict no longer confirmed"))
+        return out
 
     def forgive(self, gap: float) -> None:
         for key in self.hung:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 
 from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord
 from .peers import Addr, PeerInfo, PeerKey
+from .stuck import StuckVerdict
 
 #: 2: deaths keyed by (address, incarnation); restart records in gather replies. 3: the waiting flag. 4: the
 #: sender's clock in keepalives and stamps in floods, SUSPECT and OUTVOTED floods, a probe's side in CONNINIT and the
@@ -150,10 +151,27 @@ class CollReq:
 
 @dataclass(frozen=True)
 class CollResp:
+    """A gather's answer from one leg: ``count`` entries (address, process data), kept encoded as they arrived.
+    A relay passes them on as bytes (``raw``), adding its own; only the root decodes them (``entries``), once. So no
+    relay decodes or re-encodes what it only forwards, and each entry is encoded once, by the process it describes."""
+
     root: Addr
     coll_id: int
     leg_timeouts: int
-    entries: tuple[tuple[Addr, ProcessData], ...]
+    count: int
+    raw: bytes
+
+    @property
+    def entries(self) -> tuple[tuple[Addr, ProcessData], ...]:
+        """The entries, decoded (a ``ProtocolError`` if any is malformed or there are more bytes than entries)."""
+        return decode_entries(self.count, self.raw)
+
+
+def collresp(
+    root: Addr, coll_id: int, leg_timeouts: int, entries: tuple[tuple[Addr, ProcessData], ...] = ()
+) -> CollResp:
+    """A ``CollResp`` from decoded entries."""
+    return CollResp(root, coll_id, leg_timeouts, len(entries), b"".join(encode_entry(a, d) for a, d in entries))
 
 
 @dataclass(frozen=True)
@@ -164,13 +182,7 @@ class CommVerdict:
     origin: Addr
     flood_id: int
     stuck: bool
-    comm_hash: int
-    op: int
-    seq: int
-    behind: tuple[int, ...]
-    inside: tuple[int, ...]
-    global_behind: tuple[int, ...]
-    global_inside: tuple[int, ...]
+    verdict: StuckVerdict
 
 
 Message = (
@@ -501,15 +513,14 @@ def encode(msg: Message) -> bytes:
     elif isinstance(msg, CollResp):
         t = MsgType.COLLRESP
         w.addr(msg.root)
-        w.fmt("QII", msg.coll_id, msg.leg_timeouts, len(msg.entries))
-        for addr, data in msg.entries:
-            w.addr(addr)
-            _put_process_data(w, data)
+        w.fmt("QII", msg.coll_id, msg.leg_timeouts, msg.count)
+        w.raw(msg.raw)
     elif isinstance(msg, CommVerdict):
         t = MsgType.COMMVERDICT
         w.addr(msg.origin)
-        w.fmt("QBQBQ", msg.flood_id, int(msg.stuck), msg.comm_hash, msg.op, msg.seq)
-        for ranks, fmt in ((msg.behind, "I"), (msg.inside, "I"), (msg.global_behind, "i"), (msg.global_inside, "i")):
+        v = msg.verdict
+        w.fmt("QBQBQ", msg.flood_id, int(msg.stuck), v.comm_hash, v.op, v.seq)
+        for ranks, fmt in ((v.behind, "I"), (v.inside, "I"), (v.global_behind, "i"), (v.global_inside, "i")):
             w.fmt("I", len(ranks))
             if ranks:
                 w.fmt(f"{len(ranks)}{fmt}", *ranks)
@@ -610,16 +621,32 @@ def _decode(body: bytes) -> Message:
         if stuck > 1 or op >= N_OPS:
             raise ProtocolError("bad communicator verdict")
         groups = [r.fmt(f"{r.count('I', 4)}{fmt}") for fmt in ("I", "I", "i", "i")]
-        msg = CommVerdict(origin, flood_id, bool(stuck), comm_hash, op, seq, *groups)
+        msg = CommVerdict(origin, flood_id, bool(stuck), StuckVerdict(comm_hash, op, seq, *groups))
     else:  # COLLRESP
         root = r.addr()
         coll_id, leg_timeouts, n = r.fmt("QII")
         if n * 11 > len(body):
             raise ProtocolError("list longer than the message")
-        entries = tuple((r.addr(), _get_process_data(r)) for _ in range(n))
-        msg = CollResp(root, coll_id, leg_timeouts, entries)
+        # The entries stay encoded: the root decodes them (``CollResp.entries``), a relay passes them on.
+        msg = CollResp(root, coll_id, leg_timeouts, n, r.raw(len(body) - r.pos))
     r.done()
     return msg
+
+
+def encode_entry(addr: Addr, data: ProcessData) -> bytes:
+    """One gather entry, as a ``CollResp`` carries it."""
+    w = _Writer()
+    w.addr(addr)
+    _put_process_data(w, data)
+    return w.getvalue()
+
+
+def decode_entries(count: int, raw: bytes) -> tuple[tuple[Addr, ProcessData], ...]:
+    """``count`` gather entries from ``raw``, which must hold exactly them."""
+    r = _Reader(raw)
+    entries = tuple((r.addr(), _get_process_data(r)) for _ in range(count))
+    r.done()
+    return entries
 
 
 class FrameReader:

@@ -303,6 +303,7 @@ class ClientPort:
 
     def start_status(self, client: _Client, req: StartStatus) -> None:
         node = self.runtime.node
+        began = time.monotonic()
         version_line, runtime_line = self._versions
         if self.counting is not None:
             try:
@@ -335,6 +336,9 @@ class ClientPort:
                 log.exception("rasd: could not render the report")
                 client.write("ERROR: internal error while building the report\n")
             client.close()
+            metrics = self.runtime.metrics
+            if metrics is not None:
+                metrics.status_done(time.monotonic() - began)
 
         self.runtime.gather(done, timeout=req.timeout)
 

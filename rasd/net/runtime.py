@@ -32,6 +32,7 @@ from rasd.core.peers import PeerInfo
 from rasd.core.snapshot import JobSnapshot
 
 from .bootstrap import StoreBootstrap
+from .metrics import FrameCounter, Metrics
 from .subscriptions import Subscribers
 
 log = logging.getLogger("rasd")
@@ -49,6 +50,7 @@ class _MeshProtocol(asyncio.Protocol):
         self.runtime = runtime
         self.conn_id = conn_id
         self.transport: asyncio.Transport | None = None
+        self.frames = FrameCounter()  # for the metrics' message count, when they are on
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -58,6 +60,9 @@ class _MeshProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         cid = self.conn_id
+        metrics = self.runtime.metrics
+        if metrics is not None:
+            metrics.received(self.frames, data)
         if cid is not None:  # set by connection_made, which asyncio always calls first
             self.runtime.feed(lambda now: self.runtime.node.received(cid, data, now))
 
@@ -102,6 +107,9 @@ class Runtime:
         self.start_error: BaseException | None = None
         #: Where this process serves the client port, once a service opened one (``client_port.ClientPort``).
         self.client_address: tuple[str, int] | None = None
+        #: The Prometheus metrics, while this process serves them (``metrics.serve``), and where.
+        self.metrics: Metrics | None = None
+        self.metrics_address: tuple[str, int] | None = None
         #: Called on the RAS thread with every event (our own code only: it must not block).
         self.event_listeners: list[Callable[[Event], None]] = []
         #: Called on the RAS thread when the node stops (after the goodbye is queued).
@@ -177,6 +185,9 @@ class Runtime:
         """Start a status gather (from the RAS thread); ``done`` is called in the RAS thread with the snapshot."""
         qid = self._next_query
         self._next_query += 1
+        metrics = self.metrics
+        if metrics is not None:
+            done = _timed(done, metrics.gather_done)
         self._gather_waiters[qid] = done
         self.feed(lambda now: self.node.start_gather(qid, now, timeout))
 
@@ -324,6 +335,8 @@ class Runtime:
                 proto.transport.abort()
                 return
             proto.transport.write(a.data)
+            if self.metrics is not None:
+                self.metrics.sent(a.data)
         elif isinstance(a, core.Close):
             proto = self._transports.pop(a.conn_id, None)
             if proto is not None and proto.transport is not None:
@@ -430,6 +443,17 @@ class Runtime:
             except OSError:
                 pass
         self._fds.clear()
+
+
+def _timed(done: Callable[[JobSnapshot], None], seconds: Callable[[float], None]) -> Callable[[JobSnapshot], None]:
+    """``done``, after telling ``seconds`` how long since now."""
+    began = time.monotonic()
+
+    def timed(snapshot: JobSnapshot) -> None:
+        seconds(time.monotonic() - began)
+        done(snapshot)
+
+    return timed
 
 
 class StartError(Exception):

@@ -25,7 +25,7 @@ import json
 
 from rasd.core.comms import N_OPS, OP_TYPES
 from rasd.core.peers import PeerInfo
-from rasd.core.stuck import StuckVerdict
+from rasd.core.stuck_verdict import StuckVerdict
 
 from .model import HASH_MASK, Communicator, MissingRank, MissingReason, PresentRank, Report
 from .restarts import RestartSummary

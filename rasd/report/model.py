@@ -5,7 +5,8 @@ Theory of operation (docs/protocol.md §3, docs/architecture.md §4)
 Each responding process reports the communicators it holds ranks of. The root merges them by (hash, size): two
 communicators with one hash but different sizes are a hash collision and are kept apart. A rank reported twice
 is taken from the first process in process order (peer-table order, then any process the table does not know).
-That merge is ``rasd.core.snapshot.merge_communicators``, the one the stuck sweeper uses too.
+That merge is ``rasd.core.snapshot.merge_communicators``, the one the stuck sweeper uses too, and its
+``MergedCommunicator`` is what this module classifies.
 
 A rank nobody reported is *missing*. Its process is found through the communicator's rank map (communicator rank
 -> global rank) and the peers' global ranks, and decides what the absence means::
@@ -28,9 +29,9 @@ Communicators are sorted by size, nodes, highest status and errors (all descendi
 errors. ``#x-y`` names communicator y of group x.
 
 The job-level lists: processes that did not answer (live, not dead, not left), dead processes, and processes that
-left cleanly. A process that both left and was later declared dead counts as left: it said goodbye first. The job's
-in-process restarts (its iteration, restart count and last restart) come from the responders' restart records
-(restarts.py).
+left cleanly, read from the snapshot's dead and left sets as they are (``JobSnapshot``: disjoint, a process given as
+both counts as left). The job's in-process restarts (its iteration, restart count and last restart) come from the
+responders' restart records (restarts.py).
 
 Odd input never makes the report raise (NCCL crashed on half-initialised communicators, issue #2346): a record with
 size <= 0 or a rank outside [0, size) is left out, a communicator nobody holds a rank of is not listed, and a global
@@ -45,16 +46,17 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from rasd.core.comms import N_OPS, RESULT_IN_PROGRESS, RESULT_SUCCESS, CommRecord, RankRecord
+from rasd.core.comms import N_OPS, RESULT_IN_PROGRESS, RESULT_SUCCESS, RankRecord
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import (  # HASH_MASK: re-exported, the renderers print hashes with it
     HASH_MASK as HASH_MASK,
     JobSnapshot,
+    MergedCommunicator,
     ProcessOrder,
     merge_communicators,
     process_order,
 )
-from rasd.core.stuck import StuckVerdict
+from rasd.core.stuck_verdict import StuckVerdict
 
 from .ordering import addr_key, process_key
 from .restarts import RestartSummary, build_restart_summary
@@ -266,51 +268,22 @@ class Report:
 # --- building ----------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _MergedComm:
-    comm_hash: int
-    size: int
-    ranks: dict[int, PresentRank] = field(default_factory=dict)
-    #: Records that carry a rank map, to find the global rank of a missing rank.
-    mapped: list[CommRecord] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class _Context:
     """What classifying a communicator needs to know about the job."""
 
+    #: Who answered, who is dead and who left: read from here as they are (``responses``, ``dead``, ``left``).
+    snapshot: JobSnapshot
     table: dict[Addr, PeerInfo]
     #: The key of process order (``rasd.core.snapshot.process_order``).
     order: Callable[[Addr], ProcessOrder]
     peers_by_global_rank: dict[int, tuple[PeerInfo, ...]]
-    responders: frozenset[Addr]
-    dead: frozenset[Addr]
-    left: frozenset[Addr]
     everyone_answered: bool
-    in_flight_grace: float = 0.0
-    #: The gather's own duration (``JobSnapshot.collection_time``): the processes' data were taken within it.
-    gather_window: float = 0.0
 
 
-def _merge(snapshot: JobSnapshot, context: _Context) -> list[_MergedComm]:
-    """The snapshot's communicators (``merge_communicators``), each rank with its process's table entry."""
-    return [
-        _MergedComm(
-            comm.comm_hash,
-            comm.size,
-            {
-                r: PresentRank(r, reported.record, reported.addr, context.table.get(reported.addr))
-                for r, reported in comm.ranks.items()
-            },
-            comm.mapped,
-        )
-        for comm in merge_communicators(snapshot)
-    ]
-
-
-def _process_of(comm: _MergedComm, comm_rank: int, context: _Context) -> tuple[int | None, PeerInfo | None]:
+def _process_of(comm: MergedCommunicator, comm_rank: int, context: _Context) -> tuple[int | None, PeerInfo | None]:
     """The global rank and the process of a missing rank, when the rank map and the peer table tell."""
-    global_rank = next((g for g in (r.global_rank(comm_rank) for r in comm.mapped) if g is not None), None)
+    global_rank = comm.global_rank(comm_rank)
     if global_rank is None:
         return None, None
     candidates = context.peers_by_global_rank.get(global_rank, ())
@@ -318,12 +291,14 @@ def _process_of(comm: _MergedComm, comm_rank: int, context: _Context) -> tuple[i
         return global_rank, None
 
     # A restarted process shares its global rank with its dead predecessor: prefer the liveliest entry.
+    snapshot = context.snapshot
+
     def liveliness(peer: PeerInfo) -> tuple:
-        if peer.addr in context.responders:
+        if peer.addr in snapshot.responses:
             rank = 0
-        elif peer.addr in context.left:
+        elif peer.addr in snapshot.left:
             rank = 2
-        elif peer.addr in context.dead:
+        elif peer.addr in snapshot.dead:
             rank = 3
         else:
             rank = 1
@@ -332,11 +307,12 @@ def _process_of(comm: _MergedComm, comm_rank: int, context: _Context) -> tuple[i
     return global_rank, min(candidates, key=liveliness)
 
 
-def _missing_rank(comm: _MergedComm, comm_rank: int, context: _Context) -> MissingRank:
+def _missing_rank(comm: MergedCommunicator, comm_rank: int, context: _Context) -> MissingRank:
     global_rank, process = _process_of(comm, comm_rank, context)
-    dead = process is not None and process.addr in context.dead
-    left = process is not None and process.addr in context.left
-    if context.everyone_answered or (process is not None and (process.addr in context.responders or left)):
+    snapshot = context.snapshot
+    dead = process is not None and process.addr in snapshot.dead
+    left = process is not None and process.addr in snapshot.left
+    if context.everyone_answered or (process is not None and (process.addr in snapshot.responses or left)):
         reason = MissingReason.NOCOMM
     else:
         reason = MissingReason.INCOMPLETE
@@ -379,8 +355,12 @@ def _in_flight(ranks: tuple[PresentRank, ...], op: int, grace: float, window: fl
     return top > low
 
 
-def _classify(comm: _MergedComm, context: _Context) -> Communicator:
-    ranks = tuple(comm.ranks[r] for r in sorted(comm.ranks))
+def _classify(comm: MergedCommunicator, context: _Context) -> Communicator:
+    """One merged communicator of the snapshot, each present rank with its process's table entry."""
+    ranks = tuple(
+        PresentRank(r, reported.record, reported.addr, context.table.get(reported.addr))
+        for r, reported in sorted(comm.ranks.items())
+    )
     missing = tuple(_missing_rank(comm, r, context) for r in range(comm.size) if r not in comm.ranks)
     reference = min(ranks, key=lambda r: (context.order(r.addr), r.comm_rank))
 
@@ -394,16 +374,18 @@ def _classify(comm: _MergedComm, context: _Context) -> Communicator:
 
     # Totals first: they are exact, where a split by type may be an estimate (collectives torch issues beneath
     # the Python hooks are typed from the Flight Recorder, read now and then: rasd/torch/records.py). Ranks whose
-    # totals agree, or differ only in flight, are no MISMATCH whatever their split says.
+    # totals agree, or differ only in flight, are no MISMATCH whatever their split says. The gather's own duration
+    # (its collection time) is the window within which the processes' data were taken.
+    grace, window = context.snapshot.in_flight_grace, context.snapshot.collection_time
     totals_differ = any(r.launched(ALL_OPS) != reference.launched(ALL_OPS) for r in ranks) and not _in_flight(
-        ranks, ALL_OPS, context.in_flight_grace, context.gather_window
+        ranks, ALL_OPS, grace, window
     )
     mismatched_ops = tuple(
         op
         for op in range(N_OPS)
         if totals_differ
         and any(r.launched(op) != reference.launched(op) for r in ranks)
-        and not _in_flight(ranks, op, context.in_flight_grace, context.gather_window)
+        and not _in_flight(ranks, op, grace, window)
     )
     errors = CommErrors(0)
     if mismatched_ops or bin(int(status_bits)).count("1") > 1:
@@ -469,8 +451,7 @@ def _group(communicators: list[Communicator]) -> tuple[CommGroup, ...]:
 
 def build_report(snapshot: JobSnapshot) -> Report:
     """The report of a finished gather. Never raises on odd input: malformed records are left out."""
-    left = frozenset(snapshot.left)
-    dead = frozenset(snapshot.dead) - left
+    dead, left = snapshot.dead, snapshot.left
     table_order = sorted(snapshot.peers, key=lambda p: addr_key(p.addr))
     table = {p.addr: p for p in table_order}
     missing_processes = tuple(sorted(snapshot.missing(), key=process_key))
@@ -481,18 +462,13 @@ def build_report(snapshot: JobSnapshot) -> Report:
             by_global_rank.setdefault(peer.rank, []).append(peer)
 
     context = _Context(
+        snapshot=snapshot,
         table=table,
         order=process_order(snapshot),
         peers_by_global_rank={g: tuple(peers) for g, peers in by_global_rank.items()},
-        responders=frozenset(snapshot.responses),
-        dead=dead,
-        left=left,
         everyone_answered=not missing_processes and not dead,
-        in_flight_grace=snapshot.in_flight_grace,
-        gather_window=snapshot.collection_time,
     )
-    merged = _merge(snapshot, context)
-    by_id = [_classify(comm, context) for comm in merged if comm.ranks]
+    by_id = [_classify(comm, context) for comm in merge_communicators(snapshot)]
     groups = _group(by_id)
     named = {(c.comm_hash, c.size): c for g in groups for c in g.communicators}
 

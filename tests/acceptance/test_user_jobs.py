@@ -2,8 +2,8 @@
 its training function in ``inprocess.Wrapper``:
 
 - a rank blocked in one long call (``time.sleep``, ``queue.Queue.get``, a socket read) is named in the report while
-  it is blocked (COMM_STUCK: the rank behind), the restart reaches it, and the job finishes all its steps at full
-  size in the same processes: nobody is killed, torchrun never tears the job down;
+  it is blocked (COMM_STUCK: the rank behind), the restart that verdict causes reaches it, and the job finishes all
+  its steps at full size in the same processes: nobody is killed, torchrun never tears the job down;
 - the report then counts every collective the restarted job performed, DDP's buckets and FSDP2's gathers included,
   equal to what torch's own records say (the group's sequence number, the Flight Recorder's entries by name).
 
@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from launching import free_base_port, free_port
-from ras_client import ask
+from polling import wait_for, wait_until
+from ras_client import ask, json_status
 
 pytestmark = pytest.mark.slow
 
@@ -51,22 +52,24 @@ class Job:
         self.tmp = tmp
 
     def results(self, deadline: float) -> dict[int, dict]:
-        end = time.monotonic() + deadline
-        while time.monotonic() < end:
+        """Every rank's results, once each has written them (whole: user_job.py renames a finished file)."""
+
+        def finished() -> dict[int, Path] | None:
             done = {int(p.stem[4:]): p for p in self.out.glob("rank*.json")}
             if len(done) == WORLD:
-                time.sleep(0.2)  # written whole by now
-                return {r: json.loads(p.read_text()) for r, p in done.items()}
+                return done
             assert self.proc.poll() is None, f"torchrun ended with {self.proc.returncode}:\n{self.logs()}"
-            time.sleep(0.5)
-        raise AssertionError(f"the job did not finish within {deadline}s:\n{self.logs()}")
+            return None
+
+        done = wait_until(finished, deadline, 0.5, what=lambda: f"the job to finish:\n{self.logs()}")
+        return {r: json.loads(p.read_text()) for r, p in done.items()}
 
     def logs(self) -> str:
         self.log.flush()
         return (self.tmp / "torchrun.log").read_text()[-6000:]
 
     def report(self) -> dict:
-        return json.loads(ask(self.port, b"SET FORMAT json\nSTATUS\n").removeprefix("OK\n"))
+        return json_status(self.port)
 
     def stop(self) -> int | None:
         (self.out / "release").touch()
@@ -88,15 +91,19 @@ def _world_comm(report: dict) -> dict:
 
 def _check_counts(job: Job, results: dict[int, dict]) -> None:
     """Every rank's counts in the report equal what torch recorded; DDP's / FSDP2's own collectives included."""
-    comm = None
-    for _ in range(20):  # a quiet job's records are read at the next gather or two
-        comm = _world_comm(job.report())
+    expected = {rank: res["seq"] for rank, res in results.items()}
+
+    def counted(comm: dict) -> bool:
         totals = {r["rank"]: sum(r["collective_counts"].values()) for r in comm["ranks"]}
         settled = all(r["collective_counts"] == r["completed_counts"] for r in comm["ranks"])
-        if settled and totals == {rank: res["seq"] for rank, res in results.items()}:
-            break
-        time.sleep(1.0)
-    assert comm is not None
+        return settled and totals == expected
+
+    # A quiet job's records are read at the next gather or two. Past the deadline, the asserts below say what
+    # differs.
+    try:
+        comm = wait_for(lambda: _world_comm(job.report()), counted, 20, 1.0, what="the counts to settle")
+    except AssertionError:
+        comm = _world_comm(job.report())
     for rank_doc in comm["ranks"]:
         res = results[rank_doc["rank"]]
         counts = rank_doc["collective_counts"]
@@ -122,21 +129,21 @@ def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(tmp_path: 
     args = ("--model", model, "--steps", "60", "--block", kind, "--block-rank", "2", "--block-step", "15")
     job = Job(tmp_path, *args, env=env)
     try:
-        named = None
-        end = time.monotonic() + 150
-        while named is None and time.monotonic() < end:
-            if list(job.out.glob("rank*.json")):
-                break
+
+        def stuck_now() -> dict | None:
+            assert not list(job.out.glob("rank*.json")), f"the job ended before rank 2 was named:\n{job.logs()}"
             try:
-                comm = _world_comm(job.report())
+                return _world_comm(job.report()).get("stuck")
             except (AssertionError, OSError, ValueError):
-                time.sleep(1.0)
-                continue
-            stuck = comm.get("stuck")
-            if stuck and stuck["global_ranks_behind"] == [2]:
-                named = stuck
-            time.sleep(0.5)
-        assert named is not None, f"the report never named rank 2 as behind:\n{job.logs()}"
+                return None  # no report yet, or none with the world's communicator in it
+
+        named = wait_for(
+            stuck_now,
+            lambda stuck: stuck is not None and stuck["global_ranks_behind"] == [2],
+            150,
+            0.5,
+            what=lambda: f"the report to name rank 2 as behind:\n{job.logs()}",
+        )
         # DDP's first bucket all-reduce, or FSDP2's first all-gather of the forward pass: the others wait inside it.
         assert named["op"] == ("AllReduce" if model == "ddp" else "AllGather"), named
         assert named["global_ranks_inside"] == [0, 1, 3], named
@@ -150,5 +157,8 @@ def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(tmp_path: 
         _check_counts(job, results)
         text = ask(job.port, b"STATUS\n")
         assert "Collectives counted from process-group records (sequence numbers and Flight Recorder)" in text
+        # The restart came from the mesh's COMM_STUCK verdict (not a local timeout), and it reached rank 2 in its
+        # blocking call through the wake: nobody was left behind.
+        assert re.search(r"Last restart: COMM_STUCK .*rank 2 behind.*; no rank terminated", text), text
     finally:
         assert job.stop() == 0, job.logs()

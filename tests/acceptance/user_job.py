@@ -117,7 +117,9 @@ def train(args: argparse.Namespace, progress: dict, call_wrapper: inprocess.Call
     out = Path(args.out)
     result = {"rank": rank, "steps": step, "world": dist.get_world_size(), "iteration": call_wrapper.iteration}
     result.update(seq=seq, fr_names=names, pid=os.getpid())
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    written = out / f"rank{rank}.json.tmp"
+    written.write_text(json.dumps(result))
+    written.replace(out / f"rank{rank}.json")  # whole: a test reads it as soon as it appears
     while not (out / "release").exists():
         time.sleep(0.1)
 

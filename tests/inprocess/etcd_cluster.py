@@ -15,6 +15,8 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 
+from polling import wait_for
+
 Spawn = Callable[..., subprocess.Popen]
 
 
@@ -122,17 +124,18 @@ def start(members: Sequence[Member], spawns: Sequence[Spawn] | None = None, time
 
 def wait_healthy(endpoint: str, deadline: float) -> None:
     """Until the member at ``endpoint`` reports a healthy cluster (it has a leader)."""
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://{endpoint}/health", timeout=2) as reply:
-                last = reply.read().decode()
-                if '"true"' in last:
-                    return
-        except OSError as error:
-            last = str(error)
-        time.sleep(0.1)
-    raise TimeoutError(f"etcd at {endpoint} is not healthy: {last}")
+
+    def health() -> str:
+        with urllib.request.urlopen(f"http://{endpoint}/health", timeout=2) as reply:
+            return reply.read().decode()
+
+    wait_for(
+        health,
+        lambda reply: '"true"' in reply,
+        deadline - time.monotonic(),
+        what=f"etcd at {endpoint} to be healthy",
+        retry_on=(OSError,),
+    )
 
 
 def single(ports: Sequence[int]) -> Cluster:

@@ -116,15 +116,6 @@ class Job:
     def all_events(self) -> dict[int, list[dict]]:
         return {rank: self.events(rank) for rank in range(self.world_size)}
 
-    def wait_for_event(self, rank: int, event: str, timeout: float) -> dict | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for item in self.events(rank):
-                if item.get("event") == event:
-                    return item
-            time.sleep(0.1)
-        return None
-
     def stderr(self, rank: int) -> str:
         """What the rank wrote to stderr and stdout (its log lines)."""
         path = self.directory / f"rank{rank}.stderr"

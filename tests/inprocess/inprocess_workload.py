@@ -18,6 +18,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the polling helper
+from polling import poll
+
 SCENARIO = json.loads(os.environ["INPROCESS_TEST_SCENARIO"])
 INITIAL_RANK = int(os.environ["RANK"])
 OUT = open(SCENARIO["out"].format(rank=INITIAL_RANK), "a", buffering=1)  # noqa: SIM115 - one line per event until exit
@@ -105,13 +108,12 @@ def report_verdicts(call_wrapper: inprocess.CallWrapper, fault: dict) -> None:
     first = report_fault(verdict)
     again = report_fault(verdict)  # idempotent
     emit(event="verdict", first=first, again=again, iteration=verdict.iteration)
-    while call_wrapper.iteration == verdict.iteration:
-        time.sleep(0.05)
+    poll(lambda: call_wrapper.iteration != verdict.iteration, 120, 0.05)  # the restart it caused
     stale = ExternalVerdict(iteration=verdict.iteration, ranks=frozenset(fault["stale_victims"]), kind="PEER_DEAD")
     emit(event="stale_verdict", applied=report_fault(stale))
     future = ExternalVerdict(iteration=call_wrapper.iteration + 5, ranks=frozenset(fault["stale_victims"]))
     emit(event="future_verdict", applied=report_fault(future))
-    time.sleep(0.3)
+    time.sleep(0.3)  # time for a wrongly applied stale or future verdict to restart the job (the test says none does)
     stuck = ExternalVerdict(
         iteration=call_wrapper.iteration,
         ranks=frozenset(fault["stale_victims"]),
@@ -183,15 +185,8 @@ def inject(fault: dict, call_wrapper: inprocess.CallWrapper) -> None:
         emit(event="left_mesh", iteration=call_wrapper.iteration)
         time.sleep(fault.get("linger", 1.0))
     if kind == "await":  # until rank `target` reports `what` (every rank waiting at one step: nothing is stuck)
-        deadline = time.monotonic() + fault.get("timeout", 20)
-        while not reported(fault["target"], fault["what"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        emit(
-            event="awaited",
-            what=fault["what"],
-            seen=reported(fault["target"], fault["what"]),
-            iteration=call_wrapper.iteration,
-        )
+        seen = poll(lambda: reported(fault["target"], fault["what"]), fault.get("timeout", 20), 0.05)
+        emit(event="awaited", what=fault["what"], seen=seen, iteration=call_wrapper.iteration)
     if kind == "late_verdicts":
         replay_late_verdicts(call_wrapper, fault.get("expect", 1))
     if kind == "block":  # one long blocking C call (a wedged data loader): only the wake signal reaches it
@@ -263,9 +258,7 @@ def send_user_signals(phase: str) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         before = len(USER_SIGNALS)
         os.kill(os.getpid(), sig)
-        deadline = time.monotonic() + 10
-        while len(USER_SIGNALS) == before and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll(lambda before=before: len(USER_SIGNALS) > before, 10, 0.01)
         emit(
             event="user_signal",
             phase=phase,
@@ -299,14 +292,16 @@ def replay_late_verdicts(call_wrapper: inprocess.CallWrapper, expect: int) -> No
     from inprocess import mesh_source
 
     kinds = {rasd.Kind.PEER_DEAD, rasd.Kind.PEER_HUNG, rasd.Kind.COMM_STUCK}
-    deadline = time.monotonic() + 10
-    while True:
+
+    verdicts: list = []
+
+    def enough() -> bool:  # asked again: the last ones may still be on their way
         subscription = rasd.subscribe(kinds, replay=True)
-        verdicts = subscription.drain()
+        verdicts[:] = subscription.drain()
         subscription.close()
-        if len(verdicts) >= expect or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+        return len(verdicts) >= expect
+
+    poll(enough, 10)
     source = mesh_source.MeshFaultSource(call_wrapper, call_wrapper._new_connection(), INITIAL_RANK)
     for event in verdicts:
         peer = None if event.peer is None else [event.peer.addr.host, event.peer.addr.port]
@@ -377,6 +372,8 @@ def main() -> None:
             dist.all_reduce(tensor)
             if int(tensor[0].item()) != world_size:
                 raise AssertionError(f"all_reduce gave {tensor[0].item()} with world size {world_size}")
+            if SCENARIO.get("step_events"):  # "step_events": each step's collective done, for a test to wait on
+                emit(event="step", iteration=iteration, step=step)
             for fault in faults_now(call, iteration, step):
                 inject(fault, call_wrapper)
             time.sleep(SCENARIO.get("step_sleep", 0.05))

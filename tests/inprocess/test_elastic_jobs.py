@@ -39,9 +39,32 @@ class Marker:
 
     def __deepcopy__(self, memo: dict) -> Marker:
         if self.fail:
-            time.sleep(1.0)  # the other ranks commit this step meanwhile (they need no collective for it)
+            wait_for_the_others_commit()  # they need no collective for it
             raise RuntimeError("injected fault inside commit()")
         return Marker()
+
+
+def wait_for_the_others_commit() -> None:
+    """(In the rank whose commit is cut) until every other live rank has written its commit of that step."""
+    sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the polling helper
+    from polling import wait_until
+
+    out = json.loads(os.environ["ELASTIC_TEST_SCENARIO"])["out"]
+    cut = ("commit", CUT["iteration"], CUT["commit"])
+
+    def committed(rank: int) -> bool:
+        with open(out.format(rank=rank)) as lines:
+            for line in lines:
+                try:
+                    item = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if (item["event"], item.get("iteration"), item.get("step")) == cut:
+                    return True
+        return False
+
+    others = [rank for rank in range(4) if rank not in (KILL["rank"], CUT["rank"])]
+    wait_until(lambda: all(committed(rank) for rank in others), 60, 0.05, what="the other ranks' commit")
 
 
 def workload() -> None:

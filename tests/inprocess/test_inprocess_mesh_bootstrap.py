@@ -19,6 +19,7 @@ from inprocess_jobs import REPOSITORY, free_ports
 
 sys.path.insert(0, str(REPOSITORY / "tests" / "integration"))
 
+from polling import wait_for
 from ras_client import ask
 
 pytestmark = pytest.mark.slow
@@ -28,17 +29,16 @@ DEADLINE = 120.0  # three processes import torch on 2 busy cores
 
 
 def status(port: int, deadline: float, predicate) -> str:
-    """The job's text report, asked again until ``predicate(report)`` holds (or the deadline passes)."""
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = ask(port, b"STATUS\n", timeout=20)
-            if predicate(last):
-                return last
-        except (OSError, AssertionError) as error:
-            last = error
-        time.sleep(0.5)
-    raise AssertionError(f"no matching report before the deadline; last: {last}")
+    """The job's text report, asked again until ``predicate(report)`` holds (or the deadline passes). Asked again
+    too: a port nobody serves yet, a handshake nobody answers (``ask`` fails with an AssertionError)."""
+    return wait_for(
+        lambda: ask(port, b"STATUS\n", timeout=20),
+        predicate,
+        deadline - time.monotonic(),
+        0.5,
+        what="a matching report",
+        retry_on=(OSError, AssertionError),
+    )
 
 
 THREE_PROCESSES = "      1          3            0          3        0"  # the job summary: 1 node, 3 processes

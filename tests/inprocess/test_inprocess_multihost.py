@@ -19,6 +19,7 @@ import pytest
 
 import etcd_cluster
 from inprocess_jobs import Job
+from polling import wait_until
 from test_inprocess_jobs import events, started
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the namespace fixture
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 JOB_DEADLINE = 300  # seconds: 6 trainers and 6 monitor processes import torch on 2 busy cores
 PROBE = (
-    "import sys, time; sys.path.insert(0, {path!r}); import etcd_cluster; "
+    "import sys, time; sys.path[:0] = [{path!r}, {path!r} + '/..']; import etcd_cluster; "
     "etcd_cluster.wait_healthy({endpoint!r}, time.monotonic() + 60)"
 )
 
@@ -52,6 +53,7 @@ def test_losing_the_host_of_rank_0_leaves_four_ranks_training(tmp_path):
                     "steps": 150,  # iteration 0 outlasts the start-up skew, the 1 s below and the kill
                     "restart_steps": 20,  # the survivors' iteration: 20 all-reduces across the two hosts left
                     "step_sleep": 0.05,
+                    "step_events": True,
                     "user_store": True,
                     "etcd": {"endpoints": cluster.endpoints, "prefix": f"/multihost/{time.monotonic_ns()}"},
                     "wrapper": {
@@ -67,11 +69,15 @@ def test_losing_the_host_of_rank_0_leaves_four_ranks_training(tmp_path):
             ).start()
             try:
                 deadline = time.monotonic() + JOB_DEADLINE
-                while not all(any(e["event"] == "start" for e in job.events(rank)) for rank in range(6)):
-                    assert time.monotonic() < deadline, f"the job did not start\n{job.diagnostics()}"
+
+                def trained(rank: int) -> bool:  # a few collectives across all three hosts
+                    return any(e["event"] == "step" and e["step"] >= 5 for e in job.events(rank))
+
+                def all_trained() -> bool:
                     assert all(p.poll() is None for p in job.processes), f"a rank died early\n{job.diagnostics()}"
-                    time.sleep(0.2)
-                time.sleep(1.0)  # a few collectives across all three hosts
+                    return all(trained(rank) for rank in range(6))
+
+                wait_until(all_trained, JOB_DEADLINE, 0.2, what=lambda: f"the job to train\n{job.diagnostics()}")
                 net.link_down(h0)
                 pids = subprocess.run(["ip", "netns", "pids", h0.ns], capture_output=True, text=True).stdout.split()
                 subprocess.run(["kill", "-9", *pids], check=False)

@@ -1,4 +1,8 @@
-"""No process is special on one host: kill -9, SIGSTOP, an exception or the departure of initial rank 0.
+"""No process is special on one host: an exception or the departure of initial rank 0, and the death of the store
+server. SIGSTOP of rank 0, ended by its monitor process at its hard timeout while the others go on:
+tests/inprocess/test_inprocess_jobs.py. kill -9 of rank 0, the survivors going on at 3 ranks on the Wrapper's store
+(the same store server and ``call_wrapper.store`` as here): tests/acceptance/test_demo.py (``--max-respawns 0``),
+and healed back to 4 ranks: tests/launch/test_launch_heal.py.
 
 The Wrapper's store runs in a store server process of its own (``inprocess.store_server``) and the process
 groups are built on the Wrapper's per-iteration store (``call_wrapper.store``), so rank 0 fails like any other
@@ -7,8 +11,6 @@ rank: the survivors restart and finish. Real 4-rank gloo jobs (tests/inprocess/i
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
 from test_inprocess_jobs import events, finish, iterations, started
@@ -16,30 +18,6 @@ from test_inprocess_jobs import events, finish, iterations, started
 pytestmark = pytest.mark.slow
 
 DEADLINE = 300  # seconds for a whole job: generous, as torch imports on 2 busy cores can take a minute or more
-
-
-def test_kill_9_of_rank_0_continues_on_three(launch):
-    job = launch({"steps": 10, "user_store": True, "faults": [{"iteration": 0, "rank": 0, "step": 4, "kind": "kill"}]})
-    assert finish(job, deadline=DEADLINE) == [-signal.SIGKILL, 0, 0, 0], job.diagnostics()
-    assert [started(job, rank, 1)["rank"] for rank in (1, 2, 3)] == [0, 1, 2]
-    assert {started(job, rank, 1)["world_size"] for rank in (1, 2, 3)} == {3}
-    assert all(iterations(job, rank, "done") == [1] for rank in (1, 2, 3)), job.diagnostics()
-
-
-def test_a_stopped_rank_0_is_killed_by_its_hard_timeout_and_the_others_continue(launch):
-    job = launch(
-        {
-            # Below the mesh's hang limit (10 s at default timers), so the hard timeout is what ends rank 0.
-            "steps": 10,
-            "user_store": True,
-            "wrapper": {"soft_timeout": 4, "hard_timeout": 8},
-            "faults": [{"iteration": 0, "rank": 0, "step": 4, "kind": "stop"}],
-        }
-    )
-    codes = finish(job, deadline=DEADLINE)
-    assert codes[0] < 0 and codes[1:] == [0, 0, 0], job.diagnostics()
-    assert {started(job, rank, 1)["world_size"] for rank in (1, 2, 3)} == {3}
-    assert all(iterations(job, rank, "done") == [1] for rank in (1, 2, 3)), job.diagnostics()
 
 
 def test_an_exception_in_rank_0_restarts_all_and_its_departure_leaves_three(launch):

@@ -27,6 +27,7 @@ from inprocess.monitor_thread import RankShouldRestart, delayed_async_raise
 from inprocess.progress_watchdog import ProgressWatchdog, Timestamp
 from inprocess.store import HashStore
 from inprocess.store_mixin import PrefixedStore
+from polling import wait_until
 
 DOCS = Path(__file__).parents[2] / "docs" / "inprocess.md"
 
@@ -288,10 +289,10 @@ def _run_python(seconds: float) -> None:
         time.sleep(1e-4)
 
 
-def _wait_for(predicate, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate() and time.monotonic() < deadline:
-        _run_python(0.01)
+def _wait_for(predicate, what: str) -> None:
+    """Until ``predicate()`` holds (30 s at most), asked every 0.1 ms: the main thread executes bytecode between
+    the short sleeps, as ``_run_python`` does, so the watchdog's pending calls run."""
+    wait_until(predicate, 30.0, 1e-4, what=what)
 
 
 @pytest.fixture
@@ -305,7 +306,7 @@ def watchdog():
 
 def test_automatic_stamps_are_at_least_an_interval_apart(watchdog):
     dog, collect = watchdog
-    _wait_for(lambda: len({stamp.auto for _, stamp in collect.stamps}) > 20)
+    _wait_for(lambda: len({stamp.auto for _, stamp in collect.stamps}) > 20, "21 distinct automatic stamps")
     dog.pause_and_synchronize()
     sends = [sent for sent, _ in collect.stamps[:-1]]  # the last one: the pause's reset
     autos = [stamp.auto for _, stamp in collect.stamps[:-1]]
@@ -322,27 +323,27 @@ def test_automatic_stamps_are_at_least_an_interval_apart(watchdog):
 
 def test_pause_stops_the_stamps_and_resume_starts_them_again(watchdog):
     dog, collect = watchdog
-    _wait_for(lambda: len(collect.stamps) > 5)
+    _wait_for(lambda: len(collect.stamps) > 5, "6 stamps")
     dog.pause_and_synchronize()
     paused = len(collect.stamps)
     _run_python(0.05)
     assert len(collect.stamps) == paused  # nothing while paused (the last stamp was the pause's own reset)
     dog.resume()
-    _wait_for(lambda: len({stamp.auto for _, stamp in collect.stamps[paused:]}) > 2)
+    _wait_for(lambda: len({stamp.auto for _, stamp in collect.stamps[paused:]}) > 2, "3 stamps after the resume")
     after = [stamp.auto for _, stamp in collect.stamps[paused:]]
     # No proof of life is made up for the pause: the first new one comes from a call scheduled after the resume,
     # so the stamps after the resume jump by at least the pause (as the reference's test asks: more than 10 ms).
     assert max(later - earlier for earlier, later in zip(after, after[1:], strict=False)) >= 0.049
     dog.resume()  # twice: harmless
     count = len(collect.stamps)
-    _wait_for(lambda: len(collect.stamps) > count + 2)
+    _wait_for(lambda: len(collect.stamps) > count + 2, "stamps after a second resume")
 
 
 def test_shutdown_sends_one_last_stamp_and_a_second_one_nothing():
     collect = Collect()
     dog = ProgressWatchdog(0, collect, datetime.timedelta(milliseconds=1))
     dog.start()
-    _wait_for(lambda: len(collect.stamps) > 5)
+    _wait_for(lambda: len(collect.stamps) > 5, "6 stamps")
     dog.pause_and_synchronize()  # no turn under way: what shutdown sends is exactly its own stamp
     before = len(collect.stamps)
     dog.shutdown()

@@ -20,6 +20,7 @@ import etcd_cluster
 from inprocess import store as store_module, store_server
 from inprocess.monitor_process import _factory_by_reference
 from inprocess_jobs import free_ports
+from polling import wait_until
 
 SECONDS = datetime.timedelta(seconds=1)
 
@@ -114,10 +115,7 @@ def test_the_store_server_outlives_its_starter_serves_everyone_and_ends_when_idl
     del first  # the starter goes away; the server does not
     assert second.add("counter", 1) == 1
     del second
-    deadline = time.monotonic() + 60
-    while server_processes(port) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not server_processes(port), "the server did not end after its last client left"
+    wait_until(lambda: not server_processes(port), 60, 0.2, what="the server to end after its last client left")
 
 
 # ---- etcd (real members) --------------------------------------------------------------------------------------

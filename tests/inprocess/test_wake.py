@@ -24,6 +24,7 @@ import pytest
 
 from inprocess import wake
 from inprocess.monitor_thread import MonitorThread, RankShouldRestart, _set_async_exc
+from polling import wait_until
 
 FAIL_SAFE = 30.0  # seconds after which a blocking call ends by itself (the wake never needs more than a moment)
 MAIN = threading.main_thread()
@@ -225,13 +226,6 @@ def test_without_the_wake_a_blocked_call_runs_to_its_end_first(fresh, monkeypatc
     assert restart_while_blocked(sleep_then_run_bytecode) >= 1.5
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
-
-
 def test_the_wake_is_sent_again_with_every_raise(installed):
     """A blocked call that swallows the first restart (``except BaseException: block again``) is reached again at
     the next raise of the monitor thread's loop (every ``soft_timeout``, 0.5 s here)."""
@@ -316,12 +310,12 @@ def test_a_users_handler_on_the_wake_signal_still_gets_its_own_signals(fresh):
     assert wake.install()
     try:
         signal.pthread_kill(MAIN.ident, signal.SIGURG)  # the user's own: passed on
-        assert wait_until(lambda: seen == [signal.SIGURG])
+        wait_until(lambda: seen == [signal.SIGURG], 10, 0.01, what="the user's handler to get SIGURG")
         wake.wake(MAIN.ident)  # ours, with nothing pending: not passed on
-        time.sleep(0.2)
+        time.sleep(0.2)  # time for a wrongly passed-on signal to arrive
         assert seen == [signal.SIGURG]
         signal.pthread_kill(MAIN.ident, signal.SIGURG)  # the user's again, right after a wake
-        assert wait_until(lambda: seen == [signal.SIGURG, signal.SIGURG])
+        wait_until(lambda: seen == [signal.SIGURG] * 2, 10, 0.01, what="the user's handler to get SIGURG again")
         assert restart_while_blocked(_sleep) < FAIL_SAFE
     finally:
         wake.release()
@@ -340,16 +334,16 @@ def test_sigterm_and_sigint_handlers_are_untouched_and_run_during_and_after_a_re
         try:
             assert signal.getsignal(signal.SIGTERM) is users and signal.getsignal(signal.SIGINT) is users
             os.kill(os.getpid(), signal.SIGTERM)
-            assert wait_until(lambda: seen == [signal.SIGTERM])
+            wait_until(lambda: seen == [signal.SIGTERM], 10, 0.01, what="the user's SIGTERM handler")
             os.kill(os.getpid(), signal.SIGINT)
-            assert wait_until(lambda: seen == [signal.SIGTERM, signal.SIGINT])
+            wait_until(lambda: seen == [signal.SIGTERM, signal.SIGINT], 10, 0.01, what="the user's SIGINT handler")
             assert restart_while_blocked(_sleep) < FAIL_SAFE
             os.kill(os.getpid(), signal.SIGTERM)
-            assert wait_until(lambda: len(seen) == 3)
+            wait_until(lambda: len(seen) == 3, 10, 0.01, what="a third signal to the user's handlers")
         finally:
             wake.release()
         os.kill(os.getpid(), signal.SIGINT)
-        assert wait_until(lambda: len(seen) == 4)
+        wait_until(lambda: len(seen) == 4, 10, 0.01, what="a fourth signal to the user's handlers")
         assert seen == [signal.SIGTERM, signal.SIGINT, signal.SIGTERM, signal.SIGINT]
         assert signal.getsignal(signal.SIGTERM) is users and signal.getsignal(signal.SIGINT) is users
     finally:

@@ -2,11 +2,22 @@
 
 With SO_REUSEPORT the kernel may hand a connection to a stopped process, which never answers; a new connection (a
 new source port) lands elsewhere, so a client retries the handshake a few times, as rascli does.
+
+``wait_for_report`` and ``wait_for_json`` ask again until the report says what a test waits for (tests/polling.py).
 """
 
 from __future__ import annotations
 
+import json
 import socket
+from collections.abc import Callable
+from typing import Any
+
+from polling import wait_for
+
+#: Asked again: a connection that landed in the backlog of a process being killed (SO_REUSEPORT), or a job whose
+#: client port is not open yet.
+NOT_YET = (ConnectionResetError, ConnectionRefusedError)
 
 
 def connect(port: int, attempts: int = 8, handshake_timeout: float = 2.0) -> socket.socket:
@@ -35,6 +46,33 @@ def ask(port: int, text: bytes, timeout: float = 30.0, handshake_timeout: float 
             if not data:
                 return b"".join(chunks).decode()
             chunks.append(data)
+
+
+def json_status(port: int) -> dict[str, Any]:
+    """The JSON STATUS report."""
+    doc: dict[str, Any] = json.loads(ask(port, b"SET FORMAT json\nSTATUS\n").removeprefix("OK\n"))
+    return doc
+
+
+def wait_for_report(
+    port: int,
+    predicate: Callable[[str], object],
+    timeout: float = 30.0,
+    command: bytes = b"VERBOSE STATUS\n",
+    interval: float = 0.2,
+) -> str:
+    """The text report (``command``'s answer) once ``predicate(report)`` holds; fails with the last one after
+    ``timeout`` seconds."""
+    return wait_for(
+        lambda: ask(port, command), predicate, timeout, interval, what=f"a report on port {port}", retry_on=NOT_YET
+    )
+
+
+def wait_for_json(port: int, predicate: Callable[[dict[str, Any]], object], timeout: float = 30.0) -> dict[str, Any]:
+    """The JSON report once ``predicate(doc)`` holds (a process busy for a moment may be left out of one)."""
+    return wait_for(
+        lambda: json_status(port), predicate, timeout, 0.2, what=f"a JSON report on port {port}", retry_on=NOT_YET
+    )
 
 
 def server_pid(sock: socket.socket) -> int:

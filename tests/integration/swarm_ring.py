@@ -15,8 +15,7 @@ acknowledgement) and the other PEER_CONNECTING (it accepted and acknowledged).
 
 from __future__ import annotations
 
-import time
-
+from polling import wait_for
 from rasd.core.peers import Addr
 from rasd.swarm import Swarm
 
@@ -24,13 +23,19 @@ from rasd.swarm import Swarm
 LINK_EVENTS = ("PEER_CONNECTED", "PEER_CONNECTING")
 
 
+def ring_neighbours(sw: Swarm, i: int) -> set[int]:
+    """The members next to member ``i`` in the ring (one or two)."""
+    order = [m.index for m in sorted(sw.members, key=lambda m: Addr(m.host, m.port).sort_key())]
+    pos = order.index(i)
+    return {order[pos - 1], order[(pos + 1) % len(order)]} - {i}
+
+
 def missing_ring_links(sw: Swarm) -> list[tuple[int, int]]:
     """(member, neighbour) for every ring neighbour a member has no finished handshake with yet."""
-    order = sorted(sw.members, key=lambda m: Addr(m.host, m.port).sort_key())
     missing = []
-    for pos, member in enumerate(order):
+    for member in sw.members:
         linked = {e["addr"] for kind in LINK_EVENTS for e in sw.events(member.index, kind)}
-        for neighbour in {order[pos - 1].index, order[(pos + 1) % len(order)].index} - {member.index}:
+        for neighbour in sorted(ring_neighbours(sw, member.index)):
             if sw.members[neighbour].addr not in linked:
                 missing.append((member.index, neighbour))
     return missing
@@ -38,8 +43,4 @@ def missing_ring_links(sw: Swarm) -> list[tuple[int, int]]:
 
 def wait_for_ring(sw: Swarm, timeout: float = 30.0) -> None:
     """Return once every ring link is ready on both sides; fail with the links still missing after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while missing := missing_ring_links(sw):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the ring did not close within {timeout:.0f}s; missing links: {missing}")
-        time.sleep(0.02)
+    wait_for(lambda: missing_ring_links(sw), lambda missing: not missing, timeout, 0.02, what="the ring to close")

@@ -8,17 +8,19 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from ras_client import ask, connect, server_pid
+from polling import wait_until
+from ras_client import ask, connect, server_pid, wait_for_report
 from rasd.swarm import Swarm
+from swarm_ring import ring_neighbours, wait_for_ring
 
 pytestmark = pytest.mark.slow  # every test starts a swarm of real processes
 
 _next_port = [29300]
+DEADLINE = 20.0  # seconds for a report to say what a test waits for
 
 
 def _free_base() -> int:
@@ -54,25 +56,10 @@ def status(port: int, verbose: bool = True, timeout_cmd: str = "") -> str:
     return ask(port, timeout_cmd.encode() + (b"VERBOSE STATUS\n" if verbose else b"STATUS\n"))
 
 
-def wait_for_report(port: int, predicate, deadline: float = 20.0) -> str:
-    end = time.monotonic() + deadline
-    report = ""
-    while time.monotonic() < end:
-        try:
-            report = status(port)
-        except ConnectionResetError:
-            # With SO_REUSEPORT a connection can land in the backlog of a process being killed: ask again.
-            continue
-        if predicate(report):
-            return report
-        time.sleep(0.2)
-    raise AssertionError(f"no report matched within {deadline}s; last:\n{report}")
-
-
 def test_a_healthy_job(port_env):
     with Swarm(4, env=port_env) as sw:
         port = base_port(port_env)
-        report = wait_for_report(port, lambda r: "      1          4            0          4        0" in r)
+        report = wait_for_report(port, lambda r: "      1          4            0          4        0" in r, DEADLINE)
         lines = report.splitlines()
         assert lines[0].startswith("torchras version ") and " with torch " in lines[0]
         assert "Communicators... (" in report
@@ -88,7 +75,7 @@ def test_a_healthy_job(port_env):
 def test_a_lagging_rank_is_a_mismatch_that_names_it(port_env):
     with Swarm(4, env=port_env) as sw:
         sw.command(2, "lag", "3")
-        report = wait_for_report(base_port(port_env), lambda r: "MISMATCH\n" in r)
+        report = wait_for_report(base_port(port_env), lambda r: "MISMATCH\n" in r, DEADLINE)
         assert "Communicator ranks have different AllReduce operation counts" in report
         assert f"Rank 2 has launched up to operation 7 -- CPU managed by process {sw.members[2].pid}" in report
         assert "3 ranks have launched up to operation 10" in report
@@ -97,9 +84,9 @@ def test_a_lagging_rank_is_a_mismatch_that_names_it(port_env):
 def test_kill_9_is_dead_in_the_report_within_about_a_second(port_env):
     with Swarm(4, env=port_env) as sw:
         port = base_port(port_env)
-        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r, DEADLINE)
         sw.kill(1)
-        report = wait_for_report(port, lambda r: "DEAD\n" in r, deadline=10)
+        report = wait_for_report(port, lambda r: "DEAD\n" in r, timeout=10)
         assert "1 job process is considered dead (unreachable via the RAS network)" in report
         assert f"Process {sw.members[1].pid} on node 127.0.0.1 managing CPU" in report
         assert "Missing communicator data from 1 rank" in report
@@ -109,14 +96,17 @@ def test_without_fast_death_a_kill_is_incomplete_at_once_and_dead_after_the_limi
     env = {**port_env, "TORCHRAS_FAST_DEATH": "0", "TORCHRAS_TIMEOUT_FACTOR": "0.1"}  # dead after 6 s
     with Swarm(4, env=env) as sw:
         port = base_port(env)
-        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r, DEADLINE)
+        wait_for_ring(sw)  # both ring neighbours of member 3 hold a link to it
         sw.kill(3)
-        time.sleep(0.3)  # the neighbours read the EOF (a query racing the EOF counts a leg timeout, as in NCCL)
+        # The neighbours read the EOF before the query (a query racing the EOF counts a leg timeout, as in NCCL).
+        neighbours = ring_neighbours(sw, 3)
+        wait_until(lambda: all(sw.saw(i, "PEER_DISCONNECTED", 3) for i in neighbours), 10, what="the EOF read")
         first = status(port)
         assert "INCOMPLETE\n  Missing communicator data from 1 job process" in first
         assert "DEAD\n" not in first
         assert "TIMEOUT" not in first  # a closed connection is never waited on
-        report = wait_for_report(port, lambda r: "DEAD\n" in r, deadline=30)
+        report = wait_for_report(port, lambda r: "DEAD\n" in r, timeout=30)
         assert "considered dead" in report
 
 
@@ -124,7 +114,7 @@ def test_sigstop_gives_a_timeout_warning_once_then_fast_queries(port_env):
     env = {**port_env, "TORCHRAS_TIMEOUT_FACTOR": "1"}  # unresponsive after 5 s: the first query is inside that
     with Swarm(4, env=env) as sw:
         port = base_port(env)
-        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r, DEADLINE)
         sw.pause(2)
         try:
             # A connection that lands on the stopped member (SO_REUSEPORT) gets no handshake: give up on it quickly,
@@ -143,7 +133,7 @@ def test_sigstop_gives_a_timeout_warning_once_then_fast_queries(port_env):
 def test_fifty_concurrent_clients_and_idle_ones(port_env):
     with Swarm(4, env=port_env):
         port = base_port(port_env)
-        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r, DEADLINE)
         idle = [socket.create_connection(("localhost", port), 5) for _ in range(10)]
         results: list[str] = []
         errors: list[BaseException] = []
@@ -169,7 +159,7 @@ def test_fifty_concurrent_clients_and_idle_ones(port_env):
 def test_overlong_lines_and_garbage_close_only_that_client(port_env):
     with Swarm(3, env=port_env):
         port = base_port(port_env)
-        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r, DEADLINE)
         with connect(port) as s:
             s.sendall(b"x" * 5000)
             s.settimeout(10)
@@ -182,7 +172,7 @@ def test_overlong_lines_and_garbage_close_only_that_client(port_env):
 def test_monitor_pushes_events_as_they_happen(port_env):
     with Swarm(4, env=port_env) as sw:
         port = base_port(port_env)
-        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r, DEADLINE)
         text = connect(port)
         text.sendall(b"MONITOR\n")
         js = connect(port)
@@ -218,8 +208,8 @@ def test_monitor_pushes_events_as_they_happen(port_env):
 def test_two_jobs_on_one_node_serve_different_ports(port_env):
     with Swarm(2, env=port_env) as a, Swarm(2, env=port_env) as b:
         first, second = base_port(port_env), base_port(port_env) + 1
-        ra = wait_for_report(first, lambda r: "RUNNING      OK" in r)
-        rb = wait_for_report(second, lambda r: "RUNNING      OK" in r)
+        ra = wait_for_report(first, lambda r: "RUNNING      OK" in r, DEADLINE)
+        rb = wait_for_report(second, lambda r: "RUNNING      OK" in r, DEADLINE)
         pids_a = {m.pid for m in a.members}
         pids_b = {m.pid for m in b.members}
         for _ in range(5):
@@ -240,7 +230,7 @@ def test_a_port_taken_by_another_program(port_env):
     try:
         # With the default address the job moves to the next free port.
         with Swarm(2, env=port_env):
-            assert "RUNNING      OK" in wait_for_report(base + 1, lambda r: "RUNNING      OK" in r)
+            assert "RUNNING      OK" in wait_for_report(base + 1, lambda r: "RUNNING      OK" in r, DEADLINE)
         # With an explicit address it runs without a client port; the mesh still works.
         env = {**port_env, "TORCHRAS_ADDR": f"localhost:{base}"}
         with Swarm(3, env=env) as sw:
@@ -257,7 +247,7 @@ def test_echo_status_piped_into_nc_gets_the_whole_report(port_env):
     # `echo verbose status | nc localhost 28028`: nc half-closes its side once stdin ends, before the report.
     with Swarm(3, env=port_env):
         port = base_port(port_env)
-        wait_for_report(port, lambda r: "RUNNING      OK" in r)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r, DEADLINE)
         for _ in range(3):
             with socket.create_connection(("localhost", port), 5) as s:
                 s.sendall(b"verbose status\n")
@@ -278,7 +268,7 @@ def test_clients_past_the_bound_get_an_error_line(port_env, monkeypatch):
 
     with Swarm(1, env=port_env):
         port = base_port(port_env)
-        wait_for_report(port, lambda r: "RUNNING" in r)
+        wait_for_report(port, lambda r: "RUNNING" in r, DEADLINE)
         held = [socket.create_connection(("localhost", port), 5) for _ in range(client_port.MAX_CLIENTS)]
         try:
             for s in held[:3]:  # the held ones are served

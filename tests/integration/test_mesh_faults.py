@@ -10,8 +10,10 @@ import socket
 import struct
 import time
 
+import psutil
 import pytest
 
+from polling import wait_until
 from rasd.core import wire
 from rasd.swarm import Swarm
 from swarm_ring import wait_for_ring
@@ -30,7 +32,7 @@ def test_kill_9_is_known_dead_by_every_survivor_at_once():
     with Swarm(6) as sw:
         sw.kill(2)
         sw.wait_for(lambda: all(sw.saw(i, "PEER_DEAD", 2) for i in survivors(sw, 2)), 10, "PEER_DEAD everywhere")
-        time.sleep(0.5)
+        time.sleep(0.5)  # time for a wrong verdict about another member to follow
         for i in survivors(sw, 2):
             dead = {e["addr"] for e in sw.events(i, "PEER_DEAD")}
             assert dead == {sw.members[2].addr}, f"member {i} declared {dead} dead"
@@ -44,7 +46,7 @@ def test_sigstop_then_sigcont_before_the_dead_limit_recovers():
         sw.wait_for(lambda: all(sw.saw(i, "PEER_HUNG", 1) for i in survivors(sw, 1)), 10, "PEER_HUNG everywhere")
         sw.resume(1)
         sw.wait_for(lambda: all(sw.saw(i, "PEER_RECOVERED", 1) for i in survivors(sw, 1)), 10, "PEER_RECOVERED")
-        time.sleep(1.0)
+        time.sleep(1.0)  # time for a late death verdict to show, which must not come
         for i in range(sw.n):
             assert not sw.events(i, "PEER_DEAD"), f"member {i} declared a death"
         assert sw.alive(1)
@@ -58,7 +60,7 @@ def test_sigstop_past_the_dead_limit_is_dead_and_the_zombie_cannot_rejoin():
         sw.resume(3)
         # The zombie learns that the job declared it dead, about itself.
         sw.wait_for(lambda: sw.saw(3, "PEER_DEAD", 3), 10, "the zombie to learn it is dead")
-        time.sleep(2.0)
+        time.sleep(2.0)  # time for the zombie to be taken back, which must not happen
         for i in survivors(sw, 3):
             assert not sw.saw(i, "PEER_RECOVERED", 3), f"member {i} took the zombie back"
             assert len([e for e in sw.events(i, "PEER_DEAD") if e["addr"] == sw.members[3].addr]) == 1
@@ -94,7 +96,7 @@ def test_sigterm_is_a_clean_exit():
 def test_kill_9_of_a_parent_whose_forked_child_lives_on_is_seen_at_once():
     with Swarm(4) as sw:  # default timers: only the fast-death rule can see it within 10 s
         sw.command(2, "fork")
-        time.sleep(0.5)
+        wait_until(lambda: psutil.Process(sw.members[2].pid).children(), 10, 0.05, what="member 2's forked child")
         sw.kill(2)
         sw.wait_for(lambda: all(sw.saw(i, "PEER_DEAD", 2) for i in survivors(sw, 2)), 10, "PEER_DEAD everywhere")
 
@@ -102,7 +104,7 @@ def test_kill_9_of_a_parent_whose_forked_child_lives_on_is_seen_at_once():
 def test_a_main_thread_holding_the_gil_for_3_s_is_not_declared_dead():
     with Swarm(4) as sw:  # default timers: unresponsive after 5 s
         sw.command(1, "gil", "3")
-        time.sleep(6.0)
+        time.sleep(6.0)  # past the unresponsive limit (5 s) counted from the start of the 3 s hold
         for i in range(sw.n):
             for kind in ("PEER_DEAD", "PEER_UNRESPONSIVE", "PEER_HUNG"):
                 assert not sw.events(i, kind), f"member {i}: {kind} {sw.events(i, kind)}"
@@ -146,7 +148,7 @@ def test_strangers_garbage_and_wrong_secrets_are_dropped_without_disturbing_the_
         # A silent connection is dropped after the handshake time.
         s = socket.create_connection(target, 5)
         _expect_closed(s, deadline=15)
-        time.sleep(1.5)
+        time.sleep(1.5)  # time for a wrong verdict or a stranger's PEER_NEW to show
         for i in range(sw.n):
             for kind in ("PEER_DEAD", "PEER_UNRESPONSIVE", "PEER_NEW"):
                 assert all(e["addr"] in {x.addr for x in sw.members} for e in sw.events(i, kind))
@@ -161,7 +163,7 @@ def test_another_jobs_processes_cannot_join(tmp_path):
     # members as seeds and try to connect. The handshake fails both ways and job a never hears of job b.
     store = str(tmp_path / "shared-store")
     with Swarm(3, env=FAST, store_dir=store) as a, Swarm(3, env=FAST, store_dir=store).start(wait_mesh=False) as b:
-        time.sleep(3.0)
+        time.sleep(3.0)  # time for job b's members to try (and fail) to join job a
         a_addrs = {m.addr for m in a.members}
         for i in range(a.n):
             seen = {e["addr"] for e in a.events(i)}

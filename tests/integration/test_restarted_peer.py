@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ras_client import ask
+from polling import wait_for
+from ras_client import ask, json_status
 from rasd.swarm import Member, Swarm
 
 _next_port = [29700]
@@ -60,18 +61,16 @@ def _restart_member(sw: Swarm, i: int) -> Member:
 
 
 def _report(port: int, predicate, deadline: float = 30.0) -> tuple[str, dict]:
-    end = time.monotonic() + deadline
-    text, doc = "", {}
-    while time.monotonic() < end:
-        try:
-            text = ask(port, b"VERBOSE STATUS\n")
-            doc = json.loads(ask(port, b"SET FORMAT json\nSTATUS\n").removeprefix("OK\n"))
-        except (ConnectionResetError, ValueError):
-            continue  # a connection that landed on the process being killed, or a torn read: ask again
-        if predicate(text, doc):
-            return text, doc
-        time.sleep(0.2)
-    raise AssertionError(f"no report matched within {deadline}s; last:\n{text}\n{json.dumps(doc)[:2000]}")
+    """The text and the JSON report, asked together until ``predicate(text, doc)`` holds. Asked again: a connection
+    that landed on the process being killed, or a torn read."""
+    return wait_for(
+        lambda: (ask(port, b"VERBOSE STATUS\n"), json_status(port)),
+        lambda both: predicate(*both),
+        deadline,
+        0.2,
+        what="the reports",
+        retry_on=(ConnectionResetError, ValueError),
+    )
 
 
 def _section(text: str, head: str) -> str:

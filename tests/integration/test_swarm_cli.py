@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from polling import wait_for
 from ras_client import connect, free_port_from, server_pid
 
 PEERS = 5
@@ -121,10 +122,13 @@ def test_swarm_reaps_its_members_and_quit_ends_them_with_a_goodbye(tmp_path: Pat
         proc.stdin.flush()
         out.until(b"member %d: exit" % leaver)
         assert not psutil.pid_exists(members[victim]) or members[victim] not in {c.pid for c in parent.children()}
-        deadline = time.monotonic() + 30
-        while zombies(parent) or len(parent.children()) != PEERS - 2:  # the one that exited is reaped too
-            assert time.monotonic() < deadline, f"zombies {zombies(parent)}, children {parent.children()}"
-            time.sleep(0.1)
+        # Both reaped, the one that exited too: the last value is (zombies, children).
+        wait_for(
+            lambda: (zombies(parent), parent.children()),
+            lambda seen: not seen[0] and len(seen[1]) == PEERS - 2,
+            30,
+            what="the killed and the exited member to be reaped",
+        )
         monitor.read(b"PEER_DEAD: Process %d " % members[victim])
         before_quit = len(monitor.read(b"PEER_LEFT: Process %d " % members[leaver]))
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from ras_client import ask, connect
+from ras_client import connect, wait_for_json, wait_for_report
 from rasd.core.comms import OP_TYPES
 
 pytestmark = pytest.mark.slow  # every test starts torch processes
@@ -227,43 +227,6 @@ class TorchJob:
 
 # ----------------------------------------------------------------------------------------------------------------
 # The client port (the handshake-retrying client is tests/integration/ras_client.py)
-
-
-def status(port: int) -> str:
-    return ask(port, b"VERBOSE STATUS\n")
-
-
-def json_status(port: int) -> dict:
-    return json.loads(ask(port, b"SET FORMAT json\nSTATUS\n").removeprefix("OK\n"))
-
-
-def wait_for_report(port: int, predicate: Callable[[str], bool], deadline: float = 30.0) -> str:
-    end = time.monotonic() + deadline
-    report = ""
-    while time.monotonic() < end:
-        try:
-            report = status(port)
-        except (ConnectionResetError, ConnectionRefusedError):
-            continue
-        if predicate(report):
-            return report
-        time.sleep(0.2)
-    raise AssertionError(f"no report matched within {deadline}s; last:\n{report}")
-
-
-def wait_for_json(port: int, predicate: Callable[[dict], bool], deadline: float = 30.0) -> dict:
-    """The JSON report once it satisfies ``predicate`` (a process busy for a moment may be left out of one)."""
-    end = time.monotonic() + deadline
-    doc: dict = {}
-    while time.monotonic() < end:
-        try:
-            doc = json_status(port)
-        except (ConnectionResetError, ConnectionRefusedError):
-            continue
-        if predicate(doc):
-            return doc
-        time.sleep(0.2)
-    raise AssertionError(f"no JSON report matched within {deadline}s; last:\n{json.dumps(doc, indent=1)}")
 
 
 def by_hash(doc: dict) -> dict[int, dict]:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from polling import wait_until
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -70,16 +72,29 @@ class Launch:
         return [line for line in self.err().splitlines() if line.startswith("rasd launch: ")]
 
     def wait_for(self, pattern: str, timeout: float, count: int = 1) -> list[str]:
-        """The launcher's lines matching ``pattern``, once there are ``count`` of them."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [line for line in self.lines() if re.search(pattern, line)]
-            if len(found) >= count:
-                return found
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.2)
-        raise AssertionError(f"no {count} line(s) matching {pattern!r} within {timeout} s:\n{self.tail()}")
+        """The launcher's lines matching ``pattern``, once there are ``count`` of them (fails at once if the
+        launcher ended without them)."""
+
+        def found() -> list[str] | None:
+            ended = self.process.poll() is not None  # before reading: its last lines are in the file by then
+            lines = [line for line in self.lines() if re.search(pattern, line)]
+            if len(lines) >= count:
+                return lines
+            assert not ended, f"rasd launch ended without {count} line(s) matching {pattern!r}:\n{self.tail()}"
+            return None
+
+        return wait_until(found, timeout, 0.2, what=lambda: f"{count} line(s) matching {pattern!r}:\n{self.tail()}")
+
+    def wait_for_records(self, folder: Path, predicate, count: int, timeout: float) -> list[dict]:
+        """The JSON records of the job (``folder/*.jsonl``) that satisfy ``predicate``, once there are ``count``;
+        fails at once if the launcher ends first."""
+
+        def found() -> list[dict] | None:
+            assert self.process.poll() is None, self.tail()
+            matching = [item for item in records(folder) if predicate(item)]
+            return matching if len(matching) >= count else None
+
+        return wait_until(found, timeout, 0.5, what=lambda: f"{count} record(s):\n{self.tail()}")
 
     def pids(self) -> list[int]:
         """Every worker pid the launcher has named."""
@@ -108,6 +123,19 @@ class Launch:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def records(folder: Path) -> list[dict]:
+    """The JSON lines every worker of a job wrote to ``folder/<pid>.jsonl`` (tests/launch/heal_job.py), by time; a
+    line being written is left out."""
+    found = []
+    for path in folder.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                pass
+    return sorted(found, key=lambda item: item["time"])
 
 
 def alive(pid: int) -> bool:

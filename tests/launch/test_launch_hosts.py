@@ -10,15 +10,13 @@ newcomers, and the job is back to 4 ranks, with the same model bytes on every ra
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from launching import HERE, REPOSITORY, Launch
+from launching import HERE, REPOSITORY, Launch, records
 
 sys.path.insert(0, str(REPOSITORY / "tests"))  # the namespace fixture
 
@@ -27,17 +25,6 @@ from netns import Network, require_namespaces
 pytestmark = pytest.mark.slow
 
 JOB = str(HERE / "heal_job.py")
-
-
-def _records(folder: Path) -> list[dict]:
-    found = []
-    for path in folder.glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                pass
-    return sorted(found, key=lambda item: item["time"])
 
 
 def test_each_host_heals_its_own_workers_and_a_lost_host_comes_back(tmp_path: Path) -> None:
@@ -68,7 +55,11 @@ def test_each_host_heals_its_own_workers_and_a_lost_host_comes_back(tmp_path: Pa
             again.wait_for(r"worker 0 started: pid \d+; it joins the running job \(this node came back\)", 120)
             again.wait_for(r"joined the job as rank \d of 4", 300, count=2)
             first.wait_for(r"the job trains at 4 rank\(s\) now", 120, count=2)
-            time.sleep(2)  # a few steps at 4 ranks across both hosts
+            # A few steps at 4 ranks across both hosts: the new workers' steps (pids the launcher named).
+            newcomers = set(again.pids())
+            first.wait_for_records(
+                out, lambda r: r["event"] == "step" and r["world"] == 4 and r["pid"] in newcomers, 6, 120
+            )
             (out / "finish").touch()
             assert first.wait(180) == 0, first.tail()
             assert again.wait(180) == 0, again.tail()
@@ -76,7 +67,7 @@ def test_each_host_heals_its_own_workers_and_a_lost_host_comes_back(tmp_path: Pa
             for launcher in (first, second, again):
                 if launcher is not None:
                     launcher.close()
-    done = [r for r in _records(out) if r["event"] == "done"]
+    done = [r for r in records(out) if r["event"] == "done"]
     assert len(done) == 4 and {r["world"] for r in done} == {4}, done
     assert len({r["hash"] for r in done}) == 1, done
-    assert not [r for r in _records(out) if r["event"] == "loaded"]
+    assert not [r for r in records(out) if r["event"] == "loaded"]

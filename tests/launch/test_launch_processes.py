@@ -9,12 +9,12 @@ import os
 import re
 import signal
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 from launching import HERE, Launch, alive
+from polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -58,18 +58,22 @@ def test_sigterm_to_the_launcher_ends_every_worker_and_its_children(tmp_path: Pa
         tmp_path, "--nproc-per-node", "3", "--shutdown-timeout", "3", WORKER, "sleep", str(tmp_path), *extra
     )
     try:
-        deadline = time.monotonic() + 90
-        while len(list(tmp_path.glob("*.pids"))) < 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        pids = [int(pid) for path in tmp_path.glob("*.pids") for pid in path.read_text().split()]
-        assert len(pids) == 6, launch.tail()
+        pids = wait_for(  # each worker's pid and its child's
+            lambda: [int(pid) for path in tmp_path.glob("*.pids") for pid in path.read_text().split()],
+            lambda found: len(found) == 6,
+            90,
+            0.2,
+            what=lambda: f"3 workers' pids\n{launch.tail()}",
+        )
         assert all(alive(pid) for pid in pids)
         launch.process.send_signal(signal.SIGTERM)
         assert launch.wait(60) == 128 + signal.SIGTERM, launch.tail()
-        deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in pids if alive(pid)], launch.tail()
+        wait_for(
+            lambda: [pid for pid in pids if alive(pid)],
+            lambda living: not living,
+            10,
+            what=lambda: f"every worker and child to end (the last value: those alive)\n{launch.tail()}",
+        )
         assert any("received SIGTERM: passing it to every worker" in line for line in launch.lines())
         forced = any("still running 3 s after the signal: SIGKILL" in line for line in launch.lines())
         assert forced == ignore, launch.tail()

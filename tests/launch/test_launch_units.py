@@ -309,6 +309,8 @@ def _decide(returncode: int = -9, **overrides: object) -> workers.Decision:
         refused=False,
         completed=False,
         heals=True,
+        gave_up=False,
+        job_gave_up=False,
     )
     fields.update(overrides)
     return workers.decide(returncode, **fields)
@@ -340,6 +342,21 @@ def test_a_worker_is_not_respawned_when(returncode: int, overrides: dict, becaus
     assert not decision.respawn and because in decision.reason
 
 
+@pytest.mark.parametrize("returncode", [1, 0, -9, 3])
+def test_a_worker_whose_wrapper_gave_up_is_not_respawned_whatever_its_exit(returncode: int) -> None:
+    """Respawns left, a job that heals, nothing stopping: a Wrapper that gave up still ends its worker's slot."""
+    decision = _decide(returncode, gave_up=True, job_gave_up=True)
+    assert (decision.respawn, decision.reason) == (False, "not respawned: its Wrapper gave up")
+
+
+def test_once_the_job_gave_up_no_worker_is_respawned_and_before_a_crash_is_respawned_as_ever() -> None:
+    after = _decide(-9, job_gave_up=True)  # another worker's Wrapper gave up: this one's crash is not healed
+    assert (after.respawn, after.reason) == (False, "not respawned: the job gave up")
+    before = _decide(-9)  # no Wrapper gave up: a crash is respawned, at once, as before
+    assert (before.respawn, before.delay, before.reason) == (True, 0.0, "respawning it (1 of 3)")
+    assert _decide(1, respawns_done=1).respawn  # an exception the Wrapper left on, without giving up: respawned
+
+
 def _exit(code: int, when: float, **fields: bool) -> status.Exit:
     return status.Exit(0, 100, code, when, **fields)
 
@@ -354,7 +371,59 @@ def test_the_job_status() -> None:
     assert status.job_status([_exit(1, 1.0, refused=True), done]) == 0  # a replacement that came too late
     assert status.job_status([_exit(3, 1.0), _exit(0, 2.0)], wrapped=False) == 3  # no Wrapper: as torchrun
     assert status.job_status([done], interrupted_by=signal.SIGTERM) == 143
+    # The job gave up (a worker's Wrapper said so): never 0; the first code of a worker that gave up, as it exited.
+    gave_up = [_exit(1, 5.0, gave_up=True), _exit(1, 5.1, gave_up=True)]
+    assert status.job_status(gave_up, gave_up=True) == 1
+    assert status.job_status([_exit(-9, 1.0), _exit(2, 5.0, gave_up=True)], gave_up=True) == 2  # not the kill's
+    assert status.job_status([_exit(0, 5.0, gave_up=True)], gave_up=True) == 1  # it caught RestartAbort: still 1
+    assert status.job_status([_exit(-9, 1.0), _exit(0, 5.0, gave_up=True)], gave_up=True) == 137
+    assert status.job_status([done, _exit(1, 12.0, gave_up=True)], gave_up=True) == 1  # completed elsewhere: no 0
+    assert status.job_status(gave_up, interrupted_by=signal.SIGINT, gave_up=True) == 130  # a signal still wins
     assert status.describe(-9) == "killed by SIGKILL" and status.describe(2) == "exit code 2"
+
+
+def test_a_wrapper_that_gave_up_ends_the_job_for_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the launcher does with ``gave_up`` (no process: the workers are stand-ins): the pending respawns are
+    cancelled, a replacement still waiting to be admitted is asked to leave, the others are left alone, and the
+    reason is kept for the last line."""
+    import types
+
+    from torchras.launch import main as launch_main
+
+    _, plan = launch_args.parse(["--nproc-per-node", "4", "--shutdown-timeout", "7", "train.py"])
+    launcher = launch_main.Launcher(plan)
+    signals: list[tuple[int, int]] = []
+
+    def worker(pid: int, newcomer: bool) -> workers.Worker:
+        process = types.SimpleNamespace(pid=pid, poll=lambda: None)
+        made = workers.Worker(process, {}, newcomer, 0.0)  # type: ignore[arg-type]
+        monkeypatch.setattr(made, "signal_group", lambda signum: signals.append((pid, signum)))
+        return made
+
+    first, waiting, admitted = worker(101, False), worker(102, True), worker(103, True)
+    launcher.slots = [
+        workers.Slot(0, 0, first),
+        workers.Slot(1, 1, None, respawns=1, respawn_at=1e12),  # a replacement due later: never started now
+        workers.Slot(2, 2, waiting),
+        workers.Slot(3, 3, admitted),
+    ]
+    try:
+        launcher._announced(launcher.slots[3], {"event": "joined", "pid": 103, "rank": 1, "world_size": 3})
+        reason = "RestartAbort: state.iteration=2 self.max_iterations=2\nmore"
+        launcher._announced(launcher.slots[0], {"event": "gave_up", "pid": 101, "reason": reason})
+        launcher._announced(launcher.slots[3], {"event": "gave_up", "pid": 103, "reason": "another"})
+        launcher._stop_waiting_replacements()
+    finally:
+        os.close(launcher._wake_read)
+        os.close(launcher._wake_write)
+    assert first.gave_up and admitted.gave_up and not waiting.gave_up
+    assert (
+        launcher.gave_up
+        == "worker 0's inprocess.Wrapper, pid 101: RestartAbort: state.iteration=2 self.max_iterations=2"
+    )
+    assert launcher.slots[1].respawn_at is None
+    assert signals == [(102, signal.SIGTERM), (102, signal.SIGCONT)]  # only the one nothing will admit
+    assert waiting.kill_at is not None and first.kill_at is None and admitted.kill_at is None
 
 
 # ---- the worker's side, and the layers -------------------------------------------------------------------------

@@ -61,11 +61,6 @@ class FakeServer:
             data = bytes(self.received[connection]) if self.received else b""
         return data.decode().split("\n")[:-1] if data else []
 
-    def wait_for_connections(self, n: int, deadline: float = 10.0) -> None:
-        end = time.monotonic() + deadline
-        while self.connections < n and time.monotonic() < end:
-            time.sleep(0.01)
-
     # -- serving -----------------------------------------------------------------------------------------------
     def __enter__(self) -> FakeServer:
         thread = threading.Thread(target=self._accept, daemon=True)

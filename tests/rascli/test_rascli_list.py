@@ -10,8 +10,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-from rascli.endpoints import group_jobs, process_alive, read_endpoints, run_dir
+from polling import wait_until
+from rascli.endpoints import Endpoint, parse_endpoint, process_alive, read_endpoints, run_dir, scan, write_endpoint
+from rascli.listing import group_jobs
 from rascli_helpers import rascli_run, run_cli
 
 ME = os.getpid()
@@ -77,13 +80,45 @@ def test_process_alive() -> None:
     assert not process_alive(ME, MY_START - 100)
 
 
+class _Uninspectable:
+    """A psutil.Process whose every question fails with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __call__(self, pid: int) -> _Uninspectable:
+        return self
+
+    def status(self) -> str:
+        raise self.error
+
+    def create_time(self) -> float:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "alive"),
+    [
+        (psutil.NoSuchProcess(4242), False),
+        (psutil.ZombieProcess(4242), False),  # a NoSuchProcess too: exited, not reaped
+        (psutil.AccessDenied(4242), True),  # it exists; we may not look: never taken for gone
+        (psutil.Error("unknown"), True),
+        (PermissionError(13, "denied"), True),
+    ],
+)
+def test_only_evidence_of_absence_makes_a_process_gone(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, alive: bool
+) -> None:
+    """A live job whose process cannot be inspected keeps its endpoint: taking it for gone would delete its file for
+    good, hide the job from --list and free its port for another job."""
+    monkeypatch.setattr(psutil, "Process", _Uninspectable(error))
+    assert process_alive(4242, time.time()) is alive
+
+
 def test_a_zombie_serves_nothing() -> None:
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
-        deadline = time.monotonic() + 30
-        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 30, 0.02, what="a zombie")
         assert not process_alive(zombie.pid, time.time())
     finally:
         zombie.wait()
@@ -128,3 +163,52 @@ def test_list_as_a_command(tmp_path: Path) -> None:
     done = rascli_run(["--list"], env={"TORCHRAS_RUN_DIR": str(tmp_path)})
     assert done.returncode == 0
     assert b"28040" in done.stdout and b"abcdef" in done.stdout
+
+
+def test_written_endpoints_read_back(tmp_path: Path) -> None:
+    path = write_endpoint(tmp_path, "localhost", 28028, "3f2a9c")
+    assert path == tmp_path / f"28028-{ME}.json" and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    (endpoint,) = read_endpoints(tmp_path)
+    assert (endpoint.host, endpoint.port, endpoint.job_id, endpoint.pid) == ("localhost", 28028, "3f2a9c", ME)
+    assert parse_endpoint(path.read_text()) == endpoint
+    assert json.loads(path.read_text()) == endpoint.as_json()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"pid": -1},  # psutil raises ValueError on it: never asked
+        {"pid": 0},
+        {"pid": True},
+        {"port": "28028"},
+        {"port": 70000},
+        {"job_id": 7},
+        {"started": "now"},
+        {"started": float("nan")},
+        {"hostname": None},
+        {"host": None},
+    ],
+)
+def test_a_file_with_a_field_of_the_wrong_kind_is_no_endpoint(tmp_path: Path, change: dict[str, object]) -> None:
+    good = Endpoint("localhost", 28028, "aa11", ME, MY_START + 1, "node7").as_json()
+    parse_endpoint(json.dumps(good))
+    with pytest.raises(ValueError):
+        parse_endpoint(json.dumps({**good, **change}))
+    (tmp_path / f"28028-{ME}.json").write_text(json.dumps({**good, **change}))
+    assert scan(tmp_path) == ([], [])  # neither live nor stale: not ours to judge
+
+
+def test_every_field_but_the_hostname_is_required() -> None:
+    good = Endpoint("localhost", 28028, "aa11", ME, MY_START + 1, "node7").as_json()
+    assert parse_endpoint(json.dumps({k: v for k, v in good.items() if k != "hostname"})).hostname == ""
+    for name in ("host", "port", "job_id", "pid", "started"):
+        with pytest.raises(ValueError):
+            parse_endpoint(json.dumps({k: v for k, v in good.items() if k != name}))
+
+
+def test_scan_tells_stale_files_apart(tmp_path: Path) -> None:
+    register(tmp_path, 28028, ME, "aa11")
+    register(tmp_path, 28030, dead_pid(), "cc33")
+    live, stale = scan(tmp_path)
+    assert [e.port for e in live] == [28028] and [p.name for p in stale] == [next(tmp_path.glob("28030-*")).name]
+    assert scan(tmp_path / "missing") == ([], [])

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from polling import wait_for
 from rascli.changes import describe, diff
 from rascli.monitor import event_text
 from rascli.report import ReportFormatError, parse_report
@@ -168,14 +169,7 @@ def _status(port: int, command: bytes) -> str:
 
 
 def _wait_for_status(port: int, predicate, deadline: float = 30.0) -> str:
-    end = time.monotonic() + deadline
-    text = ""
-    while time.monotonic() < end:
-        text = _status(port, b"VERBOSE STATUS\n")
-        if predicate(text):
-            return text
-        time.sleep(0.2)
-    raise AssertionError(f"no report matched within {deadline}s; last:\n{text}")
+    return wait_for(lambda: _status(port, b"VERBOSE STATUS\n"), predicate, deadline, 0.2, what="a report")
 
 
 @pytest.mark.slow

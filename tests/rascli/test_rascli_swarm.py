@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from polling import wait_until
 from rascli.report import parse_report
 from rascli_helpers import RecordingProxy, closed_port, finish, rascli_process, rascli_run, read_until, run_cli
 from rasd.swarm import Swarm
@@ -139,12 +139,7 @@ def test_monitor_through_kills(job: tuple[Swarm, int, Path]) -> None:
     with rascli_process(["-m", "-h", "127.0.0.1", "-p", str(port)]) as client:
         assert b"RAS Monitor Mode" in read_until(client.stderr, b"=" * 64)
         members = [m.pid for m in swarm.members]
-        serving = None
-        deadline = time.monotonic() + 10
-        while serving is None and time.monotonic() < deadline:
-            serving = _serving_pid(client.pid, port, members)
-            time.sleep(0.05)
-        assert serving is not None
+        serving = wait_until(lambda: _serving_pid(client.pid, port, members), 10, 0.05, what="the serving member")
         victim = next(pid for pid in members if pid != serving)
         os.kill(victim, signal.SIGKILL)  # a crash: the job knows within seconds
         seen = read_until(client.stdout, b"PEER_DEAD: Process %d " % victim, deadline=30)

@@ -54,6 +54,7 @@ from rasd.core import (  # noqa: E402 - likewise
 from rasd.core.comms import OP_TYPES, CommRecord, ProcessData, RankRecord  # noqa: E402 - likewise
 from rasd.core.config import Timers  # noqa: E402 - likewise
 from rasd.core.events import Kind  # noqa: E402 - likewise
+from rasd.core.stuck import StuckVerdict  # noqa: E402 - likewise
 
 HANG_S = 1.0  # one input that costs more CPU than this is a hang (CPU time: the machine may be shared)
 CLIENT_COMMANDS = [
@@ -133,8 +134,8 @@ def corpus() -> list[bytes]:
     frames |= {
         wire.encode(wire.PeersUpdate((a, b), (b.key,), (), True)),
         wire.encode(wire.PeersUpdate((b,), (), (a.key,), False)),
-        wire.encode(wire.CommVerdict(a.addr, 3, True, 0xC0FFEE, 1, 42, (2,), (0, 1), (2,), (0, 1))),
-        wire.encode(wire.CommVerdict(b.addr, 4, False, 0xC0FFEE, 1, 42, (), (), (), ())),
+        wire.encode(wire.CommVerdict(a.addr, 3, True, StuckVerdict(0xC0FFEE, 1, 42, (2,), (0, 1), (2,), (0, 1)))),
+        wire.encode(wire.CommVerdict(b.addr, 4, False, StuckVerdict(0xC0FFEE, 1, 42, (), (), (), ()))),
     }
     return sorted(frames)
 

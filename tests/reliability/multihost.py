@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from netns import Host, Network
+from polling import wait_until
 from rasd.swarm import Member, Swarm
 from swarm_ring import wait_for_ring
 
@@ -24,7 +25,7 @@ CLIENT_PORT = 28028
 # The report of one STATUS query, asked inside a host: the JSON document, or an "error" key.
 _ASK = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]  # tests/integration (the client), tests/ (what it imports)
 from ras_client import ask
 try:
     text = ask(int(sys.argv[2]), b"SET FORMAT json\\nSTATUS\\n", timeout=float(sys.argv[3]))
@@ -69,10 +70,12 @@ class HostSwarm(Swarm):
 
     def _wait_started(self, m: Member, deadline: float) -> None:
         path = self.dir / f"member-{m.index}.json"
-        while not path.exists():
-            if time.monotonic() > deadline or m.proc.poll() is not None:
-                raise RuntimeError(f"swarm member {m.index} did not start")
-            time.sleep(0.02)
+
+        def started() -> bool:
+            assert m.proc.poll() is None, f"swarm member {m.index} ended with {m.proc.returncode} before it started"
+            return path.exists()
+
+        wait_until(started, deadline - time.monotonic(), 0.02, what=f"swarm member {m.index} to start")
         info = json.loads(path.read_text())
         m.pid, m.host, m.port = info["pid"], info["host"], info["port"]
 

@@ -12,6 +12,7 @@ import pytest
 
 from multihost import HostSwarm, report_view
 from netns import PROXY_PORT, Network, require_namespaces
+from polling import wait_for, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -33,14 +34,13 @@ def no_deaths(sw: HostSwarm) -> None:
 
 def wait_for_agreement(sw: HostSwarm, hosts, expected: dict, deadline: float = 30.0) -> list[dict]:
     """Every host's report says ``expected`` (a partial report_view), within the deadline."""
-    end = time.monotonic() + deadline
-    while True:
-        views = [report_view(sw.query(h)) for h in hosts]
-        if all(all(v.get(k) == x for k, x in expected.items()) for v in views):
-            return views
-        if time.monotonic() > end:
-            raise AssertionError(f"reports did not agree on {expected}: {views}")
-        time.sleep(0.5)
+    return wait_for(
+        lambda: [report_view(sw.query(h)) for h in hosts],
+        lambda views: all(all(v.get(k) == x for k, x in expected.items()) for v in views),
+        deadline,
+        0.5,
+        what=f"the reports to agree on {expected}",
+    )
 
 
 def test_a_lossy_delayed_network_with_a_partition_and_a_pulled_cable_declares_nobody_dead(net: Network):
@@ -56,7 +56,7 @@ def test_a_lossy_delayed_network_with_a_partition_and_a_pulled_cable_declares_no
             20,
             "the partitioned host's members to be HUNG on the other side",
         )
-        time.sleep(1.0)
+        time.sleep(1.0)  # the partition lasts on under the HUNG verdicts (the heal must end them)
         cut.heal()
         down = net.link_down(h0)  # h0's cable pulled for 3 s
         time.sleep(3.0)
@@ -117,7 +117,7 @@ def test_refused_connections_are_a_death_and_the_rest_of_the_job_is_unaffected(n
         assert "connection closed and reconnect refused" in reasons, reasons
         wait_for_agreement(sw, [h0, h1], {"dead": 2, "missing": 0})
         net.heal()
-        time.sleep(2.0)
+        time.sleep(2.0)  # time for the heal to change a verdict, which it must not
         for i in majority:
             assert sw.verdicts(i) == set(minority), "healing changed the majority's verdicts"
         wait_for_agreement(sw, [h0, h1], {"dead": 2, "missing": 0})
@@ -163,11 +163,11 @@ def test_a_gloo_job_across_hosts_survives_a_short_partition_and_every_host_repor
             return 0
 
     def wait(cond, timeout: float, what: str) -> None:
-        end = time.monotonic() + timeout
-        while not cond():
+        def holds() -> bool:
             assert all(p.poll() is None for p in procs), f"a rank exited while waiting for {what}"
-            assert time.monotonic() < end, f"timed out waiting for {what}"
-            time.sleep(0.1)
+            return cond()
+
+        wait_until(holds, timeout, what=what)
 
     wait(lambda: all(steps(r) >= 10 for r in range(2)), 120, "the job to train")
     sw = HostSwarm(net, 3, workdir=str(tmp_path))  # only for its queries and event readers; starts nothing

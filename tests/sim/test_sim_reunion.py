@@ -178,16 +178,16 @@ def test_a_probe_carries_the_measured_side_only_to_a_process_held_dead():
     sim.run_until(1.0)
     node = sim.nodes[3].node
     conn = next(iter(node.conns.values()))
-    assert node.reunion.conninit(conn, sim.now).side_lowest is None  # not a probe: no side
-    conn.probe = True
-    unmeasured = node.reunion.conninit(conn, sim.now)
+    assert node.reunion.conninit(conn.id, sim.now).side_lowest is None  # not a probe: no side
+    node.reunion.dialled(conn.id)  # made a probe
+    unmeasured = node.reunion.conninit(conn.id, sim.now)
     assert (unmeasured.side_live, unmeasured.side_lowest) == (0, sim.addr(3))  # live 0: not measured (and itself)
     # A reachability gather measures the side: what it reached, the lowest address among them.
-    node.suspicion.measure(sim.now)
+    node.carry_out(node.suspicion.measure(sim.now), sim.now)
     sim.run_until(sim.now + t.leg_timeout)
-    probe = node.reunion.conninit(conn, sim.now)
+    probe = node.reunion.conninit(conn.id, sim.now)
     assert (probe.side_live, probe.side_lowest) == (8, sim.addr(0))
     assert wire.decode_body(wire.encode(probe)[4:]) == probe
     # A measurement stands MEASURED_FOR gather hard limits, no longer.
     sim.run_until(sim.now + MEASURED_FOR * (t.leg_timeout + t.gather_extra))
-    assert node.reunion.conninit(conn, sim.now).side_live == 0
+    assert node.reunion.conninit(conn.id, sim.now).side_live == 0

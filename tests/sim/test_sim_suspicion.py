@@ -155,17 +155,17 @@ def test_the_smaller_side_makes_a_last_call_before_a_death_and_a_refutation_answ
     sim, node = _smaller_side_node()
     s, key, now = node.suspicion, sim.key(3), sim.now
     s.suspects[key] = now - t.dead - 1  # due: suspected more than a dead limit ago
-    s._decide(now)
+    node.carry_out(s._decide(now), now)
     calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.SUSPECT and m.subject == key.addr]
     assert len({m.flood_id for m in calls}) == 1 and not node.verdicts.gone(key)  # the call went out; no death yet
     s.refuted(key, now + 0.1)  # somebody reachable heard it
-    s._decide(now + CONFIRM * t.unresponsive)
+    node.carry_out(s._decide(now + CONFIRM * t.unresponsive), now + CONFIRM * t.unresponsive)
     assert not node.verdicts.gone(key) and key not in s.suspects
     # Unanswered, the same call ends in the death.
     s.suspects[key] = now - t.dead - 1
     later = now + 2 * ECHO * t.leg_timeout
-    s._decide(later)
-    s._decide(later + CONFIRM * t.unresponsive)
+    node.carry_out(s._decide(later), later)
+    node.carry_out(s._decide(later + CONFIRM * t.unresponsive), later + CONFIRM * t.unresponsive)
     assert node.verdicts.gone(key)
 
 
@@ -177,8 +177,8 @@ def test_a_refutation_seen_just_before_the_last_call_answers_it():
     s.pending[key] = now - t.dead - 1
     s._suspected[key] = now - 1.0
     s.refuted(key, now - 0.5)
-    s._decide(now)
-    s._decide(now + CONFIRM * t.unresponsive)
+    node.carry_out(s._decide(now), now)
+    node.carry_out(s._decide(now + CONFIRM * t.unresponsive), now + CONFIRM * t.unresponsive)
     assert not node.verdicts.gone(key) and key not in s.pending
 
 
@@ -187,14 +187,14 @@ def test_a_last_call_of_an_earlier_suspicion_is_not_taken_for_a_later_one():
     sim, node = _smaller_side_node()
     s, key, now = node.suspicion, sim.key(3), sim.now
     s.suspects[key] = now - t.dead - 1
-    s._decide(now)  # the last call starts ...
+    node.carry_out(s._decide(now), now)  # the last call starts ...
     del s.suspects[key]  # ... and a gather reaches it (the heal)
     for k in range(5):
-        s.tick(now + 0.1 * k)
+        node.carry_out(s.tick(now + 0.1 * k), now + 0.1 * k)
     later = now + 10 * t.dead  # another partition, the same process suspected again and due
     s.majority = False
     s.suspects[key] = later - t.dead - 1
-    s._decide(later)
+    node.carry_out(s._decide(later), later)
     assert not node.verdicts.gone(key), "declared without a last call of its own"
 
 
@@ -241,18 +241,18 @@ def test_a_suspicion_needs_a_suspect_flood_sent_after_it_began():
     s._suspected[old] = now - confirm - 0.5  # another node's SUSPECT, before ours was raised
     s.suspects[old] = now - confirm
     sent_floods(node)
-    s._decide(now)
+    node.carry_out(s._decide(now), now)
     calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.SUSPECT and m.subject == old.addr]
     assert len({m.flood_id for m in calls}) == 1 and not node.verdicts.gone(old)
-    s._decide(now + confirm - 0.01)
+    node.carry_out(s._decide(now + confirm - 0.01), now + confirm - 0.01)
     assert not node.verdicts.gone(old)
-    s._decide(now + confirm)
+    node.carry_out(s._decide(now + confirm), now + confirm)
     assert node.verdicts.gone(old)
     # Another node's SUSPECT seen after ours was raised stands for it: no flood of our own, a death CONFIRM after it.
     conn = next(c for c in node.conns.values() if c.peer is not None)
     s.suspects[late] = now
     sent = node.received(conn.id, _suspect_flood(sim, 5, 921, 4), now + 0.1)
-    s._decide(now + 0.1 + confirm)
+    node.carry_out(s._decide(now + 0.1 + confirm), now + 0.1 + confirm)
     assert node.verdicts.gone(late)
     sent += node._flush()
     suspects = [m for m in sent_floods(node, sent) if m.kind is wire.FloodKind.SUSPECT]
@@ -311,17 +311,17 @@ def test_a_silence_death_called_on_the_smaller_side_is_called_again_when_a_heal_
     s.pending[key] = now - CONFIRM * t.unresponsive - 0.1  # its last call went out, on the smaller side, and stood
     s._gathering, s._gathered = True, now - 0.01  # and this gather began after it
     sent_floods(node)
-    s.reached(_majority_snapshot(node, key), now)
+    node.carry_out(s.reached(_majority_snapshot(node, key), now), now)
     assert s.majority and not node.verdicts.gone(key), "declared on a last call nobody on the larger side saw"
     calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.HUNG and m.subject == key.addr]
     assert calls, "no second last call"
     confirm = CONFIRM * t.unresponsive
-    s._decide(now + confirm - 0.01)
+    node.carry_out(s._decide(now + confirm - 0.01), now + confirm - 0.01)
     assert not node.verdicts.gone(key)
     if refuted:
         # A node of the larger side hears it and answers the call (its RECOVERED, stamped with the peer's clock).
         node.links.vouch(key, node.links.stamp(key) + 10 * t.hang, now + 0.1)
-    s._decide(now + confirm)
+    node.carry_out(s._decide(now + confirm), now + confirm)
     assert node.verdicts.gone(key) is not refuted
 
 
@@ -336,11 +336,11 @@ def test_suspicions_raised_on_the_smaller_side_are_raised_afresh_when_a_heal_mak
     s._called[key] = now - t.dead - 1.0  # its SUSPECT went out then
     s._gathering, s._gathered = True, now - 0.01
     sent_floods(node)
-    s.reached(_majority_snapshot(node, key), now)
+    node.carry_out(s.reached(_majority_snapshot(node, key), now), now)
     assert not node.verdicts.gone(key) and s.suspects.get(key) == now
     calls = [m for m in sent_floods(node) if m.kind is wire.FloodKind.SUSPECT and m.subject == key.addr]
     assert calls, "no SUSPECT flood of the larger side"
-    s._decide(now + CONFIRM * t.unresponsive - 0.01)
+    node.carry_out(s._decide(now + CONFIRM * t.unresponsive - 0.01), now + CONFIRM * t.unresponsive - 0.01)
     assert not node.verdicts.gone(key)
-    s._decide(now + CONFIRM * t.unresponsive)
+    node.carry_out(s._decide(now + CONFIRM * t.unresponsive), now + CONFIRM * t.unresponsive)
     assert node.verdicts.gone(key)

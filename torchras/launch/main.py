@@ -7,7 +7,14 @@ a deadline; nothing here raises into the workers, and a worker's end never ends 
 
 Event lines (stderr, ``rasd launch: ...``), one per event: a worker started, ended (with its code or signal and
 what happens next), respawned, joined the job (its rank and the world size, from its Wrapper); the job's world
-size when it changes; the job's end and its status (``torchras.launch.status``).
+size when it changes; a worker's Wrapper that gave up (the job ends: nothing is respawned any more); the job's end
+and its status (``torchras.launch.status``).
+
+When a worker's Wrapper gives up (``gave_up``, ``torchras.launch.workers``), the launcher starts no replacement
+any more, cancels those that were due, and lets the workers that run end by themselves, with no deadline (under the
+Wrapper they give up at the same iteration; one that trains on is not the launcher's to end), except a replacement
+still waiting to be admitted: nothing will admit it, so it gets SIGTERM, and SIGKILL after ``--shutdown-timeout``.
+The last line says that the job gave up and why (the Wrapper's reason); the status is not 0.
 
 Signals: the first SIGINT, SIGTERM, SIGHUP or SIGQUIT (``--signals-to-handle``) is passed on to every worker's
 process group (with SIGCONT, so a stopped worker sees it too); nothing is respawned any more; workers still there
@@ -75,6 +82,7 @@ class Launcher:
         self.wrapped = False  # a worker said it runs under inprocess.Wrapper
         self.heals = False  # a worker's Wrapper said it admits newcomers
         self.completed = False  # a worker of this node finished
+        self.gave_up: str | None = None  # a worker's Wrapper gave up: which one and why, for the last line
         self.world_seen: tuple[int, int] | None = None  # (iteration, world size) last reported
         self.streams: dict[int, output.Stream] = {}  # pipe read end -> the worker stream it carries
         self.draining: dict[int, float] = {}  # pipe read end of an ended worker -> give up reading it at
@@ -123,7 +131,7 @@ class Launcher:
                     slot.worker.process.wait()
             self._close_pipes()
             self._stop_store()
-        code = status_module.job_status(self.exits, self.stopping, self.wrapped)
+        code = status_module.job_status(self.exits, self.stopping, self.wrapped, self.gave_up is not None)
         self._say_ended(code)
         return code
 
@@ -225,6 +233,7 @@ class Launcher:
         deadlines += list(self.draining.values())
         if self.kill_at is not None:
             deadlines.append(self.kill_at)
+        deadlines += [w.kill_at for slot in self.slots if slot.alive and (w := slot.worker) and w.kill_at is not None]
         deadlines += [due for stream in self.streams.values() if (due := stream.due()) is not None]
         timeout = max(0.0, min([now + MAX_WAIT_S, *deadlines]) - now)
         for key, _ in self.selector.select(timeout):
@@ -342,11 +351,24 @@ class Launcher:
                 self._kill_all()
 
     def _enforce_deadline(self) -> None:
-        if self.kill_at is not None and time.monotonic() >= self.kill_at:
+        now = time.monotonic()
+        if self.kill_at is not None and now >= self.kill_at:
             if any(slot.alive for slot in self.slots):
                 log.warning("workers still running %.0f s after the signal: SIGKILL", self.plan.shutdown_timeout)
                 self._kill_all()
             self.kill_at = None
+        for slot in self.slots:
+            worker = slot.worker
+            if worker is not None and worker.kill_at is not None and now >= worker.kill_at:
+                worker.kill_at = None
+                if slot.alive:
+                    log.warning(
+                        "worker %s (pid %s) still running %.0f s after SIGTERM: SIGKILL",
+                        slot.local_rank,
+                        worker.pid,
+                        self.plan.shutdown_timeout,
+                    )
+                    worker.signal_group(signal.SIGKILL)
 
     def _kill_all(self) -> None:
         for slot in self.slots:
@@ -371,7 +393,13 @@ class Launcher:
                 worker.signal_group(signal.SIGKILL)  # what it left behind (a data loader's processes)
             self.exits.append(
                 status_module.Exit(
-                    slot.local_rank, worker.pid, worker.returncode, worker.ended, worker.refused, worker.completed
+                    slot.local_rank,
+                    worker.pid,
+                    worker.returncode,
+                    worker.ended,
+                    worker.refused,
+                    worker.completed,
+                    worker.gave_up,
                 )
             )
             if worker.returncode == 0 and not self.wrapped:
@@ -385,6 +413,8 @@ class Launcher:
                 refused=worker.refused,
                 completed=self.completed,
                 heals=self.heals,
+                gave_up=worker.gave_up,
+                job_gave_up=self.gave_up is not None,
             )
             cause = self._root_cause(slot)
             how = status_module.describe(worker.returncode)
@@ -420,7 +450,12 @@ class Launcher:
     def _respawn_due(self) -> None:
         now = time.monotonic()
         for slot in self.slots:
-            if slot.respawn_at is not None and slot.respawn_at <= now and self.stopping is None:
+            if (
+                slot.respawn_at is not None
+                and slot.respawn_at <= now
+                and self.stopping is None
+                and self.gave_up is None
+            ):
                 try:
                     self._start(slot, newcomer=True)
                 except OSError as error:
@@ -457,6 +492,8 @@ class Launcher:
                     continue
                 if isinstance(event, dict):
                     self._announced(slot, event)
+        if self.gave_up is not None:  # after every file is read: a replacement's "joined" may be in a later one
+            self._stop_waiting_replacements()
 
     def _announced(self, slot: workers_module.Slot, event: dict) -> None:
         kind = event.get("event")
@@ -469,6 +506,8 @@ class Launcher:
             if self.plan.max_respawns:
                 log.info("the workers' inprocess.Wrapper admits newcomers: a dead worker is respawned and joins")
         elif kind == "joined":
+            if current and worker is not None:
+                worker.joined = True
             log.info(
                 "worker %s (pid %s) joined the job as rank %s of %s (iteration %s)",
                 slot.local_rank,
@@ -482,6 +521,10 @@ class Launcher:
         elif kind == "completed" and current and worker is not None:
             worker.completed = True
             self._job_completed()
+        elif kind == "gave_up":
+            if current and worker is not None:
+                worker.gave_up = True
+            self._job_gave_up(slot, event)
         elif kind == "iteration":
             iteration, world = int(event.get("iteration", 0)), int(event.get("world_size", 0))
             if self.world_seen is None or iteration > self.world_seen[0]:
@@ -499,6 +542,42 @@ class Launcher:
                 slot.respawn_at = None
                 log.info("worker %s is not respawned: the job has completed", slot.local_rank)
 
+    def _job_gave_up(self, slot: workers_module.Slot, event: dict) -> None:
+        """A worker's Wrapper gave up: the job ends. Nothing is respawned any more; the workers end by themselves."""
+        if self.gave_up is not None:
+            return  # said once, for the first; the others' own lines say that their Wrapper gave up too
+        reason = str(event.get("reason") or "").strip().splitlines()
+        self.gave_up = f"worker {slot.local_rank}'s inprocess.Wrapper, pid {event.get('pid')}" + (
+            f": {reason[0][:300]}" if reason else ""
+        )
+        log.warning(
+            "worker %s (pid %s, rank %s): its inprocess.Wrapper gave up: the job ends; no worker is respawned any "
+            "more, the others are left to end",
+            slot.local_rank,
+            event.get("pid"),
+            slot.rank,
+        )
+        for each in self.slots:
+            if each.respawn_at is not None:
+                each.respawn_at = None
+                log.info("worker %s is not respawned: the job gave up", each.local_rank)
+
+    def _stop_waiting_replacements(self) -> None:
+        """The job gave up: a replacement still waiting to be admitted never will be (SIGTERM, then SIGKILL)."""
+        for slot in self.slots:
+            worker = slot.worker
+            if worker is None or not worker.waiting_to_join or worker.kill_at is not None:
+                continue
+            log.info(
+                "worker %s (pid %s) was waiting to join the job, which gave up: SIGTERM (SIGKILL in %.0f s)",
+                slot.local_rank,
+                worker.pid,
+                self.plan.shutdown_timeout,
+            )
+            worker.kill_at = time.monotonic() + self.plan.shutdown_timeout
+            worker.signal_group(signal.SIGTERM)
+            worker.signal_group(signal.SIGCONT)
+
     # ---- the end ----------------------------------------------------------------------------------------------
 
     def _stop_store(self) -> None:
@@ -511,6 +590,9 @@ class Launcher:
     def _say_ended(self, code: int) -> None:
         if self.stopping is not None:
             log.info("stopped by %s: status %s", workers_module.signal_name(self.stopping), code)
+            return
+        if self.gave_up is not None:
+            log.warning("every worker has exited: the job gave up (%s): status %s", self.gave_up, code)
             return
         failure = status_module.first_real_failure(self.exits, self.wrapped)
         if failure is None:

@@ -11,6 +11,10 @@ The rule (issue 25): 0 when training finished, the first real failure otherwise.
   every failure is real, as under torchrun, even when the other workers ran to their end.
 * **No worker completed**: the first failure is the job's status (a crash, a kill, a hard-timeout kill).
 * A replacement refused because the job had completed (``JoinFailed``, closed) is neither: it came too late.
+* **The job gave up** (a worker's Wrapper announced ``gave_up``: it raised ``RestartAbort``): never 0, whatever the
+  workers' codes, since training did not finish. The code of the first worker whose Wrapper gave up (1 for a script
+  that lets ``RestartAbort`` out, as torchrun's own status for failed workers), or the first failure's if that
+  worker exited 0, or 1.
 * The launcher stopped by a signal (Ctrl+C, a scheduler's SIGTERM): ``128 + the signal``, as a shell reports a
   command a signal ended, whatever the workers did on the way out.
 
@@ -34,6 +38,7 @@ class Exit:
     time: float
     refused: bool = False  # a replacement the job turned away because it had completed
     completed: bool = False  # its Wrapper said the wrapped call completed (training finished)
+    gave_up: bool = False  # its Wrapper gave up (``RestartAbort``): the job ended
 
 
 def shell_code(returncode: int) -> int:
@@ -52,12 +57,25 @@ def describe(returncode: int) -> str:
     return f"killed by {name}"
 
 
-def job_status(exits: list[Exit], interrupted_by: int | None = None, wrapped: bool = True) -> int:
-    """The launcher's exit status once every worker has exited (``wrapped``: the workers run under the Wrapper)."""
+def job_status(
+    exits: list[Exit], interrupted_by: int | None = None, wrapped: bool = True, gave_up: bool = False
+) -> int:
+    """The launcher's exit status once every worker has exited (``wrapped``: the workers run under the Wrapper;
+    ``gave_up``: a worker's Wrapper gave up)."""
     if interrupted_by is not None:
         return 128 + interrupted_by
+    if gave_up:
+        failure = gave_up_failure(exits)
+        return 1 if failure is None else shell_code(failure.returncode)
     failure = first_real_failure(exits, wrapped)
     return 0 if failure is None else shell_code(failure.returncode)
+
+
+def gave_up_failure(exits: list[Exit]) -> Exit | None:
+    """The exit whose code is the status of a job that gave up: the first non-zero one of a worker whose Wrapper
+    gave up, else the first non-zero one (None: 1)."""
+    ordered = [item for item in sorted(exits, key=lambda item: item.time) if item.returncode != 0 and not item.refused]
+    return next((item for item in ordered if item.gave_up), next(iter(ordered), None))
 
 
 def first_real_failure(exits: list[Exit], wrapped: bool = True) -> Exit | None:

@@ -10,11 +10,15 @@ When a worker ends, ``decide`` says what happens to its slot. The rules, first m
 ========================================================  ==============================  ===================
 the worker                                                its slot                        why
 ========================================================  ==============================  ===================
+its Wrapper gave up (``gave_up``), whatever its exit      done, and the job ends          no restart healed
+                                                                                          it: a replacement
+                                                                                          would meet the same
 exited 0                                                  done                            it finished
 ended while the launcher stops (a signal)                 done                            the job is stopping
 was a replacement the job refused (it had completed)      done                            nothing to join
 ended after the job completed (its Wrapper said so; a     done                            the job completed
 plain script: a worker exited 0)
+ended after the job gave up (another worker's Wrapper)     done                            the job ended
 ended, ``--max-respawns 0``                               done, the job goes on smaller   the user said so
 ended, and no worker of the job said its Wrapper joins    done, the job goes on smaller   nothing could admit
                                                                                           a replacement
@@ -30,6 +34,14 @@ dying (a bad GPU, a broken node) costs little before ``--max-respawns`` stops it
 it admits newcomers (``inprocess.elastic.Joining``, on by default under rasd launch). A plain script, or a Wrapper
 whose joining the user turned off, cannot take a replacement: its dead worker stays dead and the others go on, as
 nvidia-resiliency-ext's Wrapper wants its launcher to do.
+
+"The Wrapper gave up": its ``initialize`` raised ``RestartAbort`` (``RetryController``'s limits, a check of the
+user's own such as ``rasd demo``'s for a fault that repeats), and it announced ``gave_up``. That ends the job, not
+only the worker: the Wrapper decided that no restart heals what it met, so a replacement would meet it too (and,
+with every rank gone, would wait for a job that has ended). The launcher respawns nothing any more, on any local
+rank, lets the workers still running end by themselves (under the Wrapper they give up at the same iteration) but
+for a replacement still waiting to be admitted (``Worker.waiting_to_join``: nothing will admit it, so it is asked
+to leave), and its status is not 0 (``torchras.launch.status``).
 """
 
 from __future__ import annotations
@@ -69,8 +81,13 @@ def decide(
     refused: bool,
     completed: bool,
     heals: bool,
+    gave_up: bool = False,
+    job_gave_up: bool = False,
 ) -> Decision:
-    """The table in this module's docstring."""
+    """The table in this module's docstring. ``gave_up``: this worker's Wrapper gave up; ``job_gave_up``: a worker's
+    Wrapper of this job gave up (this one or another)."""
+    if gave_up:
+        return Decision(False, 0.0, "not respawned: its Wrapper gave up")
     if returncode == 0:
         return Decision(False, 0.0, "it finished")
     if stopping:
@@ -79,6 +96,8 @@ def decide(
         return Decision(False, 0.0, "the job had completed when it asked to join")
     if completed:
         return Decision(False, 0.0, "the job has completed")
+    if job_gave_up:
+        return Decision(False, 0.0, "not respawned: the job gave up")
     if max_respawns == 0:
         return Decision(False, 0.0, "not respawned (--max-respawns 0): the job goes on without it")
     if not heals:
@@ -118,6 +137,14 @@ class Worker:
         self.ended: float | None = None
         self.refused = False  # a replacement that the job turned away (inprocess.launch_events: join_failed)
         self.completed = False  # its Wrapper said the wrapped call completed (inprocess.launch_events)
+        self.gave_up = False  # its Wrapper gave up (inprocess.launch_events: gave_up)
+        self.joined = False  # a replacement its Wrapper says was admitted (inprocess.launch_events: joined)
+        self.kill_at: float | None = None  # monotonic time it gets SIGKILL, if it was asked to leave
+
+    @property
+    def waiting_to_join(self) -> bool:
+        """A replacement (or a relaunched node's worker) still running that its Wrapper has not said was admitted."""
+        return self.newcomer and not self.joined and self.returncode is None
 
     def poll(self) -> int | None:
         if self.returncode is None:

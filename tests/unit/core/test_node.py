@@ -660,7 +660,7 @@ def test_a_repeated_request_on_the_same_connection_is_answered_empty():
     actions = b.node.received(cid, req, h.now)
     (send,) = actions
     assert send.conn_id == cid
-    assert wire.decode_body(send.data[4:]) == wire.CollResp(h["a"].node.me.addr, 41, 0, ())
+    assert wire.decode_body(send.data[4:]) == wire.collresp(h["a"].node.me.addr, 41, 0, ())
     assert len(b.sent) == sent
 
 

@@ -1,5 +1,9 @@
 """One merge of a job snapshot: the sweeper and the report see the same communicators, ranks and processes."""
 
+import ast
+from pathlib import Path
+
+import rasd.core
 from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot, ReportedRank, merge_communicators, process_order
@@ -67,3 +71,53 @@ def test_the_sweeper_and_the_report_judge_the_same_ranks():
     assert (verdict.seq, verdict.behind, verdict.inside) == (11, (1,), (0,))
     (comm,) = build_report(snap).communicators
     assert comm.ranks[0].addr == a and comm.ranks[0].record.launched[AR] == 11 and comm.mismatched_ops == (AR,)
+
+
+def test_an_address_both_dead_and_departed_is_departed_and_the_report_reads_the_sets_as_they_are():
+    """The gather never gives one process both verdicts; a snapshot built by hand may, and the snapshot resolves it
+    once (it said goodbye first), so the report lists each process once, under LEFT, and counts it there."""
+    a, b, c = Addr("10.0.0.1", 1), Addr("10.0.0.1", 2), Addr("10.0.0.1", 3)
+    peers = (PeerInfo(a, 1, "h", 1), PeerInfo(b, 2, "h", 1), PeerInfo(c, 3, "h", 1))
+    snap = JobSnapshot(peers=peers, dead=frozenset({a, b}), left=frozenset({b}), responses={c: ProcessData()})
+    assert snap.dead == {a} and snap.left == {b} and snap.missing() == []
+    report = build_report(snap)
+    assert [p.addr for p in report.dead_processes] == [a] and [p.addr for p in report.left_processes] == [b]
+    assert (report.dead_count, report.left_count) == (1, 1) and report.summary.process_count == 2
+    untouched = frozenset({a})
+    assert JobSnapshot(peers=peers, dead=untouched, left=frozenset({b})).dead is untouched
+
+
+def _core_imports() -> dict[str, set[str]]:
+    """Module -> the modules of rasd.core it imports, under TYPE_CHECKING and inside functions included."""
+    folder = Path(rasd.core.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imported |= {node.module} if node.module else {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rasd.core."):
+                imported.add(node.module.removeprefix("rasd.core.").split(".")[0])
+            elif isinstance(node, ast.Import):
+                imported |= {a.name.removeprefix("rasd.core.") for a in node.names if a.name.startswith("rasd.core.")}
+        graph[path.stem] = imported
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        if module == goal:
+            return True
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    return False
+
+
+def test_the_snapshot_and_the_stuck_detector_import_each_other_one_way_only():
+    """stuck -> snapshot -> stuck_verdict: the verdict a snapshot carries is a value of its own module."""
+    graph = _core_imports()
+    assert "snapshot" in graph["stuck"] and "stuck_verdict" in graph["snapshot"]
+    assert not _reaches(graph, "snapshot", "stuck") and not _reaches(graph, "stuck_verdict", "snapshot")

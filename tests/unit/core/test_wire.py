@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from rasd.core import wire
 from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
 from rasd.core.peers import Addr, PeerInfo, PeerKey
+from rasd.core.stuck import StuckVerdict
 
 V4 = PeerInfo(Addr("10.1.2.3", 40001), pid=4242, hostname="node-a", incarnation=2**64 - 1, devices=(0, 3), rank=17)
 V6 = PeerInfo(Addr("fe80::1", 65535), pid=1, hostname="ünï-cödé", incarnation=0, devices=(), rank=-1)
@@ -58,10 +59,12 @@ MESSAGES = [
     wire.Flood(V4.addr, 10, wire.FloodKind.HUNG, V6.addr, 1, stamp=-3.5),
     wire.CollReq(V6.addr, 2**64 - 1, 0),
     wire.CollReq(V4.addr, 1, 5000),
-    wire.CollResp(V4.addr, 1, 3, ((V4.addr, DATA), (V6.addr, ProcessData()))),
-    wire.CollResp(V4.addr, 1, 0, ()),
-    wire.CommVerdict(V4.addr, 7, True, 2**64 - 1, N_OPS - 1, 2**64 - 1, (2,), (0, 1, 3), (10,), (8, 9, 11)),
-    wire.CommVerdict(V6.addr, 8, False, 0, 0, 0, (), (), (), ()),
+    wire.collresp(V4.addr, 1, 3, ((V4.addr, DATA), (V6.addr, ProcessData()))),
+    wire.collresp(V4.addr, 1, 0, ()),
+    wire.CommVerdict(
+        V4.addr, 7, True, StuckVerdict(2**64 - 1, N_OPS - 1, 2**64 - 1, (2,), (0, 1, 3), (10,), (8, 9, 11))
+    ),
+    wire.CommVerdict(V6.addr, 8, False, StuckVerdict(0, 0, 0, (), (), (), ())),
 ]
 
 
@@ -75,6 +78,14 @@ def test_every_message_round_trips(msg):
     reader = wire.FrameReader(wire.MAX_FRAME)
     assert list(reader.feed(frame)) == [msg]
     assert reader.buffered == 0
+
+
+def decode_fully(b: bytes) -> wire.Message:
+    """``decode_body``, and a gather answer's entries too (a relay leaves them encoded; the root decodes them)."""
+    msg = wire.decode_body(b)
+    if isinstance(msg, wire.CollResp):
+        msg.entries  # noqa: B018 - decoding is the point
+    return msg
 
 
 def test_every_message_type_is_covered():
@@ -116,13 +127,13 @@ def test_every_truncation_is_a_protocol_error(msg):
     b = body(msg)
     for cut in range(len(b)):
         with pytest.raises(wire.ProtocolError):
-            wire.decode_body(b[:cut])
+            decode_fully(b[:cut])
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
 def test_trailing_bytes_are_a_protocol_error(msg):
     with pytest.raises(wire.ProtocolError, match="trailing"):
-        wire.decode_body(body(msg) + b"\x00")
+        decode_fully(body(msg) + b"\x00")
 
 
 def test_a_bad_version_is_a_protocol_error():
@@ -130,45 +141,45 @@ def test_a_bad_version_is_a_protocol_error():
     for version in (0, wire.VERSION - 1, wire.VERSION + 1, 255):
         b[0] = version
         with pytest.raises(wire.ProtocolError, match="version"):
-            wire.decode_body(bytes(b))
+            decode_fully(bytes(b))
 
 
 @pytest.mark.parametrize("t", [0, 11, 99, 255])
 def test_an_unknown_type_is_a_protocol_error(t):
     with pytest.raises(wire.ProtocolError):
-        wire.decode_body(bytes([wire.VERSION, t]) + b"\x00" * 40)
+        decode_fully(bytes([wire.VERSION, t]) + b"\x00" * 40)
 
 
 def test_bad_enums_and_booleans_are_protocol_errors():
     ack = bytearray(body(wire.ConnInitAck(wire.Nack.OK)))
     ack[2] = 99  # nack
     with pytest.raises(wire.ProtocolError, match="Nack"):
-        wire.decode_body(bytes(ack))
+        decode_fully(bytes(ack))
     ack = bytearray(body(wire.ConnInitAck(wire.Nack.OK)))
     ack[3] = 2  # "has info" boolean
     with pytest.raises(wire.ProtocolError, match="boolean"):
-        wire.decode_body(bytes(ack))
+        decode_fully(bytes(ack))
     ka = bytearray(body(wire.Keepalive(1, 2, True)))
     ka[-9] = 2  # the "wanted" boolean, before the 8-byte clock
     with pytest.raises(wire.ProtocolError, match="boolean"):
-        wire.decode_body(bytes(ka))
+        decode_fully(bytes(ka))
     flood = bytearray(body(wire.Flood(V4.addr, 1, wire.FloodKind.DEAD, V4.addr, 2)))
     kind_at = 2 + 1 + 4 + 2 + 8
     assert flood[kind_at] == wire.FloodKind.DEAD
     flood[kind_at] = 0
     with pytest.raises(wire.ProtocolError, match="FloodKind"):
-        wire.decode_body(bytes(flood))
+        decode_fully(bytes(flood))
     pu = bytearray(body(wire.PeersUpdate((), (), (), True)))
     pu[2] = 7
     with pytest.raises(wire.ProtocolError, match="boolean"):
-        wire.decode_body(bytes(pu))
+        decode_fully(bytes(pu))
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_a_clock_that_is_not_a_finite_number_is_a_protocol_error(bad):
     for msg in (wire.Keepalive(1, 2, True, bad), wire.Flood(V4.addr, 1, wire.FloodKind.HUNG, V6.addr, 1, bad)):
         with pytest.raises(wire.ProtocolError, match="finite"):
-            wire.decode_body(body(msg))
+            decode_fully(body(msg))
 
 
 @pytest.mark.parametrize("n", [0, 3, 5, 15, 17, 255])
@@ -177,42 +188,42 @@ def test_a_bad_address_length_is_a_protocol_error(n):
     assert b[2] == 4
     b[2] = n
     with pytest.raises(wire.ProtocolError):
-        wire.decode_body(bytes(b))
+        decode_fully(bytes(b))
 
 
 def test_invalid_utf8_in_a_hostname_is_a_protocol_error():
     b = body(wire.ConnInit(PeerInfo(Addr("10.0.0.1", 5), 1, "abcd", 1), 1, 2))
     b = b.replace(b"abcd", b"\xff\xfe\xc3\x28")
     with pytest.raises(wire.ProtocolError, match="utf-8"):
-        wire.decode_body(b)
+        decode_fully(b)
 
 
 def test_a_peer_with_port_zero_is_a_protocol_error():
     with pytest.raises(wire.ProtocolError):
-        wire.decode_body(body(wire.ConnInit(PeerInfo(Addr("10.0.0.1", 0), 1, "h", 1), 1, 2)))
+        decode_fully(body(wire.ConnInit(PeerInfo(Addr("10.0.0.1", 0), 1, "h", 1), 1, 2)))
 
 
 def test_wrong_magic_is_a_protocol_error():
     b = body(wire.Hello(b"n" * 16)).replace(wire.MAGIC, b"HTTP")
     with pytest.raises(wire.ProtocolError, match="magic"):
-        wire.decode_body(b)
+        decode_fully(b)
 
 
 def test_a_rank_record_with_the_wrong_op_count_or_flags_is_a_protocol_error():
-    good = body(wire.CollResp(V4.addr, 1, 0, ((V4.addr, DATA),)))
+    good = body(wire.collresp(V4.addr, 1, 0, ((V4.addr, DATA),)))
     # The first rank record's head: find it by encoding its fields.
     head = struct.pack("!IBBBhB", 0, 0, 7, 0b101, 3, N_OPS)
     at = good.index(head)
     for patch in (struct.pack("!IBBBhB", 0, 0, 7, 0b101, 3, N_OPS - 1), struct.pack("!IBBBhB", 0, 0, 7, 8, 3, N_OPS)):
         with pytest.raises(wire.ProtocolError, match="rank record"):
-            wire.decode_body(good[:at] + patch + good[at + len(head) :])
+            decode_fully(good[:at] + patch + good[at + len(head) :])
 
 
 @pytest.mark.parametrize(
     "msg",
     [
         wire.PeersUpdate((V4,), (V6.key,), (), True),
-        wire.CollResp(V4.addr, 1, 0, ((V4.addr, DATA),)),
+        wire.collresp(V4.addr, 1, 0, ((V4.addr, DATA),)),
     ],
     ids=["peersupdate", "collresp"],
 )
@@ -222,7 +233,7 @@ def test_a_huge_count_is_refused_before_anything_is_allocated(msg):
     for i in range(2, len(b) - 3):
         patched = bytes(b[:i]) + b"\xff\xff\xff\xff" + bytes(b[i + 4 :])
         try:
-            wire.decode_body(patched)
+            decode_fully(patched)
         except wire.ProtocolError:
             pass
 
@@ -317,7 +328,7 @@ def test_a_body_with_one_byte_changed_decodes_or_raises_protocol_error(msg, pos,
     b = bytearray(body(msg))
     b[pos % len(b)] = value
     try:
-        out = wire.decode_body(bytes(b))
+        out = decode_fully(bytes(b))
     except wire.ProtocolError:
         return
     # Whatever decodes must encode back to exactly these bytes (no two encodings of one message).
@@ -352,7 +363,7 @@ messages = st.one_of(
     st.builds(wire.Flood, addrs, u64, st.sampled_from(list(wire.FloodKind)), addrs, u64),
     st.builds(wire.CollReq, addrs, u64, st.integers(0, 2**32 - 1)),
     st.builds(
-        wire.CollResp,
+        wire.collresp,
         addrs,
         u64,
         st.integers(0, 2**32 - 1),

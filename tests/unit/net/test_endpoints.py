@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
+from polling import wait_until
 from rasd.net.endpoints import TMP_STALE_S, EndpointRegistry
 
 
@@ -46,10 +48,7 @@ def test_stale_files_go_and_live_ones_stay(tmp_path: Path) -> None:
     foreign = tmp_path / "notes-1.json"
     foreign.write_text("not an endpoint")  # not ours to judge
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 30
-    while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 30, 0.02, what="a zombie")
     undead = write(tmp_path, 28032, zombie.pid, time.time())
     try:
         assert registry.clean() == 1
@@ -74,3 +73,22 @@ def test_a_registry_it_cannot_use_is_no_error(tmp_path: Path) -> None:
     registry = EndpointRegistry(blocker / "endpoints")
     assert registry.clean() == 0
     registry.unregister(blocker / "endpoints" / "1-1.json")
+
+
+def test_a_file_with_an_impossible_pid_is_left_alone_and_breaks_nothing(tmp_path: Path) -> None:
+    """psutil raises ValueError on a negative pid: such a file is no endpoint, so it is never asked about."""
+    registry = EndpointRegistry(tmp_path)
+    odd = write(tmp_path, 28028, -1, time.time())
+    assert registry.clean() == 0 and odd.exists()
+
+
+def test_an_endpoint_whose_process_cannot_be_inspected_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Taking it for gone would delete a live job's file for good and let another job take its port."""
+    registry = EndpointRegistry(tmp_path)
+    kept = write(tmp_path, 28028, exited_pid(), time.time())
+
+    def denied(pid: int) -> psutil.Process:
+        raise psutil.AccessDenied(pid)
+
+    monkeypatch.setattr(psutil, "Process", denied)
+    assert [e.port for e in registry.live()] == [28028] and kept.exists()

@@ -1,0 +1,43 @@
+"""The COMM_STUCK verdict as a value: which operation of a communicator is stuck, and who is to blame.
+
+Belongs here: ``StuckVerdict`` alone. It is made by the stuck detector (``stuck.py``: ``attribute``) and by the
+floods that carry it (``floods.py``), held by the sweeper, carried by every ``JobSnapshot`` (``snapshot.py``) and
+rendered by the report; it is data (op type, operation, ranks behind, ranks inside) all the way to the JSON report,
+and ``describe`` is its sentence, for events and the text report. It lives apart from the detector so that the
+snapshot can carry it without importing the detector, which reads snapshots: imports go ``stuck`` -> ``snapshot``
+-> ``stuck_verdict``, never back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .comms import OP_TYPES
+
+
+@dataclass(frozen=True)
+class StuckVerdict:
+    comm_hash: int
+    op: int  # index into OP_TYPES
+    seq: int  # the operation the most advanced ranks launched
+    behind: tuple[int, ...]  # communicator ranks that launched fewer operations of this type
+    inside: tuple[int, ...]  # communicator ranks that launched an operation of this type and did not complete it
+    global_behind: tuple[int, ...] = ()  # the same ranks as global ranks, where the rank map tells
+    global_inside: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        op = OP_TYPES[self.op]
+        parts = [f"{op} operation {self.seq} stuck"]
+        if self.behind:
+            parts.append(f"{_ranks(self.behind)} behind (not launched)")
+        if self.inside:
+            parts.append(f"{_ranks(self.inside)} inside it (launched, not completed)")
+        return "; ".join(parts)
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(self.global_behind + self.global_inside))
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)

@@ -1,0 +1,211 @@
+"""Prometheus metrics (``rasd.net.metrics``, docs/operations.md "Metrics and alerts"): the setting, the frame counts,
+a real node of this process scraped over HTTP (restarts, STATUS and gather histograms), bad settings and a taken
+port as one WARNING line each, and docs/monitoring's rules and dashboard checked with promtool.
+
+The promtool checks skip where promtool is missing (Debian's ``prometheus`` package; ./bootstrap installs it as
+root, so CI has it), and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import rasd
+from polling import wait_for, wait_until
+from rasd.net import client_port
+from rasd.net.metrics import FrameCounter, count_frames, metrics_address
+
+MONITORING = Path(__file__).resolve().parents[3] / "docs" / "monitoring"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is missing: install Debian's prometheus package (./bootstrap does, as root)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int, host: str = "127.0.0.1") -> str:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=30) as r:
+        return r.read().decode()
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample of a scrape, or None."""
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$", line)
+        if m is None or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(m.group(3))
+    return None
+
+
+# ---- the setting -------------------------------------------------------------------------------------------------
+
+
+def test_the_address_setting():
+    warnings: list[str] = []
+    read = lambda env: metrics_address(env, warnings.append)  # noqa: E731 - a short alias
+    assert read({}) is None
+    assert read({"TORCHRAS_METRICS_ADDR": "off"}) is None
+    assert read({"TORCHRAS_METRICS_ADDR": "localhost:9400"})[:2] == ("localhost", 9400)
+    assert read({"TORCHRAS_METRICS_ADDR": ":9400"})[:2] == ("0.0.0.0", 9400)
+    assert read({"TORCHRAS_METRICS_ADDR": "[::1]:9400"})[:2] == ("::1", 9400)
+    assert read({"TORCHRAS_METRICS_ADDR": "localhost:0", "LOCAL_RANK": "3"})[:2] == ("localhost", 0)
+    # torchrun's per-rank ports: the port plus LOCAL_RANK.
+    host, port, how = read({"TORCHRAS_METRICS_ADDR": "0.0.0.0:9400", "LOCAL_RANK": "3"})
+    assert (host, port) == ("0.0.0.0", 9403) and "LOCAL_RANK 3" in how
+    assert not warnings
+    for bad in ("localhost", "localhost:http", "localhost:70000", "[::1]9400"):
+        assert read({"TORCHRAS_METRICS_ADDR": bad}) is None
+    assert read({"TORCHRAS_METRICS_ADDR": "localhost:65535", "LOCAL_RANK": "1"}) is None
+    assert len(warnings) == 5 and all("serves no metrics" in w for w in warnings)
+
+
+def test_frames_are_counted_in_whatever_pieces_they_arrive():
+    # The mesh's framing (rasd.core.wire): u32 length, then that many bytes.
+    frames = [len(body).to_bytes(4, "big") + body for body in (b"abc", b"", b"x" * 256, b"\0" * 5, bytes(range(7)))]
+    stream = b"".join(frames)
+    assert count_frames(stream) == len(frames)
+    for size in (1, 2, 3, 5, 7, 64):
+        counter = FrameCounter()
+        assert sum(counter.feed(stream[i : i + size]) for i in range(0, len(stream), size)) == len(frames)
+
+
+# ---- a real node of this process -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def no_node_of_earlier_tests():
+    rasd.stop(goodbye=False)
+    yield
+    rasd.stop(goodbye=False)
+
+
+@pytest.fixture
+def node(monkeypatch, tmp_path):
+    """This process's node, a mesh of one, serving its client port and its metrics on free loopback ports."""
+    monkeypatch.setenv("TORCHRAS_ADDR", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("TORCHRAS_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHRAS_METRICS_ADDR", "127.0.0.1:0")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    handle = rasd.start(secret=b"secret", host="127.0.0.1", services=[client_port.serve])
+    assert handle is not None and handle.running
+    try:
+        yield handle
+    finally:
+        handle.stop(goodbye=False)
+
+
+def status(address: tuple[str, int]) -> bytes:
+    with socket.create_connection(address, 30) as s:
+        s.sendall(b"CLIENT PROTOCOL 2\nSTATUS\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data
+
+
+def test_a_node_serves_its_metrics_and_they_follow_restarts_and_status_requests(node):
+    assert node.metrics_address is not None
+    port = node.metrics_address[1]
+    text = scrape(port)
+    assert sample(text, "torchras_mesh_peers", state="alive") == 1
+    assert sample(text, "torchras_verdicts_total", kind="PEER_DEAD") == 0
+    assert sample(text, "torchras_restarts_total") == 0
+    rasd.record_restart(2, "PEER_DEAD of rank 1", [1], 0.75)
+    rasd.record_restart(3, "COMM_STUCK", [], 0.5)
+    text = wait_for(lambda: scrape(port), lambda t: sample(t, "torchras_restarts_total") == 2, 30, what="2 restarts")
+    assert sample(text, "torchras_restart_iteration") == 3
+    assert sample(text, "torchras_restart_lost_seconds_total") == pytest.approx(1.25)
+    assert b"Communicators" in status(node.client_address)
+    text = wait_for(
+        lambda: scrape(port),
+        lambda t: sample(t, "torchras_client_status_duration_seconds_count") == 1,
+        30,
+        what="one STATUS observed",
+    )
+    assert sample(text, "torchras_gather_duration_seconds_count") == 1
+    assert sample(text, "torchras_gather_duration_seconds_bucket", le="+Inf") == 1
+    assert sample(text, "torchras_ras_thread_cpu_seconds_total") > 0
+    assert sample(text, "torchras_node_info", rank="-1") == 1
+
+
+def test_the_metrics_port_closes_with_the_node(node):
+    port = node.metrics_address[1]
+    scrape(port)
+    node.stop()
+    with pytest.raises(OSError):
+        scrape(port)
+
+
+def test_a_bad_setting_is_one_warning_and_the_node_runs(monkeypatch, caplog):
+    monkeypatch.setenv("TORCHRAS_METRICS_ADDR", "localhost")
+    monkeypatch.setenv("TORCHRAS_ADDR", "off")
+    with caplog.at_level(logging.WARNING, logger="rasd"):
+        handle = rasd.start(secret=b"secret", host="127.0.0.1")
+        assert handle is not None and handle.running and handle.metrics_address is None
+    lines = [r.getMessage() for r in caplog.records if "METRICS" in r.getMessage()]
+    assert lines == ["rasd: TORCHRAS_METRICS_ADDR='localhost' is not host:port, [ipv6]:port or :port; this process "
+                     "serves no metrics"]  # fmt: skip
+
+
+def test_a_taken_port_is_one_warning_and_the_node_runs(monkeypatch, caplog):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("TORCHRAS_METRICS_ADDR", f"127.0.0.1:{port}")
+        monkeypatch.setenv("TORCHRAS_ADDR", "off")
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+        with caplog.at_level(logging.WARNING, logger="rasd"):
+            handle = rasd.start(secret=b"secret", host="127.0.0.1")
+            assert handle is not None and handle.running and handle.metrics_address is None
+        wait_until(lambda: handle.running, 5, what="the node running")
+    lines = [r.getMessage() for r in caplog.records if "metrics" in r.getMessage()]
+    assert len(lines) == 1 and f"cannot serve metrics at 127.0.0.1:{port}" in lines[0], lines
+    assert "Address already in use" in lines[0] and "this process serves no metrics" in lines[0]
+
+
+# ---- docs/monitoring -----------------------------------------------------------------------------------------------
+
+
+@needs_promtool
+def test_the_alert_rules_pass_promtool_check_rules():
+    run = subprocess.run([PROMTOOL, "check", "rules", "torchras-alerts.yml"], cwd=MONITORING, capture_output=True)
+    assert run.returncode == 0, run.stdout.decode() + run.stderr.decode()
+
+
+@needs_promtool
+def test_the_alert_rules_fire_as_their_unit_tests_say():
+    run = subprocess.run([PROMTOOL, "test", "rules", "torchras-alerts.test.yml"], cwd=MONITORING, capture_output=True)
+    assert run.returncode == 0, run.stdout.decode() + run.stderr.decode()
+
+
+def metric_names_in(expr: str) -> set[str]:
+    return set(re.findall(r"\btorchras_[a-z_]+", expr))
+
+
+def test_the_dashboard_and_the_rules_use_only_metrics_a_node_exports(node):
+    text = scrape(node.metrics_address[1])
+    exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    exported |= {f"{n}_{s}" for n in exported for s in ("bucket", "sum", "count", "total")}
+    dashboard = json.loads((MONITORING / "torchras-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += re.findall(r"expr: (.*)", (MONITORING / "torchras-alerts.yml").read_text())
+    used = set().union(*(metric_names_in(e) for e in exprs))
+    assert used and used <= exported, used - exported

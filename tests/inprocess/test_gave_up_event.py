@@ -7,7 +7,6 @@ ends the call: no restart would heal what it met, so a launcher must not respawn
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 from pathlib import Path
@@ -17,21 +16,11 @@ import pytest
 import inprocess
 from inprocess.launch_events import ENVIRONMENT
 from inprocess_jobs import free_ports
+from test_inprocess_call import fast
 
 pytestmark = pytest.mark.slow  # a real call: the Wrapper's store server and monitor process
 
-SECONDS = datetime.timedelta(seconds=1)
 HERE = Path(__file__).parent
-FAST = dict(
-    monitor_thread_interval=0.1 * SECONDS,
-    monitor_process_interval=0.1 * SECONDS,
-    progress_watchdog_interval=0.1 * SECONDS,
-    last_call_wait=0.05 * SECONDS,
-    soft_timeout=10 * SECONDS,
-    hard_timeout=20 * SECONDS,
-    heartbeat_timeout=15 * SECONDS,
-    barrier_timeout=30 * SECONDS,
-)
 
 
 def test_restart_abort_is_announced_to_the_launcher(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -45,7 +34,7 @@ def test_restart_abort_is_announced_to_the_launcher(monkeypatch: pytest.MonkeyPa
     @inprocess.Wrapper(
         store_kwargs={"port": free_ports(1)[0]},
         initialize=inprocess.initialize.RetryController(max_iterations=2),
-        **FAST,
+        **fast(),
     )
     def train() -> None:
         raise ValueError("always")

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import rasd
+from mesh_of_one import query
 from polling import wait_for, wait_until
-from rasd.net import client_port
 from rasd.net.metrics import FrameCounter, count_frames, metrics_address
 
 MONITORING = Path(__file__).resolve().parents[3] / "docs" / "monitoring"
@@ -31,10 +31,8 @@ needs_promtool = pytest.mark.skipif(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: The mesh of one (conftest.py's ``node``) serves its metrics on a free port, its own (no local-rank offset).
+NODE_ENV = {"TORCHRAS_METRICS_ADDR": "127.0.0.1:0", "LOCAL_RANK": None}
 
 
 def scrape(port: int, host: str = "127.0.0.1") -> str:
@@ -96,30 +94,6 @@ def no_node_of_earlier_tests():
     rasd.stop(goodbye=False)
 
 
-@pytest.fixture
-def node(monkeypatch, tmp_path):
-    """This process's node, a mesh of one, serving its client port and its metrics on free loopback ports."""
-    monkeypatch.setenv("TORCHRAS_ADDR", f"127.0.0.1:{free_port()}")
-    monkeypatch.setenv("TORCHRAS_RUN_DIR", str(tmp_path))
-    monkeypatch.setenv("TORCHRAS_METRICS_ADDR", "127.0.0.1:0")
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-    handle = rasd.start(secret=b"secret", host="127.0.0.1", services=[client_port.serve])
-    assert handle is not None and handle.running
-    try:
-        yield handle
-    finally:
-        handle.stop(goodbye=False)
-
-
-def status(address: tuple[str, int]) -> bytes:
-    with socket.create_connection(address, 30) as s:
-        s.sendall(b"CLIENT PROTOCOL 2\nSTATUS\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return data
-
-
 def test_a_node_serves_its_metrics_and_they_follow_restarts_and_status_requests(node):
     assert node.metrics_address is not None
     port = node.metrics_address[1]
@@ -132,7 +106,7 @@ def test_a_node_serves_its_metrics_and_they_follow_restarts_and_status_requests(
     text = wait_for(lambda: scrape(port), lambda t: sample(t, "torchras_restarts_total") == 2, 30, what="2 restarts")
     assert sample(text, "torchras_restart_iteration") == 3
     assert sample(text, "torchras_restart_lost_seconds_total") == pytest.approx(1.25)
-    assert b"Communicators" in status(node.client_address)
+    assert b"Communicators" in query(node.client_address, "STATUS")
     text = wait_for(
         lambda: scrape(port),
         lambda t: sample(t, "torchras_client_status_duration_seconds_count") == 1,

@@ -7,20 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 
 import pytest
 
 import rasd
+from mesh_of_one import query
 from rasd.core.comms import RestartRecord
 from rasd.core.events import Kind
-from rasd.net import client_port
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)
@@ -31,25 +24,8 @@ def no_node_of_earlier_tests():
     rasd.stop(goodbye=False)
 
 
-@pytest.fixture
-def node(monkeypatch, tmp_path):
-    """This process's node, a mesh of one serving its client port on a free loopback port."""
-    monkeypatch.setenv("TORCHRAS_ADDR", f"127.0.0.1:{free_port()}")
-    monkeypatch.setenv("TORCHRAS_RUN_DIR", str(tmp_path))
-    handle = rasd.start(secret=b"secret", host="127.0.0.1", services=[client_port.serve])
-    assert handle is not None and handle.running
-    try:
-        yield handle
-    finally:
-        handle.stop(goodbye=False)
-
-
 def status_json(address: tuple[str, int]) -> dict:
-    with socket.create_connection(address, 30) as s:
-        s.sendall(b"CLIENT PROTOCOL 2\nSET FORMAT json\nSTATUS\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
+    data = query(address, "SET FORMAT json", "STATUS")
     return json.loads(data[data.index(b"{") :])
 
 

@@ -179,11 +179,20 @@ def worker(args: argparse.Namespace) -> int:
         for _ in range(args.warmup):
             dist.all_reduce(t)
         size_started = time.monotonic()
+        if args.arm == "scrape" and rank == 0 and on:
+            (Path(args.out) / "scrape").touch()  # the first block is a "with" block
         i = 0
         go = torch.ones(1)
         while True:
             want = (i % 4) in (0, 3)  # with, without, without, with, ...
-            if want != on:
+            if want != on and args.arm == "scrape":
+                # rasd and its metrics run in both arms; "with" is the scraper at work (rank 0 tells it)
+                if rank == 0 and want:
+                    (Path(args.out) / "scrape").touch()
+                elif rank == 0:
+                    (Path(args.out) / "scrape").unlink(missing_ok=True)
+                on = want
+            elif want != on:
                 block += 1
                 _switch(want, block, rank, args.arm == "hooks")
                 on = want
@@ -203,9 +212,11 @@ def worker(args: argparse.Namespace) -> int:
                 dist.broadcast(go, 0)
                 if go.item() == 0.0:
                     break
-    if not on:
+    if not on and args.arm != "scrape":
         block += 1
         _switch(True, block, rank)
+    if rank == 0 and args.arm == "scrape":
+        (Path(args.out) / "scrape").unlink(missing_ok=True)
     # Stalls: rank 2 stops before an all-reduce the others enter, until its own node names the communicator.
 
     seen: list[tuple[float, str]] = []
@@ -240,6 +251,37 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def scraper(args: argparse.Namespace) -> int:
+    """Scrape every rank's /metrics, round robin, ``--scrape-rate`` times a second while ``OUT/scrape`` exists,
+    until ``OUT/done`` does; write how many scrapes it made in how long."""
+    import urllib.request
+
+    out = Path(args.out)
+    urls = [f"http://127.0.0.1:{args.metrics_base + r}/metrics" for r in range(WORLD)]
+    made, failed, busy = 0, 0, 0.0
+    interval = 1.0 / args.scrape_rate
+    while not (out / "done").exists():
+        if not (out / "scrape").exists():
+            time.sleep(0.01)
+            continue
+        began = time.monotonic()
+        next_at = began
+        while (out / "scrape").exists():
+            try:
+                with urllib.request.urlopen(urls[made % WORLD], timeout=5) as r:
+                    r.read()
+                made += 1
+            except OSError:
+                failed += 1
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        busy += time.monotonic() - began
+    (out / "scraper.json").write_text(json.dumps({"scrapes": made, "failed": failed, "seconds": busy}))
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The driver
 
@@ -254,7 +296,7 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(tempfile.mkdtemp(prefix="torchras-overhead-"))
     master = _free_port()
     cmd = [sys.executable, __file__, "--worker", "--out", str(out)] + [
-        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("worker", "out")
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("worker", "scraper", "out")
     ]
     env = dict(
         os.environ,
@@ -268,6 +310,10 @@ def run(args: argparse.Namespace) -> dict:
         TORCHRAS_TIMEOUT_FACTOR=str(args.factor),
         TORCHRAS_STUCK_LIMIT=str(args.stuck_limit),
     )
+    scraping = None
+    if args.arm == "scrape":
+        env["TORCHRAS_METRICS_ADDR"] = f"127.0.0.1:{args.metrics_base}"  # + LOCAL_RANK: a port per rank
+        scraping = subprocess.Popen([*cmd[:2], "--scraper", "--out", str(out)] + cmd[5:], env=env)
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(WORLD)]
     try:
         deadline = time.monotonic() + args.timeout
@@ -280,9 +326,15 @@ def run(args: argparse.Namespace) -> dict:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
+    if scraping is not None:
+        (out / "done").touch()
+        scraping.wait(30)
     if any(p.returncode for p in procs):
         raise SystemExit(f"overhead: a rank failed: {[p.returncode for p in procs]}")
-    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)}
+    results = {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)}
+    if scraping is not None:
+        results[0]["scraper"] = json.loads((out / "scraper.json").read_text())
+    return results
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:
@@ -375,6 +427,14 @@ def summarize(results: dict, args: argparse.Namespace) -> tuple[list[str], dict]
     details = {s.get("details") for d in results.values() for s in d["stalls"] if s.get("details")}
     for d in sorted(details):
         lines.append(f"  verdict: {d}")
+    scraped = results[0].get("scraper")
+    if scraped is not None:
+        achieved = scraped["scrapes"] / scraped["seconds"] if scraped["seconds"] else 0.0
+        lines.append(
+            f"scrape arm: 'with' = a scraper hitting the {WORLD} ranks' /metrics in turn (asked "
+            f"{args.scrape_rate:g}/s): {scraped['scrapes']} scrapes in {scraped['seconds']:.1f} s, {achieved:.0f}/s, "
+            f"{scraped['failed']} failed; rasd and its metrics ran in both arms"
+        )
     doc = {
         "slowdown_pct_small": _round(summary.get("small")),
         "slowdown_pct_1mb": _round(summary.get("1mb")),
@@ -389,6 +449,9 @@ def summarize(results: dict, args: argparse.Namespace) -> tuple[list[str], dict]
         "rasd_cpu_pct": _round(statistics.mean([v for k, v in summary.items() if k.startswith("cpu_")]), 3),
         "arm": args.arm,
     }
+    if scraped is not None:
+        doc["scrapes_per_s"] = _round(scraped["scrapes"] / scraped["seconds"] if scraped["seconds"] else 0.0, 1)
+        doc["scrapes_failed"] = scraped["failed"]
     return lines, doc
 
 
@@ -403,19 +466,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="small,1mb", help="tensor sizes to measure (small, 1mb)")
     ap.add_argument(
         "--arm",
-        choices=("full", "hooks"),
+        choices=("full", "hooks", "scrape"),
         default="full",
-        help="what 'with' adds: full (hooks and node, the default) or hooks (the node runs in both arms)",
+        help="what 'with' adds: full (hooks and node, the default), hooks (the node runs in both arms), or scrape "
+        "(rasd and its Prometheus metrics run in both arms; 'with' is a scraper at --scrape-rate)",
     )
+    ap.add_argument("--scrape-rate", type=float, default=1000.0, help="scrapes a second in the scrape arm")
+    ap.add_argument("--metrics-base", type=int, default=29640, help="the scrape arm's metrics port of rank 0")
     ap.add_argument("--factor", type=float, default=1.0, help="TORCHRAS_TIMEOUT_FACTOR (scales stuck and sweep)")
     ap.add_argument("--stuck-limit", type=float, default=20.0, help="TORCHRAS_STUCK_LIMIT before scaling")
     ap.add_argument("--port", type=int, default=28940, help="client port (TORCHRAS_ADDR), below 32768")
     ap.add_argument("--timeout", type=float, default=420.0)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--scraper", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.scraper:
+        return scraper(args)
     lines, doc = summarize(run(args), args)
     print("\n".join(lines))
     print(json.dumps(doc))

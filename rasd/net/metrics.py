@@ -395,6 +395,34 @@ class Collector:
         )
 
 
+def _rendered_once(registry: Any, published: Callable[[], object], other: Any, fresh_s: float = 1.0) -> Any:
+    """A WSGI app that renders ``/metrics`` once per snapshot the RAS thread publishes (and at least every
+    ``fresh_s``, for the process_* figures), per exposition format, and serves those bytes to every scrape in
+    between: a scrape costs the training process an HTTP exchange, not a rendering of every family under the GIL
+    (bench/README.md, "Scraping the metrics"). Anything but a GET of /metrics without a query goes to ``other``."""
+    from prometheus_client.exposition import choose_encoder
+
+    lock = threading.Lock()  # between the server's own threads; the RAS thread never takes it
+    cache: dict[str, tuple[object, float, bytes]] = {}  # content type -> the snapshot rendered, when, the bytes
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics") or environ.get("QUERY_STRING"):
+            body: list[bytes] = other(environ, start_response)
+            return body
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        with lock:
+            now = time.monotonic()
+            current = published()
+            held = cache.get(content_type)
+            if held is None or held[0] is not current or now - held[1] >= fresh_s:
+                held = cache[content_type] = (current, now, encoder(registry))
+            data = held[2]
+        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(data)))])
+        return [data]
+
+    return app
+
+
 class Server:
     """The HTTP endpoint: ``prometheus_client``'s WSGI app on a threading server of its own."""
 
@@ -421,7 +449,7 @@ class Server:
                 pass
 
         self.httpd = _Server((str(sockaddr[0]), int(sockaddr[1])), _Quiet)
-        self.httpd.set_app(make_wsgi_app(registry))
+        self.httpd.set_app(_rendered_once(registry, lambda: collector.metrics.published, make_wsgi_app(registry)))
         self.address: tuple[str, int] = (host, self.httpd.server_address[1])
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="torchras-metrics", daemon=True

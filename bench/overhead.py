@@ -171,6 +171,24 @@ def worker(args: argparse.Namespace) -> int:
         ids = {t.native_id for t in threading.enumerate() if t is not threading.main_thread()}
         return sum(t.user_time + t.system_time for t in me.threads() if t.id in ids)
 
+    def server_cpu() -> float:
+        # The metrics server process this rank started (rasd.net.metrics_server), in the scrape arm.
+        for child in me.children():
+            try:
+                if "rasd.net.metrics_server" in child.cmdline():
+                    times = child.cpu_times()
+                    return times.user + times.system
+            except psutil.Error:
+                continue
+        return 0.0
+
+    if args.arm == "scrape":
+        # The server process starts at nice 19 and imports for a while on this saturated machine: wait until it
+        # answers, so that its start is not counted as serving.
+        first = _Target(args.metrics_base + rank)
+        first.scrape(deadline_s=120.0)
+        first.close()
+
     for size_name, numel in SIZES.items():
         if size_name not in args.sizes.split(","):
             continue
@@ -179,6 +197,7 @@ def worker(args: argparse.Namespace) -> int:
         for _ in range(args.warmup):
             dist.all_reduce(t)
         size_started = time.monotonic()
+        server_started = server_cpu()
         if args.arm == "scrape" and rank == 0 and on:
             (Path(args.out) / "scrape").touch()  # the first block is a "with" block
         i = 0
@@ -212,6 +231,8 @@ def worker(args: argparse.Namespace) -> int:
                 dist.broadcast(go, 0)
                 if go.item() == 0.0:
                     break
+        out.setdefault("server_cpu", 0.0)
+        out["server_cpu"] += server_cpu() - server_started
     if not on and args.arm != "scrape":
         block += 1
         _switch(True, block, rank)
@@ -251,15 +272,71 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What Prometheus 3 asks for: OpenMetrics first, the text format as a fallback.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;"
+    "version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
+class _Target:
+    """One rank's /metrics over a kept-alive HTTP/1.1 connection, as Prometheus scrapes a target."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sock: socket.socket | None = None
+        self.request = (
+            f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: {PROMETHEUS_ACCEPT}\r\n"
+            "User-Agent: overhead-scraper\r\n\r\n"
+        ).encode()
+
+    def scrape(self, deadline_s: float = 5.0) -> None:
+        """One scrape, whole; raises OSError (and drops the connection) on any failure."""
+        try:
+            if self.sock is None:
+                self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=deadline_s)
+            self.sock.sendall(self.request)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise OSError("connection closed")
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200 "):
+                raise OSError(head.split(b"\r\n", 1)[0].decode(errors="replace"))
+            length = next(
+                int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")
+            )
+            while len(body) < length:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise OSError("connection closed")
+                body += chunk
+        except (OSError, StopIteration, ValueError) as e:
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
+            raise OSError(str(e)) from None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
 def scraper(args: argparse.Namespace) -> int:
     """Scrape every rank's /metrics, round robin, ``--scrape-rate`` times a second while ``OUT/scrape`` exists,
-    until ``OUT/done`` does; write how many scrapes it made in how long."""
-    import urllib.request
+    until ``OUT/done`` does; write how many scrapes it made in how long, and its own CPU time.
 
+    At nice 19: it stands in for a Prometheus server on another machine, so on this saturated machine it takes only
+    CPU that training leaves; each rank's connection is kept alive, as Prometheus keeps its connections."""
+    os.nice(19)
     out = Path(args.out)
-    urls = [f"http://127.0.0.1:{args.metrics_base + r}/metrics" for r in range(WORLD)]
+    targets = [_Target(args.metrics_base + r) for r in range(WORLD)]
     made, failed, busy = 0, 0, 0.0
     interval = 1.0 / args.scrape_rate
+    cpu = time.process_time()
     while not (out / "done").exists():
         if not (out / "scrape").exists():
             time.sleep(0.01)
@@ -268,8 +345,7 @@ def scraper(args: argparse.Namespace) -> int:
         next_at = began
         while (out / "scrape").exists():
             try:
-                with urllib.request.urlopen(urls[made % WORLD], timeout=5) as r:
-                    r.read()
+                targets[(made + failed) % WORLD].scrape()
                 made += 1
             except OSError:
                 failed += 1
@@ -277,8 +353,11 @@ def scraper(args: argparse.Namespace) -> int:
             delay = next_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
+            elif delay < -1.0:
+                next_at = time.monotonic()  # far behind (the machine is saturated): no burst to catch up
         busy += time.monotonic() - began
-    (out / "scraper.json").write_text(json.dumps({"scrapes": made, "failed": failed, "seconds": busy}))
+    summary = {"scrapes": made, "failed": failed, "seconds": busy, "cpu": time.process_time() - cpu}
+    (out / "scraper.json").write_text(json.dumps(summary))
     return 0
 
 
@@ -428,13 +507,34 @@ def summarize(results: dict, args: argparse.Namespace) -> tuple[list[str], dict]
     for d in sorted(details):
         lines.append(f"  verdict: {d}")
     scraped = results[0].get("scraper")
+    server_us = scraper_us = None
     if scraped is not None:
         achieved = scraped["scrapes"] / scraped["seconds"] if scraped["seconds"] else 0.0
+        server_cpu = sum(d.get("server_cpu", 0.0) for d in results.values())
+        if scraped["scrapes"]:
+            server_us = server_cpu / scraped["scrapes"] * 1e6
+            scraper_us = scraped["cpu"] / scraped["scrapes"] * 1e6
         lines.append(
-            f"scrape arm: 'with' = a scraper hitting the {WORLD} ranks' /metrics in turn (asked "
+            f"scrape arm: 'with' = a scraper at nice 19 (it stands in for a Prometheus on another machine) hitting "
+            f"the {WORLD} ranks' /metrics in turn on kept-alive connections, OpenMetrics accepted (asked "
             f"{args.scrape_rate:g}/s): {scraped['scrapes']} scrapes in {scraped['seconds']:.1f} s, {achieved:.0f}/s, "
             f"{scraped['failed']} failed; rasd and its metrics ran in both arms"
         )
+        quiet = [b for b in blocks if not b["rasd"]]
+        quiet_cpu = sum(b["rasd_cpu"] for d in results.values() for b in d["blocks"] if not b["rasd"])
+        quiet_wall = sum(b["seconds"] for b in quiet)
+        if quiet_wall:
+            lines.append(
+                f"  rasd threads CPU in the blocks without the scraper: {quiet_cpu / quiet_wall / cpus * 100:.3f}% "
+                "(with it, the table's column: the difference is rendering for the scrapes)"
+            )
+        if server_us is not None and scraper_us is not None:
+            share = server_us * args.scrape_rate / 1e4  # per cent of one core
+            lines.append(
+                f"  serving: {server_us:.0f} us of CPU per scrape in the metrics server processes (nice 19, outside "
+                f"the training processes; {server_cpu:.2f} s in all), {scraper_us:.0f} us in the scraper; on a node "
+                f"with free cores, {args.scrape_rate:g} scrapes/s would take {share:.1f} % of one core there"
+            )
     doc = {
         "slowdown_pct_small": _round(summary.get("small")),
         "slowdown_pct_1mb": _round(summary.get("1mb")),
@@ -452,6 +552,8 @@ def summarize(results: dict, args: argparse.Namespace) -> tuple[list[str], dict]
     if scraped is not None:
         doc["scrapes_per_s"] = _round(scraped["scrapes"] / scraped["seconds"] if scraped["seconds"] else 0.0, 1)
         doc["scrapes_failed"] = scraped["failed"]
+        doc["server_cpu_us_per_scrape"] = _round(server_us, 1)
+        doc["scraper_cpu_us_per_scrape"] = _round(scraper_us, 1)
     return lines, doc
 
 
@@ -469,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("full", "hooks", "scrape"),
         default="full",
         help="what 'with' adds: full (hooks and node, the default), hooks (the node runs in both arms), or scrape "
-        "(rasd and its Prometheus metrics run in both arms; 'with' is a scraper at --scrape-rate)",
+        "(rasd and its Prometheus metrics run in both arms; 'with' is a scraper at --scrape-rate, at nice 19)",
     )
     ap.add_argument("--scrape-rate", type=float, default=1000.0, help="scrapes a second in the scrape arm")
     ap.add_argument("--metrics-base", type=int, default=29640, help="the scrape arm's metrics port of rank 0")

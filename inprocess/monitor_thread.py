@@ -2,9 +2,10 @@
 
 It blocks on the iteration's ``iteration_end`` key over its own store connection (the server wakes it the
 moment anyone records a fault). On a fault it waits ``last_call_wait`` for concurrent faults, freezes and reads
-the interruption records, and then, holding the *atomic lock* (so that ``CallWrapper.atomic()`` sections are
-never cut): calls ``abort`` to unblock the main thread from collectives, and, if the main thread is still inside
-the wrapped function, raises ``RankShouldRestart`` in it asynchronously (``PyThreadState_SetAsyncExc``).
+the interruption records, lets rasd's verdict journal write the cause (at most 0.2 s, only where one is kept), and
+then, holding the *atomic lock* (so that ``CallWrapper.atomic()`` sections are never cut): calls ``abort`` to
+unblock the main thread from collectives, and, if the main thread is still inside the wrapped function, raises
+``RankShouldRestart`` in it asynchronously (``PyThreadState_SetAsyncExc``).
 
 Hand-shake with the main thread: ``leave_function()`` (called by the main thread, under the same lock) marks the
 main thread as out of the function and cancels an asynchronous exception that was raised but not yet delivered,
@@ -144,6 +145,20 @@ class reraise_if_unraisable(contextlib.ContextDecorator):  # the reference's nam
         sys.unraisablehook = self._previous.pop()
 
 
+def _journal_before_restart(records: list[attribution.InterruptionRecord]) -> None:
+    """The restart is about to act: rasd's verdict journal (``TORCHRAS_JOURNAL_DIR``) must hold what caused it
+    first. Waits at most rasd's fixed budget (0.2 s), and for a verdict only when an external verdict interrupted
+    the iteration; nothing when rasd is not loaded (the Wrapper never imports it for this) or keeps no journal."""
+    rasd = sys.modules.get("rasd")
+    sync = getattr(rasd, "sync_journal", None) if rasd is not None else None
+    if sync is None:
+        return
+    try:
+        sync(verdict=any(r.interruption is attribution.Interruption.EXTERNAL for r in records))
+    except Exception:  # never into training
+        log.debug("could not wait for the verdict journal", exc_info=True)
+
+
 def _is_store_loss(error: BaseException) -> bool:
     """A lost connection to the store (torch's DistNetworkError family, etcd's EtcdUnavailable included)."""
     import torch.distributed
@@ -217,6 +232,7 @@ class MonitorThread(threading.Thread):
             self.store.lock_interruption_records()
             records = self.store.get_interruption_records()
             self.message = format_interruption_records(records) or "an interruption without records"
+            _journal_before_restart(records)
             log.info("restart: %s", self.message)
             self._terminate_main()
         except Exception as error:  # a broken store ends this thread

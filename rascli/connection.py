@@ -29,6 +29,17 @@ def _hint(default_addr: bool) -> str:
     )
 
 
+def address(host: str, port: int) -> str:
+    """How messages name the port: ``localhost:28028``, ``[::1]:28028``."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class ConnectTimeout(RasCliError):
+    """No address of the host took the connection, and at least one let it time out rather than refuse it: the
+    kernel gave it to a listener that drops new connections (a stopped process whose accept queue is full). A
+    fresh connection, from another port, is likely to go to another process."""
+
+
 def _reason(err: OSError) -> str:
     if isinstance(err, (socket.timeout, TimeoutError)):
         return "timed out"
@@ -46,7 +57,7 @@ class Connection:
     @classmethod
     def open(cls, host: str, port: int, timeout: float, default_addr: bool) -> Connection:
         """Try every address of ``host`` in order (localhost may be 127.0.0.1, ::1 or both)."""
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        where = address(host, port)
         try:
             infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
         except socket.gaierror as err:
@@ -54,6 +65,7 @@ class Connection:
         except UnicodeError:
             raise RasCliError(f"cannot resolve '{host}': not a valid host name", Exit.NO_CONNECTION) from None
         failures = []
+        timed_out = False
         for family, kind, proto, _, sockaddr in infos:
             sock = socket.socket(family, kind, proto)
             sock.settimeout(timeout)
@@ -61,12 +73,14 @@ class Connection:
                 sock.connect(sockaddr)
             except OSError as err:
                 sock.close()
+                timed_out = timed_out or isinstance(err, TimeoutError)
                 failures.append(f"{sockaddr[0]}: {_reason(err)}")
                 log.debug("connecting to %s port %d: %s", sockaddr[0], port, err)
                 continue
             log.debug("connected to %s port %d", sockaddr[0], port)
             return cls(sock, where)
-        raise RasCliError(
+        error = ConnectTimeout if timed_out else RasCliError
+        raise error(
             f"cannot connect to the RAS status port at {where} ({'; '.join(failures)}).\n{_hint(default_addr)}",
             Exit.NO_CONNECTION,
         )

@@ -10,13 +10,14 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from importlib import metadata
 
-from . import __version__, endpoints, listing, monitor, watch
+from . import __version__, commands, endpoints, journal, listing, monitor, watch
 from .errors import Exit, RasCliError
 from .options import USAGE, Options, parse
 from .output import Streams, from_sys
-from .protocol import PROTOCOL_VERSION, Timeouts
+from .protocol import FACTOR_ENV, PROTOCOL_VERSION, Timeouts, timeout_factor
 from .render import render_report
 from .report import ReportFormatError, parse_report
 from .status import ReportCut, chunks, fetch
@@ -111,18 +112,28 @@ def run(
     if options.version:
         (streams.out if streams else sys.stdout.buffer).write((version() + "\n").encode())
         return Exit.OK
+    if options.retry_for is not None:
+        timeouts = replace(timeouts, retry_for=options.retry_for)
     streams = streams if streams is not None else from_sys(options.no_color)
+    if FACTOR_ENV in environ:
+        timeouts = replace(timeouts, factor=timeout_factor(environ, streams.error))
     if options.no_color:
         streams.console = streams.progress = None
     try:
         if options.list:
             return list_jobs(options, streams, environ)
+        if options.journal is not None:
+            return journal.run(options, streams)
         if options.monitor is not None:
             return monitor.run(options, timeouts, streams)
         if options.watch is not None:
             return watch.run(options, timeouts, streams)
         if options.check:
             return check(options, timeouts, streams)
+        if options.command is not None:
+            return commands.command(options, timeouts, streams)
+        if options.diagnostics or options.stacks:
+            return commands.report(options, timeouts, streams)
         return show_status(options, timeouts, streams)
     except ReportCut as cut:
         if streams.console is not None and cut.received and not options.json:

@@ -15,7 +15,7 @@ from .connection import Connection
 from .errors import Exit, RasCliError
 from .options import Options
 from .output import Streams
-from .protocol import Timeouts, final_command, open_session
+from .protocol import SERVER_DEFAULT_TIMEOUT, Timeouts, final_command, open_session
 from .render import RESTART_HIGHLIGHTS, detail_text
 
 BANNER = "RAS Monitor Mode - watching for peer changes (Ctrl+C to exit)...\n" + "=" * 64
@@ -82,12 +82,13 @@ class _LinePrinter:
 def activate(conn: Connection, options: Options, timeouts: Timeouts) -> None:
     command = final_command(options)
     conn.send_line(command)
+    # The process answered the handshake: it is given as long as for a report (ncclras reads this OK with its
+    # report timeout), bounded even with -t 0.
+    wait = (options.timeout or SERVER_DEFAULT_TIMEOUT) + timeouts.report_extra
     try:
-        reply = conn.read_line(timeouts.reply)
+        reply = conn.read_line(wait)
     except TimeoutError:
-        raise RasCliError(
-            f"no answer from {conn.where} to '{command}' within {timeouts.reply:g} s", Exit.TIMEOUT
-        ) from None
+        raise RasCliError(f"no answer from {conn.where} to '{command}' within {wait:g} s", Exit.TIMEOUT) from None
     if reply is None:
         raise RasCliError(
             f"the job closed the connection to {conn.where} instead of answering '{command}'", Exit.CONNECTION_LOST

@@ -48,13 +48,19 @@ SPECS: tuple[Spec, ...] = (
     Spec(None, "help", Arg.NONE),
     Spec(None, "version", Arg.NONE),
     Spec(None, "list", Arg.NONE),
+    Spec(None, "journal", Arg.REQUIRED),
     Spec(None, "watch", Arg.OPTIONAL_NUMBER),
     Spec(None, "check", Arg.NONE),
     Spec(None, "no-color", Arg.NONE),
+    Spec(None, "retry-for", Arg.REQUIRED),
+    Spec("D", "diagnostics", Arg.NONE),
+    Spec(None, "stacks", Arg.NONE),
+    Spec(None, "all-threads", Arg.NONE),
+    Spec("r", "ranks", Arg.REQUIRED),
 )
 
 USAGE = f"""\
-Usage: rascli [OPTIONS]
+Usage: rascli [OPTIONS] [COMMAND...]
 
 Ask a running torchras job what is wrong with it (an ncclras-compatible client).
 
@@ -69,16 +75,33 @@ Options:
                          lifecycle (default), trace or all, comma-separated, attached: -mtrace
       --watch[=SECS]     repeat the report every SECS seconds (default 2), highlighting what
                          changed; the number may also be the next word: --watch 5
+  -D, --diagnostics      compare every process's configuration (versions, GPUs, NCCL_*, TORCH_*,
+                         CUDA_* and TORCHRAS_* settings, clocks) and name the ranks that differ
+      --stacks           where every rank is in its code: the main thread's stack of every
+                         process, identical stacks folded together
+      --all-threads      with --stacks: every thread, not only the main one
+  -r, --ranks=LIST       with --stacks: only these ranks (0,2,5-7)
       --check            print a one-line verdict; the exit code says healthy (0) or not (1)
                          healthy = the report lists nothing under Errors and nothing under Warnings
       --list             list the torchras jobs serving on this node, with their ports
+      --journal=DIR      show the verdict journals in DIR (a job's TORCHRAS_JOURNAL_DIR) as one
+                         timeline; -v adds the Flight Recorder entries, -f json prints a JSON array
       --no-color         print the job's text exactly, even on a terminal (also: NO_COLOR=1)
+      --retry-for=SECS   while connections go to a job process that does not answer (stopped or
+                         hung), try fresh ones for SECS seconds (default 60); 0: forever, as ncclras
       --help             show this help and exit
       --version          show the version and exit
+
+Commands (the words after the options, sent as one line; the job's one-line reply is printed):
+  CONTROL PROFILER_MASK VALUE
+                         NCCL 2.31's; a torchras job refuses it (its client port never changes
+                         training state) with an ERROR line: exit code 5
+  With no command, the job's status report is printed (see --monitor for live events).
 
 Environment:
   TORCHRAS_ADDR          host:port or [ipv6]:port of the status port (default localhost:28028)
   TORCHRAS_RUN_DIR       where --list finds the jobs (default /tmp/torchras-<uid>/endpoints)
+  TORCHRAS_TIMEOUT_FACTOR  the job's timer factor: the waits for its report scale with it (default 1)
 
 On a terminal the report is drawn as tables, problems first. In a pipe, or with --no-color, the
 job's text is printed byte for byte.
@@ -100,8 +123,19 @@ class Options:
     #: ``None``: no monitor; ``""``: MONITOR (lifecycle); otherwise the groups, verbatim.
     monitor: str | None = None
     watch: float | None = None
+    #: ``--retry-for`` in seconds (``inf`` for 0: forever); ``None``: the default (protocol.DEFAULT_RETRY_FOR).
+    retry_for: float | None = None
     check: bool = False
     list: bool = False
+    #: ``--journal``: the directory of the verdict journals to show; ``None``: not asked for.
+    journal: str | None = None
+    diagnostics: bool = False
+    stacks: bool = False
+    all_threads: bool = False
+    #: ``--ranks``: the ranks ``--stacks`` shows, as typed (``0,2,5-7``); ``None``: all.
+    ranks: str | None = None
+    #: The words after the options, joined by single spaces: a command sent as one line (``None``: none).
+    command: str | None = None
     no_color: bool = False
     help: bool = False
     version: bool = False
@@ -155,8 +189,9 @@ def _is_number(word: str) -> bool:
     return True
 
 
-def _tokens(argv: Sequence[str]) -> list[tuple[Spec, str | None]]:
-    """Split argv into (option, value) pairs, getopt-style; a non-option word is an error."""
+def _tokens(argv: Sequence[str], words: list[str]) -> list[tuple[Spec, str | None]]:
+    """Split argv into (option, value) pairs, getopt-style; the other words go to ``words`` (a command, as
+    ncclras 2.31 takes positional commands), in order."""
     pairs: list[tuple[Spec, str | None]] = []
     i = 0
     while i < len(argv):
@@ -194,10 +229,12 @@ def _tokens(argv: Sequence[str]) -> list[tuple[Spec, str | None]]:
                 pairs.append((spec, rest if rest or spec.arg is Arg.REQUIRED else None))
                 break
         else:
-            hint = ""
-            if pairs and pairs[-1][0].long == "monitor" and pairs[-1][1] is None:
-                hint = f" (monitor groups must be attached: -m{word} or --monitor={word})"
-            raise usage_error(f"unexpected argument '{word}'{hint}")
+            if pairs and pairs[-1][0].long == "monitor" and pairs[-1][1] is None and not words:
+                # ncclras sends the word as a command; here it is almost always a group meant for -m.
+                raise usage_error(
+                    f"unexpected argument '{word}' (monitor groups must be attached: -m{word} or --monitor={word})"
+                )
+            words.append(word)
     return pairs
 
 
@@ -209,8 +246,12 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Opti
     output_format: str | None = None
     monitor: str | None = None
     watch: float | None = None
+    retry_for: float | None = None
+    journal: str | None = None
+    ranks: str | None = None
+    words: list[str] = []
     switches: set[str] = set()  # the options without an argument that were given (Options' field names)
-    for spec, value in _tokens(argv):
+    for spec, value in _tokens(argv, words):
         key = spec.long.replace("-", "_")
         if spec.long == "host":
             host = value
@@ -237,6 +278,22 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Opti
             if not seconds > 0 or seconds != seconds or seconds == float("inf"):
                 raise usage_error(f"invalid --watch interval '{value}' (seconds, more than 0)")
             watch = seconds
+        elif spec.long == "journal":
+            if not value:
+                raise usage_error("option '--journal' requires a directory")
+            journal = value
+        elif spec.long == "ranks":
+            if not value or not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", value):
+                raise usage_error(f"invalid --ranks '{value}' (ranks and ranges: 0,2,5-7)")
+            ranks = value
+        elif spec.long == "retry-for":
+            try:
+                seconds = float(value or "")
+            except ValueError:
+                seconds = -1.0
+            if not 0 <= seconds < float("inf"):  # also refuses nan
+                raise usage_error(f"invalid --retry-for '{value}' (seconds, 0 retries forever)")
+            retry_for = seconds or float("inf")
         else:
             switches.add(key)
 
@@ -259,8 +316,15 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Opti
         format=output_format,
         monitor=monitor,
         watch=watch,
+        retry_for=retry_for,
         check="check" in switches,
         list="list" in switches,
+        journal=journal,
+        diagnostics="diagnostics" in switches,
+        stacks="stacks" in switches,
+        all_threads="all_threads" in switches,
+        ranks=ranks,
+        command=" ".join(words) if words else None,
         no_color="no_color" in switches,
         help="help" in switches,
         version="version" in switches,
@@ -277,10 +341,16 @@ def _check_combinations(options: Options) -> None:
             ("--watch", options.watch is not None),
             ("--check", options.check),
             ("--list", options.list),
+            ("--journal", options.journal is not None),
+            ("--diagnostics", options.diagnostics),
+            ("--stacks", options.stacks),
+            (f"the command '{options.command}'", options.command is not None),
         )
         if on
     ]
     if len(modes) > 1:
         raise usage_error(f"{' and '.join(modes)} cannot be used together")
+    if (options.all_threads or options.ranks is not None) and not options.stacks:
+        raise usage_error("--all-threads and --ranks go with --stacks")
     if options.json and (options.watch is not None or options.check):
         raise usage_error(f"{modes[0]} reads the text report; it cannot be used with --format=json")

@@ -7,18 +7,23 @@ and what it accepts back (docs/protocol.md §1-2).
             -> STATUS | VERBOSE STATUS              the report, then the server closes
             |  MONITOR [groups]      <- OK          then events until the job ends
 
-Unlike ncclras, a silent server is not retried forever: the handshake is tried ``attempts`` times on fresh
-connections (the kernel spreads connections over the job's processes, so a hung one may be skipped), each wait
-bounded even with ``-t 0``, which disables only the wait for the report.
+The job's processes on a node share the port (SO_REUSEPORT): the kernel hands each new connection to one of them,
+by a hash of the client's port, and a stopped (SIGSTOP) or hung one accepts it and never answers. So, as ncclras
+does, a connection whose handshake (or a setup command's OK) goes unanswered for ``reply`` seconds is dropped and
+a fresh one tried, about once a second, which soon lands on a process that answers. Unlike ncclras, not forever: for
+``retry_for`` seconds (60 by default, ``--retry-for``), because a script that asks a job whose every process on
+the node is stopped, or a port that is not a RAS service, must end. Each wait is bounded even with ``-t 0``,
+which disables only the wait for the report.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .connection import Connection, show_bytes
+from .connection import Connection, ConnectTimeout, address, show_bytes
 from .errors import Exit, RasCliError
 from .options import Options
 
@@ -27,23 +32,54 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 2
 HANDSHAKE = f"CLIENT PROTOCOL {PROTOCOL_VERSION}"
 SERVER_PREFIX = "SERVER PROTOCOL "
-#: The job's own gathering timeout when the client does not send TIMEOUT.
+#: The job's own gathering timeout when the client does not send TIMEOUT (times its timeout factor).
 SERVER_DEFAULT_TIMEOUT = 5
+FACTOR_ENV = "TORCHRAS_TIMEOUT_FACTOR"
+
+
+#: How long fresh connections are tried (``--retry-for``). Each lands on a stopped process with a chance of about
+#: k/n (k of the node's n processes stopped), so 60 tries all fail with a chance of (k/n)**60: under 1e-18 with
+#: half of them stopped, 3e-4 with 7 of 8.
+DEFAULT_RETRY_FOR = 60.0
 
 
 @dataclass(frozen=True)
 class Timeouts:
     connect: float = 3.0
-    #: For each reply before the report: the handshake, TIMEOUT's and SET FORMAT's OK.
-    reply: float = 2.0
-    attempts: int = 3
-    #: The report may be silent for the job's gathering timeout plus this (ncclras: 1 + t + 5 seconds).
+    #: For each reply before the report, on one connection: the handshake, TIMEOUT's and SET FORMAT's OK. When
+    #: one does not come, the connection is given up for a fresh one (ncclras: 1 s).
+    reply: float = 1.0
+    #: Fresh connections are tried for this many seconds from the first; ``inf``: forever, as ncclras.
+    retry_for: float = DEFAULT_RETRY_FOR
+    #: The report may be silent for the job's gathering timeout plus this (ncclras: 1 + t + 5 seconds), and so
+    #: may MONITOR's OK (ncclras reads it with the same timeout).
     report_extra: float = 6.0
+    #: The job's TORCHRAS_TIMEOUT_FACTOR, as this client's environment has it: the job's default gathering timeout
+    #: and its hard extra (5 s each) are scaled by it, so the waits for them are too (ncclras 2.31 scales its waits
+    #: by NCCL_RAS_TIMEOUT_FACTOR the same way).
+    factor: float = 1.0
 
     def report(self, timeout: int | None) -> float | None:
         if timeout == 0:
             return None
-        return (SERVER_DEFAULT_TIMEOUT if timeout is None else timeout) + self.report_extra
+        gather = SERVER_DEFAULT_TIMEOUT * self.factor if timeout is None else timeout
+        return gather + self.report_extra + SERVER_DEFAULT_TIMEOUT * max(self.factor - 1.0, 0.0)
+
+
+def timeout_factor(environ: Mapping[str, str], warn: Callable[[str], None]) -> float:
+    """``TORCHRAS_TIMEOUT_FACTOR`` from ``environ`` (1 when unset); a value that is not a positive number is 1, said
+    once through ``warn``."""
+    text = environ.get(FACTOR_ENV, "").strip()
+    if not text:
+        return 1.0
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = -1.0
+    if not 0 < factor < float("inf"):
+        warn(f"{FACTOR_ENV}={text!r} is not a positive number; waiting as for 1")
+        return 1.0
+    return factor
 
 
 def setup_commands(options: Options) -> list[str]:
@@ -57,8 +93,14 @@ def setup_commands(options: Options) -> list[str]:
 
 
 def final_command(options: Options) -> str:
+    if options.command is not None:
+        return options.command
     if options.monitor is not None:
         return f"MONITOR {options.monitor}" if options.monitor else "MONITOR"
+    if options.diagnostics:
+        return "DIAGNOSTICS"
+    if options.stacks:
+        return "STACKS" + (" ALL" if options.all_threads else "") + (f" RANKS {options.ranks}" if options.ranks else "")
     return "VERBOSE STATUS" if options.verbose else "STATUS"
 
 
@@ -102,27 +144,40 @@ def _handshake(conn: Connection, options: Options, timeouts: Timeouts, warn: Cal
 
 
 def open_session(options: Options, timeouts: Timeouts, warn: Callable[[str], None]) -> Connection:
-    """Connect, shake hands and send the setup commands; the caller sends the final command."""
-    for attempt in range(1, timeouts.attempts + 1):
-        conn = Connection.open(options.host, options.port, timeouts.connect, options.default_addr)
+    """Connect, shake hands and send the setup commands; the caller sends the final command.
+
+    A connection that gets no answer, or whose connect times out (a stopped process whose accept queue is full
+    drops new connections), is replaced by a fresh one until ``timeouts.retry_for`` seconds have passed; each
+    retry is said on ``warn`` (stderr), as ncclras says ``Connection timed out; retrying...``.
+    """
+    start = time.monotonic()
+    where = address(options.host, options.port)
+    tries = 0
+    while True:
+        tries += 1
+        conn: Connection | None = None
+        final: RasCliError
         try:
+            conn = Connection.open(options.host, options.port, timeouts.connect, options.default_addr)
             _handshake(conn, options, timeouts, warn)
             return conn
+        except ConnectTimeout as timed_out:
+            problem, final = f"connecting to {where} timed out", timed_out
         except _Silent as silent:
+            assert conn is not None
             conn.close()
-            message = (
-                f"no answer from {conn.where} to '{silent.args[0]}' within {timeouts.reply:g} s "
-                f"(attempt {attempt} of {timeouts.attempts})"
-            )
-            if attempt < timeouts.attempts:
-                warn(f"{message}; retrying")
-                continue
-            raise RasCliError(
-                f"{message}: a job process serving the port may be hung, or the service on the "
-                "port is not a RAS service",
+            problem = f"no answer from {where} to '{silent.args[0]}' within {timeouts.reply:g} s"
+            final = RasCliError(
+                f"no process of the job at {where} answered '{silent.args[0]}' in {time.monotonic() - start:.0f} s "
+                f"({tries} connections, {timeouts.reply:g} s each): every connection went to a job process that "
+                "is stopped or hung, or the service on the port is not a RAS service (--retry-for sets how long "
+                "rascli keeps trying)",
                 Exit.TIMEOUT,
-            ) from None
+            )
         except BaseException:
-            conn.close()
+            if conn is not None:
+                conn.close()
             raise
-    raise AssertionError("unreachable")
+        if time.monotonic() - start >= timeouts.retry_for:
+            raise final from None
+        warn(f"{problem}; retrying on a new connection")

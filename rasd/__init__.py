@@ -1,6 +1,17 @@
 """rasd: the RAS node that runs inside every process of a torchras job (see rasd.api)."""
 
-from rasd.api import RasHandle, enabled, node, on_event, record_restart, record_waiting, start, stop, subscribe
+from rasd.api import (
+    RasHandle,
+    enabled,
+    node,
+    on_event,
+    record_restart,
+    record_waiting,
+    start,
+    stop,
+    subscribe,
+    sync_journal,
+)
 from rasd.core.events import Event, Kind
 
 __version__ = "0.1.0"
@@ -27,5 +38,6 @@ __all__ = [
     "start",
     "stop",
     "subscribe",
+    "sync_journal",
     "__version__",
 ]

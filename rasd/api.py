@@ -33,7 +33,7 @@ from rasd.core.comms import ProcessData
 from rasd.core.config import Timers, read_switch
 from rasd.core.events import Event, Kind
 from rasd.core.peers import Addr, PeerInfo, new_incarnation
-from rasd.net import metrics
+from rasd.net import journal, metrics
 from rasd.net.bootstrap import StoreBootstrap
 from rasd.net.runtime import Runtime, mesh_host
 from rasd.net.subscriptions import Subscription
@@ -178,8 +178,9 @@ def _new_runtime(
             addr=Addr(listen_host, port), pid=pid, hostname=hostname, incarnation=incarnation, devices=dev, rank=rank
         )
 
-    # Metrics first: a service that serves nothing unless TORCHRAS_METRICS_ADDR is set (docs/operations.md).
-    services = [metrics.serve, *(services or [])]
+    # Metrics and the verdict journal first: services that do nothing unless TORCHRAS_METRICS_ADDR or
+    # TORCHRAS_JOURNAL_DIR is set (docs/operations.md).
+    services = [metrics.serve, journal.serve, *(services or [])]
     return Runtime(info, secret, listen_host, timers, bootstrap=bootstrap, local_data=local_data, services=services)
 
 
@@ -243,6 +244,24 @@ def record_restart(iteration: int, cause: str, terminated_ranks: Sequence[int], 
         log.debug("rasd: could not record a restart", exc_info=True)
         return
     _notify_node(lambda node, now: node.restarted(*args, now), f"restart to iteration {iteration}")
+
+
+def sync_journal(verdict: bool = False) -> bool:
+    """Wait, at most 0.2 s (``rasd.net.journal.BUDGET_S``), until this process's verdict journal
+    (``TORCHRAS_JOURNAL_DIR``) holds everything the node journaled before the call; with ``verdict``, first for a
+    verdict that restarts training (PEER_DEAD, PEER_HUNG, COMM_STUCK) journaled since the last such call.
+
+    inprocess's monitor thread calls it before a restart acts, so the verdict behind the restart is in the file
+    before the restart's first line (docs/operations.md §11). True when the journal holds it all; False when the
+    budget ran out, or no journal is kept (no node, or ``TORCHRAS_JOURNAL_DIR`` unset or failed). Never raises.
+    """
+    try:
+        rt = _runtime
+        kept = journal.of(rt) if rt is not None else None
+        return kept.sync(journal.BUDGET_S, verdict) if kept is not None else False
+    except Exception:  # never into training
+        log.debug("rasd: could not wait for the journal", exc_info=True)
+        return False
 
 
 def record_waiting(waiting: bool) -> None:

@@ -199,9 +199,17 @@ class Swarm:
     """N member processes on this machine. Use as a context manager; ``close`` kills what is left."""
 
     def __init__(
-        self, n: int, env: dict[str, str] | None = None, workdir: str | None = None, store_dir: str | None = None
+        self,
+        n: int,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        store_dir: str | None = None,
+        member_env: dict[int, dict[str, str]] | None = None,
     ) -> None:
+        """``env``: added to every member's environment; ``member_env``: more, for some members only (member index
+        -> variables), as when one node of a job was started with other settings."""
         self.n = n
+        self.member_env = member_env or {}
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="torchras-swarm-")
         self.dir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -218,7 +226,7 @@ class Swarm:
         for i in range(self.n):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "rasd.swarm", "--dir", str(self.dir), "--index", str(i)],
-                env=self.env,
+                env={**self.env, **self.member_env.get(i, {})},
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )

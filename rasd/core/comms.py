@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .frames import Position
+
 OP_TYPES: tuple[str, ...] = (
     "Broadcast",
     "Reduce",
@@ -115,6 +117,9 @@ class ProcessData:
     #: It is in the mesh but not yet in training: a process that joined a running job and waits to be admitted
     #: at the next rendezvous round (inprocess.elastic, docs/elastic.md §5).
     waiting: bool = False
+    #: Where its main thread was when it answered (frames.py): filled in a sweep's gather only (``wire.Ask.SWEEP``),
+    #: so that a COMM_STUCK verdict can name where each rank behind is.
+    where: Position = ()
 
 
 #: The wire carries a cause of at most this many UTF-8 bytes (a longer one is cut at a character boundary).
@@ -136,7 +141,9 @@ def next_restart(
     if previous is not None and previous.iteration == iteration:
         return None
     text = " ".join(str(cause).split())
-    clipped = text.encode("utf-8")[:MAX_CAUSE_BYTES].decode("utf-8", "ignore")
+    clipped = text
+    if len(text.encode("utf-8")) > MAX_CAUSE_BYTES:  # cut, and marked as cut
+        clipped = text.encode("utf-8")[: MAX_CAUSE_BYTES - 3].decode("utf-8", "ignore") + "..."
     ranks = tuple(sorted({int(r) for r in terminated if 0 <= int(r) < 2**31}))
     lost = float(seconds_lost)
     if not math.isfinite(lost) or lost < 0:

@@ -319,10 +319,12 @@ class Silent:
 
 @dataclass(frozen=True, slots=True)
 class StartGather:
-    """A status gather rooted here (``timeout``: None for the default, ``inf`` for none)."""
+    """A gather rooted here (``timeout``: None for the default, ``inf`` for none), of the status unless it asks
+    for something else (``ask``)."""
 
     query_id: int
     timeout: float | None = None
+    ask: wire.Ask = wire.Ask.STATUS
 
 
 @dataclass(frozen=True, slots=True)

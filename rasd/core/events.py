@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from .comms import RestartRecord
+from .frames import Positions
 from .peers import Addr, PeerInfo
 
 
@@ -71,6 +72,10 @@ class Event:
     ranks: tuple[int, ...] = ()
     #: RESTART: the restart as the process records it (``ranks`` are then the terminated ranks).
     restart: RestartRecord | None = None
+    #: Where the processes a verdict is about were in their code (frames.py): COMM_STUCK, each rank behind and its
+    #: main thread's innermost frames; PEER_HUNG, the hung process's last position this node saw (rank -1 when
+    #: its rank is unknown). Empty when none was seen.
+    positions: Positions = ()
 
     @property
     def group(self) -> Group:

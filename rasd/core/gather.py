@@ -4,9 +4,12 @@ Belongs here: the gathers in progress (``Gather``), their ids, the memory of fin
 gather may use, answering duplicates, counting leg timeouts (a leg that closes or goes silent, the collective
 timeout, the hard limit) and, at the root, turning what was gathered into a ``JobSnapshot``. NCCL's scheme
 (docs/architecture.md section 4): duplicates answered empty, a quiet leg counted as a timeout, a hard limit of
-timeout + ``gather_extra``. A gather rooted here ends in a ``GatherFinished``, which the node routes: the sweeper's
-to ``sweeper.py``, a reachability gather's to ``suspicion.py``, a client's to its driver as a ``GatherDone``. A relay
-keeps the entries it passes on encoded (``wire.CollResp``): only the root decodes them.
+timeout + ``gather_extra``. A gather asks for one thing (``wire.Ask``): STATUS, and the sweeper's SWEEP, collect
+each process's ``ProcessData`` (a sweep's with its position); any other ask collects one opaque answer per process,
+from the provider that process registered (``World.answer``), and only the root reads them
+(``JobSnapshot.answers``). A gather rooted here ends in a ``GatherFinished``, which the node routes: the sweeper's
+to ``sweeper.py``, a reachability gather's to ``suspicion.py``, a client's to its driver as a ``GatherDone``. A
+relay keeps the entries it passes on encoded (``wire.CollResp``): only the root decodes them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,15 @@ if TYPE_CHECKING:
     from .view import World
 
 
+#: What a relay passes back at most, in bytes: its answer goes in one frame (``wire.MAX_FRAME``, with room for the
+#: header). A leg that would take it past this is counted as a leg timeout, and its processes are missing at the
+#: root: STACKS of every thread of many thousands of processes, not a status gather (docs/architecture.md §4).
+RELAY_BYTES = wire.MAX_FRAME - 4096
+
+#: The asks whose entries are process data (``ProcessData``); any other's are opaque answers.
+PROCESS_DATA = (wire.Ask.STATUS, wire.Ask.SWEEP)
+
+
 @dataclass
 class Gather:
     root: Addr
@@ -36,11 +48,15 @@ class Gather:
     started: float
     timeout: float | None
     pending: set[int]
+    ask: wire.Ask = wire.Ask.STATUS
     #: At the root: every entry, decoded as it arrives.
     entries: list[tuple[Addr, ProcessData]] = field(default_factory=list)
+    #: At the root of a gather other than STATUS: every answer, as it arrives.
+    answers: list[tuple[Addr, bytes]] = field(default_factory=list)
     #: At a relay: the entries to pass back, still encoded (its own first), and how many they are.
     raw: list[bytes] = field(default_factory=list)
     count: int = 0
+    size: int = 0  # bytes in ``raw``
     leg_timeouts: int = 0
 
     @property
@@ -55,15 +71,17 @@ class Gathering:
         self._done: Recent[tuple[Addr, int]] = Recent()
         self._next_id = 1
 
-    def contribution(self) -> ProcessData:
-        """What this process adds to a gather: its communicators, once it has restarted its restarts, and whether
-        it waits to be admitted into training."""
+    def contribution(self, ask: wire.Ask = wire.Ask.STATUS) -> ProcessData:
+        """What this process adds to a status gather: its communicators, once it has restarted its restarts,
+        whether it waits to be admitted into training, and to a sweep where its main thread is."""
         world = self.world
         data = world.local_data()
         if world.restart is not None and data.restart is None:
             data = dataclasses.replace(data, restart=world.restart)
         if world.waiting and not data.waiting:
             data = dataclasses.replace(data, waiting=True)
+        if ask is wire.Ask.SWEEP:
+            data = dataclasses.replace(data, where=world.position())
         return data
 
     def _open(self, g: Gather, request: wire.CollReq, now: float) -> Effects:
@@ -79,7 +97,14 @@ class Gathering:
                 g.pending.add(c.id)
         return out + self._maybe_finish(g, now)
 
-    def start(self, query_id: int, now: float, timeout: float | None) -> Effects:
+    def encoded_contribution(self, ask: wire.Ask) -> bytes:
+        """This process's entry in a gather of ``ask``, encoded as a relay passes it on."""
+        me = self.world.me.addr
+        if ask in PROCESS_DATA:
+            return wire.encode_entry(me, self.contribution(ask))
+        return wire.encode_answer(me, self.world.answer(ask))
+
+    def start(self, query_id: int, now: float, timeout: float | None, ask: wire.Ask = wire.Ask.STATUS) -> Effects:
         """A gather rooted here. ``timeout``: None for the default, ``inf`` for none."""
         world = self.world
         if timeout is None:
@@ -94,11 +119,15 @@ class Gathering:
             started=now,
             timeout=None if timeout == float("inf") else timeout,
             pending=set(),
-            entries=[(world.me.addr, self.contribution())],
+            ask=ask,
         )
+        if ask in PROCESS_DATA:
+            g.entries.append((world.me.addr, self.contribution(ask)))
+        else:
+            g.answers.append((world.me.addr, world.answer(ask)))
         # The wire carries a u32 of milliseconds (49.7 days): a longer client TIMEOUT is clamped, never raised.
         timeout_ms = 0 if g.timeout is None else max(1, min(int(g.timeout * 1000), 0xFFFFFFFF))
-        return self._open(g, wire.CollReq(g.root, g.coll_id, timeout_ms), now)
+        return self._open(g, wire.CollReq(g.root, g.coll_id, timeout_ms, ask), now)
 
     def _usable(self, now: float, except_conn: int | None) -> list[Conn]:
         """Connections a gather may use: ready, in use by a link, and not silent."""
@@ -116,7 +145,6 @@ class Gathering:
         key = (msg.root, msg.coll_id)
         if key in self.gathers or key in self._done:
             return [Say(conn.id, wire.CollResp(msg.root, msg.coll_id, 0, 0, b""))]
-        me = self.world.me.addr
         g = Gather(
             root=msg.root,
             coll_id=msg.coll_id,
@@ -125,9 +153,11 @@ class Gathering:
             started=now,
             timeout=None if msg.timeout_ms == 0 else msg.timeout_ms / 1000,
             pending=set(),
-            raw=[wire.encode_entry(me, self.contribution())],
+            ask=msg.ask,
             count=1,
         )
+        g.raw.append(self.encoded_contribution(msg.ask))
+        g.size = len(g.raw[0])
         return self._open(g, msg, now)
 
     def on_collresp(self, conn: Conn, msg: wire.CollResp, now: float) -> Effects:
@@ -135,10 +165,17 @@ class Gathering:
         if g is None or conn.id not in g.pending:
             return []
         if g.from_conn is None:
-            g.entries.extend(msg.entries)  # decoded here, at the root, once (a ProtocolError drops the leg)
+            # Decoded here, at the root, once (a ProtocolError drops the leg).
+            if g.ask in PROCESS_DATA:
+                g.entries.extend(msg.entries)
+            else:
+                g.answers.extend(msg.answers)
+        elif msg.count and g.size + len(msg.raw) > RELAY_BYTES:
+            g.leg_timeouts += 1  # more than one frame may carry: this leg's processes go missing at the root
         elif msg.count:
             g.raw.append(msg.raw)
             g.count += msg.count
+            g.size += len(msg.raw)
         g.pending.discard(conn.id)
         g.leg_timeouts += msg.leg_timeouts
         return self._maybe_finish(g, now)
@@ -164,6 +201,10 @@ class Gathering:
         responses: dict[Addr, ProcessData] = {}
         for addr, data in g.entries:
             responses.setdefault(addr, data)
+        answers: dict[Addr, bytes] = {}
+        for addr, answer in g.answers:
+            answers.setdefault(addr, answer)
+            responses.setdefault(addr, ProcessData())  # it answered: not missing
         dead, left = world.dead, world.left
         former = table.former()
         return JobSnapshot(
@@ -177,6 +218,8 @@ class Gathering:
             collection_time=now - g.started,
             stuck=world.standing_stuck(),
             in_flight_grace=world.timers.in_flight,
+            ask=g.ask,
+            answers=answers,
         )
 
     def purge(self, conn_id: int, now: float) -> Effects:

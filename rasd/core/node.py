@@ -47,6 +47,7 @@ from .connections import MAX_PENDING_CONNS, Conn, Connections, ConnState
 from .effects import REACH_QUERY, SWEEP_QUERY, Effects, Purpose
 from .events import Event, Kind
 from .floods import Floods
+from .frames import Position
 from .gather import Gather, Gathering
 from .gossip import Gossip
 from .handshake import Handshake
@@ -98,6 +99,12 @@ class Node:
         self.restart: RestartRecord | None = None
         #: This process waits to be admitted into training (``rasd.record_waiting``): reports mark it WAITING.
         self.waiting = False
+        #: What this process answers to a gather of each ask but STATUS (``wire.Ask``): providers its runtime
+        #: registers (the configuration for DIAGNOSTICS). An ask without one is answered empty.
+        self.answers: dict[wire.Ask, Callable[[], bytes]] = {}
+        #: Where this process's main thread is (frames.py), sent with each sweep: set by the runtime, which can read
+        #: the interpreter's frames; none in the simulator.
+        self.where: Callable[[], Position] = tuple
         # The rooms, each with its own state (the module docstrings say what belongs in each); each reads the
         # world through this node's queries (view.World).
         self.connections = Connections()
@@ -247,11 +254,14 @@ class Node:
                 self._run(effects)
         return self._flush()
 
-    def start_gather(self, query_id: int, now: float, timeout: float | None = None) -> list[Action]:
-        """Start a status gather rooted here. ``timeout``: the collective timeout in seconds (None: the default;
-        ``float('inf')``: no collective timeout). Ends with a ``GatherDone`` action."""
+    def start_gather(
+        self, query_id: int, now: float, timeout: float | None = None, ask: wire.Ask = wire.Ask.STATUS
+    ) -> list[Action]:
+        """Start a gather rooted here, of the status (the default) or of another ``ask``. ``timeout``: the
+        collective timeout in seconds (None: the default; ``float('inf')``: no collective timeout). Ends with a
+        ``GatherDone`` action."""
         self.now = now
-        self._run(self.gathering.start(query_id, now, timeout))
+        self._run(self.gathering.start(query_id, now, timeout, ask))
         return self._flush()
 
     def restarted(
@@ -374,6 +384,25 @@ class Node:
 
     def random_bytes(self, n: int) -> bytes:
         return self.rng.randbytes(n)
+
+    def position(self) -> Position:
+        try:
+            return tuple(self.where())
+        except Exception:  # noqa: BLE001 - a position is evidence, never a reason to fail a sweep
+            return ()
+
+    def answer(self, ask: wire.Ask) -> bytes:
+        """This process's answer to a gather of ``ask``. A provider that fails or answers more than the wire carries
+        gives an empty answer: a gather never fails for one process's answer (the providers log their own errors;
+        the core has no log)."""
+        provider = self.answers.get(ask)
+        if provider is None:
+            return b""
+        try:
+            answer = provider()
+        except Exception:  # noqa: BLE001 - a bad answer must not end the gather, let alone the node
+            return b""
+        return answer if isinstance(answer, bytes) and len(answer) <= wire.MAX_ANSWER_BYTES else b""
 
     def conn(self, conn_id: int | None) -> Conn | None:
         return self.connections.get(conn_id)
@@ -515,7 +544,19 @@ class Node:
     def _notify(self, n: fx.Notify) -> None:
         about = n.about
         peer = self.table.entry(about) if isinstance(about, PeerKey) else self.table.get(about) if about else None
-        self._emit(Event(kind=n.kind, at=self.now, addr=peer.addr if peer else None, peer=peer, details=n.details))
+        # A hung process cannot say where it is: the last position a sweep of ours saw, if any (docs/operations.md).
+        seen = self.sweeper.last_position(peer.addr) if peer is not None and n.kind is Kind.PEER_HUNG else ()
+        positions = ((peer.rank, seen),) if peer is not None and seen else ()
+        self._emit(
+            Event(
+                kind=n.kind,
+                at=self.now,
+                addr=peer.addr if peer else None,
+                peer=peer,
+                details=n.details,
+                positions=positions,
+            )
+        )
 
     def _expel(self, why: str) -> Effects:
         """The job has declared this process dead. It can never rejoin: stop taking part."""
@@ -587,7 +628,7 @@ ROUTES: dict[type, Route] = {
     fx.Answered: lambda n, e: n.links.answered(e.key, n.now),
     fx.LastCall: lambda n, e: n.links.last_call(e.key, n.now),
     # gather.py
-    fx.StartGather: lambda n, e: n.gathering.start(e.query_id, n.now, e.timeout),
+    fx.StartGather: lambda n, e: n.gathering.start(e.query_id, n.now, e.timeout, e.ask),
     fx.Purge: lambda n, e: n.gathering.purge(e.conn_id, n.now),
     fx.GatherFinished: lambda n, e: n._gather_finished(e),
     # sweeper.py

@@ -56,6 +56,10 @@ class JobSnapshot:
     in_flight_grace: float = 0.0
     #: Standing COMM_STUCK verdicts the root holds: communicator hash -> what is stuck and who is to blame.
     stuck: dict[int, StuckVerdict] = field(default_factory=dict)
+    #: What the gather asked for (``wire.Ask``'s value: the snapshot sits below the wire format), and for any ask but
+    #: STATUS each answer by address (``responses`` then holds an empty ``ProcessData`` per answer).
+    ask: int = 0
+    answers: dict[Addr, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.dead.isdisjoint(self.left):

@@ -17,6 +17,7 @@ from here too.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .comms import OP_TYPES
@@ -48,6 +49,19 @@ def attribute(comm: MergedCommunicator) -> StuckVerdict | None:
     )
     top = max(r.launched[op] for r in records)
     return StuckVerdict(comm.comm_hash, op, top, behind, inside, _global(comm, behind), _global(comm, inside))
+
+
+def located(verdict: StuckVerdict | None, comm: MergedCommunicator, snapshot: JobSnapshot) -> StuckVerdict | None:
+    """``verdict`` with where each rank behind was in this sweep, as its process sent it (``ProcessData.where``).
+    The verdict keeps them while it stands: they say where the ranks were when it was made."""
+    if verdict is None:
+        return None
+    positions = []
+    for rank in verdict.behind:
+        data = snapshot.responses.get(comm.ranks[rank].addr)
+        if data is not None and data.where:
+            positions.append((rank, data.where))
+    return dataclasses.replace(verdict, positions=tuple(positions)) if positions else verdict
 
 
 def _global(comm: MergedCommunicator, ranks: tuple[int, ...]) -> tuple[int, ...]:
@@ -92,7 +106,7 @@ class StuckDetector:
                 self._watches[key] = _Watch(signature, max(now - idle, previous), attribute(comm) is not None)
                 continue
             if watch.verdict is None and now - watch.since >= self.limit:
-                watch.verdict = attribute(comm)
+                watch.verdict = located(attribute(comm), comm, snapshot)
                 if watch.verdict is not None:
                     new.append(watch.verdict)
         for key in list(self._watches):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .comms import OP_TYPES
+from .frames import Positions, position_text
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class StuckVerdict:
     inside: tuple[int, ...]  # communicator ranks that launched an operation of this type and did not complete it
     global_behind: tuple[int, ...] = ()  # the same ranks as global ranks, where the rank map tells
     global_inside: tuple[int, ...] = ()
+    #: Where each rank behind was (communicator rank, its main thread's innermost frames) in the sweep that made
+    #: the verdict; empty when the processes sent no position (frames.py).
+    positions: Positions = ()
 
     def describe(self) -> str:
         op = OP_TYPES[self.op]
@@ -32,6 +36,7 @@ class StuckVerdict:
             parts.append(f"{_ranks(self.behind)} behind (not launched)")
         if self.inside:
             parts.append(f"{_ranks(self.inside)} inside it (launched, not completed)")
+        parts += [f"rank {rank} in {position_text(position, short=True)}" for rank, position in self.positions]
         return "; ".join(parts)
 
     @property

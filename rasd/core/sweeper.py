@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import wire
 from .actions import Emit
 from .effects import SWEEP_QUERY, Effects, OriginateComm, StartGather
 from .events import Event, Kind
+from .frames import Position
+from .peers import Addr
 from .snapshot import JobSnapshot
 from .stuck import StuckDetector, StuckVerdict
 
@@ -30,6 +33,9 @@ class Sweeper:
         self.stuck: dict[int, tuple[StuckVerdict, float]] = {}
         self._next_sweep = 0.0
         self._sweeping = False
+        #: Where each process's main thread was in the last sweep it answered (frames.py), with that sweep's time:
+        #: the last position known here of a process that stops answering (a PEER_HUNG names it).
+        self.positions: dict[Addr, tuple[Position, float]] = {}
 
     def start(self, now: float) -> None:
         self._next_sweep = now + self.world.timers.sweep
@@ -53,7 +59,7 @@ class Sweeper:
         if not world.local_data().comms:
             return []  # a sweeper that holds no communicator has none to watch (every rank holds the world group)
         self._sweeping = True
-        return [StartGather(SWEEP_QUERY)]
+        return [StartGather(SWEEP_QUERY, ask=wire.Ask.SWEEP)]
 
     def swept(self, snapshot: JobSnapshot, now: float) -> Effects:
         """Our sweep's gather ended (``snapshot``): new verdicts, refreshes of standing ones, and clears."""
@@ -62,6 +68,9 @@ class Sweeper:
         if world.expelled:
             return []
         out: Effects = []
+        for addr, data in snapshot.responses.items():
+            if data.where:
+                self.positions[addr] = (data.where, now)
         _, cleared = self.detector.observe(snapshot, now)
         due = self.detector.due()
         if due is not None:  # a verdict falls due before the next sweep: sweep then (never sooner than a leg)
@@ -80,7 +89,12 @@ class Sweeper:
             out.append(
                 Emit(
                     Event(
-                        kind=Kind.COMM_STUCK, at=now, details=v.describe(), comm_hash=v.comm_hash, ranks=v.global_ranks
+                        kind=Kind.COMM_STUCK,
+                        at=now,
+                        details=v.describe(),
+                        comm_hash=v.comm_hash,
+                        ranks=v.global_ranks,
+                        positions=v.positions,
                     )
                 )
             )
@@ -102,6 +116,11 @@ class Sweeper:
             if now - confirmed > 3 * t.sweep + t.leg_timeout + t.gather_extra:
                 out += self.release(comm_hash, now, "verdict no longer confirmed")
         return out
+
+    def last_position(self, addr: Addr) -> Position:
+        """The last position a sweep of this node saw of the process at ``addr`` (empty when none)."""
+        seen = self.positions.get(addr)
+        return seen[0] if seen is not None else ()
 
     def standing(self) -> dict[int, StuckVerdict]:
         """The verdicts this node holds now, for a report."""

@@ -14,8 +14,10 @@ from typing import Protocol
 from .comms import ProcessData, RestartRecord
 from .config import Timers
 from .connections import Conn
+from .frames import Position
 from .peers import Addr, PeerInfo, PeerKey, PeerTable
 from .stuck import StuckVerdict
+from .wire import Ask
 
 
 class World(Protocol):
@@ -39,6 +41,8 @@ class World(Protocol):
     @property
     def local_data(self) -> Callable[[], ProcessData]: ...
     def random_bytes(self, n: int) -> bytes: ...
+    def answer(self, ask: Ask) -> bytes: ...
+    def position(self) -> Position: ...
 
     # --- connections.py -------------------------------------------------------------------------------------------
     def conns_list(self) -> list[Conn]: ...

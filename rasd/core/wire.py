@@ -22,14 +22,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord
+from .frames import POSITION_FRAMES, Frame, Position, Positions
 from .peers import Addr, PeerInfo, PeerKey
 from .stuck import StuckVerdict
 
 #: 2: deaths keyed by (address, incarnation); restart records in gather replies. 3: the waiting flag. 4: the
 #: sender's clock in keepalives and stamps in floods, SUSPECT and OUTVOTED floods, a probe's side in CONNINIT and the
 #: OUTNUMBERED nack (docs/architecture.md 2.7). 5: a probe's side measured by a reachability gather and the MEASURE
-#: nack; the HEARD flood.
-VERSION = 5
+#: nack; the HEARD flood. 6: what a gather asks for (``Ask``) and the answers of the asks other than STATUS; a
+#: process's position in its process data and the positions of the ranks behind in a communicator verdict.
+VERSION = 6
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -62,6 +64,23 @@ class Nack(enum.IntEnum):
     LEAVING = 3  # the acceptor is shutting down
     OUTNUMBERED = 4  # a reunion probe: the acceptor's side of a healed partition is the smaller one; it leaves
     MEASURE = 5  # a reunion probe: a side is not measured yet; both gather, and the prober probes again
+
+
+class Ask(enum.IntEnum):
+    """What a gather collects from every process. STATUS: the process data of the status report (``ProcessData``).
+    The others: one opaque answer per process (``Answer``), made by the provider the process registered for that
+    ask (``Node.answers``) and read only by the gather's root."""
+
+    STATUS = 0
+    DIAGNOSTICS = 1  # the process's configuration (rasd.net.configuration, docs/protocol.md §2.4)
+    SWEEP = 2  # the sweeper's: STATUS's process data, with each process's position (``ProcessData.where``)
+    STACKS = 3  # the main thread's stack (rasd.net.stacks, docs/protocol.md "STACKS")
+    STACKS_ALL = 4  # every thread's stack
+
+
+#: The largest answer a process contributes to a gather other than STATUS; a provider's longer answer is dropped
+#: (the process then answers empty). NCCL bounds its diagnostics payload per rank the same way (16 KiB of NCCL_*).
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 class FloodKind(enum.IntEnum):
@@ -147,6 +166,7 @@ class CollReq:
     root: Addr
     coll_id: int
     timeout_ms: int  # 0: no collective-level timeout
+    ask: Ask = Ask.STATUS
 
 
 @dataclass(frozen=True)
@@ -163,8 +183,14 @@ class CollResp:
 
     @property
     def entries(self) -> tuple[tuple[Addr, ProcessData], ...]:
-        """The entries, decoded (a ``ProtocolError`` if any is malformed or there are more bytes than entries)."""
+        """The entries of a STATUS gather, decoded (a ``ProtocolError`` if any is malformed or there are more bytes
+        than entries)."""
         return decode_entries(self.count, self.raw)
+
+    @property
+    def answers(self) -> tuple[tuple[Addr, bytes], ...]:
+        """The entries of any other gather: (address, answer) each, decoded likewise."""
+        return decode_answers(self.count, self.raw)
 
 
 def collresp(
@@ -365,9 +391,50 @@ def _get_key(r: _Reader) -> PeerKey:
     return PeerKey(addr, r.one("Q"))
 
 
+def _put_position(w: _Writer, position: Position) -> None:
+    """``u8 n``, then each frame: the file, ``u32 line``, the function (the innermost ``POSITION_FRAMES``)."""
+    position = position[-POSITION_FRAMES:]
+    w.fmt("B", len(position))
+    for f in position:
+        w.text(_fitted(f.file))
+        w.fmt("I", f.line)
+        w.text(_fitted(f.function))
+
+
+def _get_position(r: _Reader) -> Position:
+    n = r.u8()
+    if n > POSITION_FRAMES:
+        raise ProtocolError(f"a position of {n} frames")
+    frames = []
+    for _ in range(n):
+        file = r.text()
+        line = r.one("I")
+        frames.append(Frame(file, line, r.text()))
+    return tuple(frames)
+
+
+def _fitted(text: str) -> str:
+    """``text`` within a wire string's 255 UTF-8 bytes (cut at a character boundary)."""
+    data = text.encode("utf-8")
+    return text if len(data) <= 255 else data[:255].decode("utf-8", "ignore")
+
+
+def _put_positions(w: _Writer, positions: Positions) -> None:
+    positions = positions[:255]
+    w.fmt("B", len(positions))
+    for rank, position in positions:
+        w.fmt("i", rank)
+        _put_position(w, position)
+
+
+def _get_positions(r: _Reader) -> Positions:
+    return tuple((r.one("i"), _get_position(r)) for _ in range(r.u8()))
+
+
 def _put_process_data(w: _Writer, data: ProcessData) -> None:
-    if not data.comms and data.restart is None:
-        w.fmt("IBB", 0, False, data.waiting)  # what most processes send, in one pack: the same bytes as below
+    if not data.comms and data.restart is None and not data.where:
+        # What most processes send, in one pack: the same bytes as below.
+        w.fmt("IBBB", 0, False, data.waiting, 0)
         return
     w.fmt("I", len(data.comms))
     for c in data.comms:
@@ -383,6 +450,7 @@ def _put_process_data(w: _Writer, data: ProcessData) -> None:
             w.fmt("I", min(rk.idle_ms, 0xFFFFFFFF))
     _put_restart(w, data.restart)
     w.fmt("B", data.waiting)
+    _put_position(w, data.where)
 
 
 def _put_restart(w: _Writer, restart: RestartRecord | None) -> None:
@@ -418,13 +486,13 @@ def _get_restart(r: _Reader) -> RestartRecord | None:
 _RANK_HEAD = struct.calcsize("!IBBBhB")
 #: What most processes send (no communicator, no restart; waiting or not), decoded once: a gather carries one entry
 #: per process of the job. The values are frozen, so every entry may share them.
-_BARE_DATA = {bytes(6): ProcessData(), bytes(5) + b"\x01": ProcessData(waiting=True)}
+_BARE_DATA = {bytes(7): ProcessData(), bytes(5) + b"\x01\x00": ProcessData(waiting=True)}
 
 
 def _get_process_data(r: _Reader) -> ProcessData:
-    bare = _BARE_DATA.get(bytes(r.buf[r.pos : r.pos + 6]))
+    bare = _BARE_DATA.get(bytes(r.buf[r.pos : r.pos + 7]))
     if bare is not None:
-        r.pos += 6
+        r.pos += 7
         return bare
     comms = []
     for _ in range(r.count("I", 18)):
@@ -454,7 +522,8 @@ def _get_process_data(r: _Reader) -> ProcessData:
             )
         comms.append(CommRecord(comm_hash=comm_hash, size=size, ranks=tuple(ranks), rank_map=runs))
     restart = _get_restart(r)
-    return ProcessData(comms=tuple(comms), restart=restart, waiting=r.boolean())
+    waiting = r.boolean()
+    return ProcessData(comms=tuple(comms), restart=restart, waiting=waiting, where=_get_position(r))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -509,7 +578,7 @@ def encode(msg: Message) -> bytes:
     elif isinstance(msg, CollReq):
         t = MsgType.COLLREQ
         w.addr(msg.root)
-        w.fmt("QI", msg.coll_id, msg.timeout_ms)
+        w.fmt("QIB", msg.coll_id, msg.timeout_ms, int(msg.ask))
     elif isinstance(msg, CollResp):
         t = MsgType.COLLRESP
         w.addr(msg.root)
@@ -524,6 +593,7 @@ def encode(msg: Message) -> bytes:
             w.fmt("I", len(ranks))
             if ranks:
                 w.fmt(f"{len(ranks)}{fmt}", *ranks)
+        _put_positions(w, v.positions)
     else:  # pragma: no cover - a programming error, not bad input
         raise TypeError(f"not a message: {msg!r}")
     fields = w.getvalue()
@@ -613,15 +683,18 @@ def _decode(body: bytes) -> Message:
         msg = Flood(origin, flood_id, _enum(FloodKind, kind), subject, incarnation, _finite(stamp))
     elif t is MsgType.COLLREQ:
         root = r.addr()
-        coll_id, timeout_ms = r.fmt("QI")
-        msg = CollReq(root, coll_id, timeout_ms)
+        coll_id, timeout_ms, ask = r.fmt("QIB")
+        msg = CollReq(root, coll_id, timeout_ms, _enum(Ask, ask))
     elif t is MsgType.COMMVERDICT:
         origin = r.addr()
         flood_id, stuck, comm_hash, op, seq = r.fmt("QBQBQ")
         if stuck > 1 or op >= N_OPS:
             raise ProtocolError("bad communicator verdict")
-        groups = [r.fmt(f"{r.count('I', 4)}{fmt}") for fmt in ("I", "I", "i", "i")]
-        msg = CommVerdict(origin, flood_id, bool(stuck), StuckVerdict(comm_hash, op, seq, *groups))
+        behind, inside, global_behind, global_inside = (r.fmt(f"{r.count('I', 4)}{fmt}") for fmt in "IIii")
+        verdict = StuckVerdict(
+            comm_hash, op, seq, behind, inside, global_behind, global_inside, positions=_get_positions(r)
+        )
+        msg = CommVerdict(origin, flood_id, bool(stuck), verdict)
     else:  # COLLRESP
         root = r.addr()
         coll_id, leg_timeouts, n = r.fmt("QII")
@@ -639,6 +712,27 @@ def encode_entry(addr: Addr, data: ProcessData) -> bytes:
     w.addr(addr)
     _put_process_data(w, data)
     return w.getvalue()
+
+
+def encode_answer(addr: Addr, answer: bytes) -> bytes:
+    """One entry of a gather other than STATUS: the address, then ``u32 length`` and the answer."""
+    if len(answer) > MAX_ANSWER_BYTES:
+        raise ValueError(f"an answer of {len(answer)} bytes (at most {MAX_ANSWER_BYTES})")
+    return _packed_addr(addr) + _U32.pack(len(answer)) + answer
+
+
+def decode_answers(count: int, raw: bytes) -> tuple[tuple[Addr, bytes], ...]:
+    """``count`` answers from ``raw``, which must hold exactly them."""
+    r = _Reader(raw)
+    out = []
+    for _ in range(count):
+        addr = r.addr()
+        n = r.one("I")
+        if n > MAX_ANSWER_BYTES:
+            raise ProtocolError(f"an answer of {n} bytes")
+        out.append((addr, r.raw(n)))
+    r.done()
+    return tuple(out)
 
 
 def decode_entries(count: int, raw: bytes) -> tuple[tuple[Addr, ProcessData], ...]:

@@ -29,9 +29,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rasd.core.client_session import ClientSession, CloseClient, Format, Reply, StartStatus
+from rasd.core import wire
+from rasd.core.client_session import (
+    ClientSession,
+    CloseClient,
+    Format,
+    Reply,
+    StartDiagnostics,
+    StartStacks,
+    StartStatus,
+)
 from rasd.core.events import Event, Kind
+from rasd.core.peers import Addr
 from rasd.core.snapshot import JobSnapshot
+from rasd.report import diagnostics, stacks
 from rasd.report.events import format_event_json, format_event_text
 from rasd.report.json_format import render_json
 from rasd.report.model import build_report
@@ -149,6 +160,10 @@ class _Client(asyncio.Protocol):
                     self.write(out.text)
                 elif isinstance(out, StartStatus):
                     self.port.start_status(self, out)
+                elif isinstance(out, StartDiagnostics):
+                    self.port.start_diagnostics(self, out)
+                elif isinstance(out, StartStacks):
+                    self.port.start_stacks(self, out)
                 elif isinstance(out, CloseClient):
                     log.info("rasd: client %s: %s; closing", self.peername(), out.reason)
                     self.close()
@@ -157,9 +172,12 @@ class _Client(asyncio.Protocol):
             self.close()
 
     def eof_received(self) -> bool:
-        # ``echo status | nc localhost 28028`` half-closes after sending: keep our side open for the report (and
-        # for events, in MONITOR mode). A client that asked for neither is done: close (returning False).
-        return self.session.reporting or self.session.monitoring
+        # ``echo status | nc localhost 28028`` half-closes after sending. The session says what that means
+        # (ClientSession.end_of_input, NCCL's rule): a running report still goes out, so our side stays open;
+        # any other client, a monitoring one included, is closed. Returning False makes asyncio close the
+        # transport once the replies already written are sent.
+        self.session.end_of_input()
+        return not self.session.closed
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.port.runtime.disown_transport(self.transport)
@@ -205,6 +223,8 @@ class ClientPort:
         self.host: str = DEFAULT_HOST
         self._registration: Path | None = None
         self._versions = version_lines()
+        #: The client whose DIAGNOSTICS runs: one at a time per process, as NCCL's (reference §9.1.2).
+        self._diagnosing: _Client | None = None
 
     async def open(self) -> None:
         """Bind and serve. Never raises: whatever goes wrong leaves this process without a client port (or on the
@@ -342,6 +362,65 @@ class ClientPort:
 
         self.runtime.gather(done, timeout=req.timeout)
 
+    def start_diagnostics(self, client: _Client, req: StartDiagnostics) -> None:
+        """Gather every process's configuration and write the comparison (rasd.report.diagnostics), then close.
+        A second request while one runs in this process gets NCCL's BUSY line and is closed."""
+        if self._diagnosing is not None and not self._diagnosing.session.closed:
+            client.write("BUSY: diagnostics already in progress\n")
+            client.close()
+            return
+        self._diagnosing = client
+        node = self.runtime.node
+        me = node.me
+
+        def done(snapshot: JobSnapshot) -> None:
+            if self._diagnosing is client:
+                self._diagnosing = None
+            if client.session.closed:
+                return
+            try:
+                diag = diagnostics.check(
+                    snapshot.answers, snapshot.peers, _expected(snapshot), me.addr, snapshot.collection_time
+                )
+                if req.format is Format.JSON:
+                    client.write(diagnostics.render_json(diag, me.hostname, me.pid, time.time()))
+                else:
+                    client.write(diagnostics.render_text(diag, me.hostname, me.pid))
+            except Exception:
+                log.exception("rasd: could not build the diagnostics report")
+                client.write(f"{me.hostname}:{me.pid} NCCL DIAG ERROR: diagnostics summary failed\n")
+            client.close()
+
+        self.runtime.gather(done, timeout=req.timeout, ask=wire.Ask.DIAGNOSTICS)
+
+    def start_stacks(self, client: _Client, req: StartStacks) -> None:
+        """Gather every process's stacks and write them folded (rasd.report.stacks), then close."""
+        me = self.runtime.node.me
+
+        def done(snapshot: JobSnapshot) -> None:
+            if client.session.closed:
+                return
+            try:
+                folded = stacks.fold(
+                    snapshot.answers,
+                    snapshot.peers,
+                    _expected(snapshot),
+                    snapshot.collection_time,
+                    req.all_threads,
+                    req.ranks,
+                )
+                if req.format is Format.JSON:
+                    client.write(stacks.render_json(folded, me.hostname, me.pid, time.time()))
+                else:
+                    client.write(stacks.render_text(folded))
+            except Exception:
+                log.exception("rasd: could not build the stacks report")
+                client.write("ERROR: internal error while building the stacks report\n")
+            client.close()
+
+        ask = wire.Ask.STACKS_ALL if req.all_threads else wire.Ask.STACKS
+        self.runtime.gather(done, timeout=req.timeout, ask=ask)
+
     def on_event(self, event: Event) -> None:
         if event.kind is Kind.PEER_DEAD and event.peer == self.runtime.node.me:
             # The job declared this process dead: it must not answer for the job any more. Its monitors hear why.
@@ -365,6 +444,11 @@ class ClientPort:
             else:
                 text = text or format_event_text(event, wall_time=wall, peers=peers)
                 c.write(text)
+
+
+def _expected(snapshot: JobSnapshot) -> list[Addr]:
+    """The processes a gather expected answers from: the root's table less the dead and the departed."""
+    return [p.addr for p in snapshot.peers if p.addr not in snapshot.dead and p.addr not in snapshot.left]
 
 
 def move_nccl_ras_port(environ: os._Environ[str] | dict[str, str] = os.environ) -> str | None:

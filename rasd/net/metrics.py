@@ -1,18 +1,29 @@
 """Prometheus metrics of one process's RAS node, over HTTP (``TORCHRAS_METRICS_ADDR``; off by default).
 
-One job: publish what the RAS thread knows, and serve it. The RAS thread owns every value: it counts mesh traffic,
-events, gathers and STATUS replies, and publishes an immutable ``Published`` snapshot by a reference swap once per
-tick and soon after each event. The HTTP server runs on threads of its own (``prometheus_client``'s WSGI app
-behind a ``ThreadingWSGIServer``), and its collector reads only the published reference and plain integers: a
-scrape never waits for the RAS thread, never enters the asyncio loop, and never starts a gather. What a scrape
-shows is this process's view (its peer table, its verdicts, its communicators), never the job gathered.
+One job: publish what the RAS thread knows, render it, and have it served from outside this interpreter. The RAS
+thread owns every value: it counts mesh traffic, events, gathers and STATUS replies, and publishes an immutable
+``Published`` snapshot once per tick and soon after each event. It also renders: ``prometheus_client``'s
+exposition of the snapshot, in each format a scrape asked for (``Exposition``), written whole to a file on tmpfs
+after a publication that an event or a scrape asked for, never more than the snapshots it publishes.
+
+The HTTP is another process's: ``python -m rasd.net.metrics_server`` (``Server``), started with ``subprocess`` (a
+fork without exec would copy the training threads' locks mid-use), at nice 19, on a listening socket bound here.
+It answers scrapes from the file and, over a socket pair, asks the RAS thread for a render when the file is more
+than ``metrics_server.FRESH_S`` old. Served from threads of this process, each scrape cost the training process
+interpreter time under its GIL (392 scrapes a second slowed a saturated 2-core loop by 18 %, bench/README.md
+"Scraping the metrics"); served from there, a scrape costs this process nothing, and scraping at any rate costs at
+most one render a second. A scrape never runs on the RAS thread, never enters the asyncio loop, and never starts a
+gather. What a scrape shows is this process's view (its peer table, its verdicts, its communicators), never the
+job gathered. The server process ends with the metrics (``Endpoint.stop``: the node stops) and with this process
+(the socket pair closes, Linux's parent-death signal, a check of its parent every second), and removes the file.
 
 Where (docs/operations.md, "Metrics and alerts"): ``host:port`` or ``[ipv6]:port`` (``:port`` for every IPv4
 interface). One scrape target per process: with ``LOCAL_RANK`` set (torchrun, ``rasd launch``, ``rasd swarm``
 members) a non-zero port is ``port + LOCAL_RANK``, the per-rank ports Prometheus users of torchrun configure;
 port 0 lets the kernel pick one, logged at INFO and given by ``RasHandle.metrics_address``. A value that is not an
-address, or a port that cannot be bound, is one WARNING line, and the process serves no metrics: nothing here
-raises into the node, let alone training.
+address, or a port that cannot be bound, is one WARNING line, and the process serves no metrics; so is a server
+process that cannot start or ends, and a file that cannot be written: nothing here raises into the node, let alone
+training.
 """
 
 from __future__ import annotations
@@ -20,11 +31,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
-import threading
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rasd.core.comms import OP_TYPES
@@ -48,6 +63,11 @@ COMM_STATUSES = ("INIT", "RUNNING", "FINALIZE", "ABORT", "ERROR")
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: How often the communicators are read (``local_data``: with torch, the hooks' snapshot and records).
 COMMS_EVERY_S = 1.0
+#: The most formats rendered for the server (content types its scrapes' Accept headers chose): the text format,
+#: Prometheus 3's OpenMetrics, Prometheus 2's, and one more.
+MAX_FORMATS = 4
+#: How long closing waits for the server process to end (it is killed: at once, unless the machine is stalled).
+STOP_WAIT_S = 2.0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -143,7 +163,7 @@ class _Histogram:
 
 @dataclass(frozen=True)
 class Published:
-    """What the RAS thread last published; the collector reads nothing else of the node."""
+    """What the RAS thread last published; the collector renders nothing else of the node."""
 
     at: float = 0.0  # monotonic time of publication
     peers: tuple[int, ...] = (0,) * len(PEER_STATES)
@@ -169,7 +189,7 @@ class Metrics:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        # Mesh traffic: plain integers, written by the RAS thread; a scrape reads each one whole (GIL).
+        # Mesh traffic: plain integers, written by the RAS thread and read when it renders.
         self.sent_messages = 0
         self.sent_bytes = 0
         self.received_messages = 0
@@ -181,6 +201,9 @@ class Metrics:
         self._comms: tuple[Any, ...] = ((), (0,) * len(COMM_STATUSES), (), 0.0)
         self._comms_read = float("-inf")
         self._publish_pending = False
+        self._render_next = False
+        #: Renders and writes the exposition (``Endpoint.render``): after a publication an event or a scrape asked for.
+        self.on_render: Callable[[], None] | None = None
         self.published = Published()
 
     # Hooks (RAS thread)
@@ -209,7 +232,9 @@ class Metrics:
         self.soon()
 
     def soon(self) -> None:
-        """Publish once the RAS thread has finished what it is doing (a burst of events is one publication)."""
+        """Publish and render once the RAS thread has finished what it is doing (a burst of events, or of scrapes
+        asking, is one publication)."""
+        self._render_next = True
         loop = self.runtime.loop
         if not self._publish_pending and loop is not None:
             self._publish_pending = True
@@ -218,11 +243,16 @@ class Metrics:
     # Publication (RAS thread)
 
     def publish(self) -> None:
+        """Publish a snapshot (every tick), and render it when ``soon`` asked (an event, or a scrape found no fresh
+        render): nobody scraping, nothing is rendered."""
         self._publish_pending = False
         try:
             self._publish()
         except Exception:
             log.exception("rasd: could not publish the metrics (ignored)")
+        if self._render_next and self.on_render is not None:
+            self._render_next = False
+            self.on_render()
 
     def _publish(self) -> None:
         node = self.runtime.node
@@ -288,7 +318,7 @@ def _communicators(data: Any) -> tuple[tuple[tuple[str, str, int, int], ...], tu
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The scrape (HTTP server threads): reads ``Metrics.published`` and the traffic integers, nothing else
+# The rendering (RAS thread): reads ``Metrics.published`` and the traffic integers, nothing else
 
 
 class Collector:
@@ -395,73 +425,186 @@ class Collector:
         )
 
 
-def _rendered_once(registry: Any, published: Callable[[], object], other: Any, fresh_s: float = 1.0) -> Any:
-    """A WSGI app that renders ``/metrics`` once per snapshot the RAS thread publishes (and at least every
-    ``fresh_s``, for the process_* figures), per exposition format, and serves those bytes to every scrape in
-    between: a scrape costs the training process an HTTP exchange, not a rendering of every family under the GIL
-    (bench/README.md, "Scraping the metrics"). Anything but a GET of /metrics without a query goes to ``other``."""
-    from prometheus_client.exposition import choose_encoder
+# ----------------------------------------------------------------------------------------------------------------
+# The exposition (RAS thread): rendered for the server process, written whole to a file it reads
 
-    lock = threading.Lock()  # between the server's own threads; the RAS thread never takes it
-    cache: dict[str, tuple[object, float, bytes]] = {}  # content type -> the snapshot rendered, when, the bytes
 
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        if environ.get("PATH_INFO", "/") not in ("/", "/metrics") or environ.get("QUERY_STRING"):
-            body: list[bytes] = other(environ, start_response)
-            return body
-        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-        with lock:
-            now = time.monotonic()
-            current = published()
-            held = cache.get(content_type)
-            if held is None or held[0] is not current or now - held[1] >= fresh_s:
-                held = cache[content_type] = (current, now, encoder(registry))
-            data = held[2]
-        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(data)))])
-        return [data]
+def exposition_directory() -> str:
+    """tmpfs where there is one (``/dev/shm``): a write there never waits on a disk."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else tempfile.gettempdir()
 
-    return app
+
+class Exposition:
+    """The registry rendered in every format the server asked for, and the file it is written to
+    (``metrics_server.encode``; a temporary file, then ``os.replace``, so the server never reads half a file)."""
+
+    def __init__(self, registry: Any, directory: str | None = None) -> None:
+        from prometheus_client.exposition import generate_latest
+
+        from . import metrics_server  # here, not above: ``python -m`` would find the server imported by rasd
+
+        self.registry = registry
+        name = f"torchras-metrics-{os.getpid()}-{secrets.token_hex(4)}"
+        self.path = os.path.join(directory or exposition_directory(), name)
+        #: content type -> encoder: the text format always, the others once a scrape's Accept header chose them.
+        self.encoders: dict[str, Callable[[Any], bytes]] = {metrics_server.TEXT: generate_latest}
+
+    def want(self, accept: str) -> None:
+        """Render, from now on, the format ``prometheus_client`` chooses for ``accept`` (at most ``MAX_FORMATS``:
+        the versions and escapings a client can name are many, the formats real scrapers use one or two)."""
+        from prometheus_client.exposition import choose_encoder
+
+        try:
+            encoder, content_type = choose_encoder(accept)
+        except Exception:  # noqa: BLE001 - a malformed header: the server answers it with the text format
+            return
+        if content_type not in self.encoders and len(self.encoders) < MAX_FORMATS:
+            self.encoders[content_type] = encoder
+
+    def write(self) -> None:
+        """Render every format and replace the file with them. Raises OSError (or a collector's error)."""
+        from . import metrics_server
+
+        rendered_at = time.monotonic()
+        bodies = {}
+        for content_type, encode in list(self.encoders.items()):
+            try:
+                bodies[content_type] = encode(self.registry)
+            except Exception:
+                if content_type == metrics_server.TEXT:
+                    raise
+                del self.encoders[content_type]  # a format a client named that cannot render these metrics
+        data = metrics_server.encode(rendered_at, bodies)
+        temporary = self.path + ".tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(temporary, self.path)
+
+    def remove(self) -> None:
+        for path in (self.path, self.path + ".tmp"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The server process: started, watched and stopped from the RAS thread
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port) and listening, for the server process. Raises OSError."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)  # localhost: 127.0.0.1 first, as scrapers dial it
+    family, sockaddr = infos[0][0], infos[0][4]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(128)  # a burst of scrapes waits here while the server starts or is busy
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class Server:
-    """The HTTP endpoint: ``prometheus_client``'s WSGI app on a threading server of its own."""
+    """The HTTP endpoint: ``python -m rasd.net.metrics_server`` on ``sock`` (its own copy: the caller closes this
+    one), serving the file at ``path``. A socket pair joins the two: ``on_request(accept)`` is called on the RAS
+    thread for each render it asks for, ``rendered`` tells it of each render, and ``on_gone()`` is called once if it
+    ends before ``close``."""
 
-    def __init__(self, collector: Collector, host: str, port: int) -> None:
-        from wsgiref.simple_server import WSGIRequestHandler
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        path: str,
+        on_request: Callable[[str], None],
+        on_gone: Callable[[], None],
+    ) -> None:
+        self.loop = loop
+        self.on_request = on_request
+        self.on_gone = on_gone
+        channel, theirs = socket.socketpair()
+        root = str(Path(__file__).resolve().parents[2])  # where this rasd is: the server imports the same one
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        try:
+            # A fork without exec would copy the training process's threads' locks mid-use; Popen execs at once.
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rasd.net.metrics_server", "--listen-fd", str(sock.fileno()), "--file", path]
+                + ["--channel-fd", str(theirs.fileno()), "--parent", str(os.getpid())],
+                pass_fds=(sock.fileno(), theirs.fileno()),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # stderr stays the training process's: a traceback lands in its log
+                cwd=root,
+                env=env,
+                start_new_session=True,  # a SIGKILL to this process's group leaves it to remove the file
+            )
+        except BaseException:
+            channel.close()
+            raise
+        finally:
+            theirs.close()  # the server's alone: its exit is the end of the channel here
+        channel.setblocking(False)
+        self.channel: socket.socket | None = channel
+        self._partial = b""
+        self._closed = False
+        loop.add_reader(channel.fileno(), self._readable)
 
-        from prometheus_client import CollectorRegistry, make_wsgi_app
-        from prometheus_client.exposition import ThreadingWSGIServer
-        from prometheus_client.process_collector import ProcessCollector
+    def rendered(self) -> None:
+        """Tell the server that the file holds a new render (scrapes may be waiting for it)."""
+        if self.channel is not None:
+            try:
+                self.channel.send(b"\n")
+            except OSError:
+                pass  # full (the server reads it soon), or the server is gone (the reader hears of it)
 
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(collector)
-        ProcessCollector(registry=registry)
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        infos.sort(key=lambda info: info[0] != socket.AF_INET)  # localhost: 127.0.0.1 first, as scrapers dial it
-        family, sockaddr = infos[0][0], infos[0][4]
+    def _readable(self) -> None:
+        if self.channel is None:
+            return
+        try:
+            data = self.channel.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the server ended
+            self._stop_reading()
+            if not self._closed:
+                self.on_gone()
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if len(self._partial) > 65536:
+            self._partial = b""  # not a line the server writes
+        for line in lines:
+            self.on_request(line.decode("latin-1"))
 
-        class _Server(ThreadingWSGIServer):
-            address_family = family
-            request_queue_size = 128  # the listen backlog (socketserver's 5 refuses a burst of scrapes)
-
-        class _Quiet(WSGIRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # the base class names it "format"
+    def _stop_reading(self) -> None:
+        if self.channel is not None:
+            try:
+                self.loop.remove_reader(self.channel.fileno())
+            except Exception:  # noqa: BLE001 - a loop already closed: nothing reads it any more
                 pass
-
-        self.httpd = _Server((str(sockaddr[0]), int(sockaddr[1])), _Quiet)
-        self.httpd.set_app(_rendered_once(registry, lambda: collector.metrics.published, make_wsgi_app(registry)))
-        self.address: tuple[str, int] = (host, self.httpd.server_address[1])
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="torchras-metrics", daemon=True
-        )
-        self.thread.start()
+            self.channel.close()
+            self.channel = None
 
     def close(self) -> None:
-        """Stop serving and free the port (at most a poll interval)."""
+        """End the server process and wait for it (at most ``STOP_WAIT_S``): when this returns its port is free."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_reading()
+        if self.process.poll() is None:
+            self.process.kill()  # it holds nothing to save: the file is the caller's to remove
         try:
-            self.httpd.shutdown()
-            self.httpd.server_close()
-        except Exception:  # noqa: BLE001 - stopping: nothing left to tell anyone
+            self.process.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
             pass
 
 
@@ -469,50 +612,128 @@ class Server:
 # The runtime service
 
 
+class Endpoint:
+    """One process's metrics while they are served: the counters, the exposition, the server process and the tick.
+    Everything here runs on the RAS thread."""
+
+    def __init__(self, runtime: Runtime, metrics: Metrics, exposition: Exposition) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        self.exposition = exposition
+        self.server: Server | None = None
+        self.address: tuple[str, int] | None = None
+        self.stopped = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, address: tuple[str, int]) -> None:
+        self.metrics.publish()
+        self.exposition.write()  # the file is there before the server reads it
+        self.server = Server(loop, sock, self.exposition.path, self.wanted, self.gone)
+        self.address = address
+        runtime, metrics = self.runtime, self.metrics
+        runtime.metrics = metrics
+        runtime.metrics_address = self.address
+        runtime.event_listeners.append(metrics.on_event)
+        runtime.on_stop.append(self.stop)
+        metrics.on_render = self.render
+        self._timer = loop.call_later(runtime.timers.tick, self.tick)
+
+    def tick(self) -> None:
+        self.metrics.publish()
+        if not self.stopped and self.runtime.loop is not None:
+            self._timer = self.runtime.loop.call_later(self.runtime.timers.tick, self.tick)
+
+    def render(self) -> None:
+        try:
+            self.exposition.write()
+        except Exception as e:  # noqa: BLE001 - a full tmpfs, a collector's bug: the metrics stop, not the node
+            self.fail(f"cannot write the metrics to {self.exposition.path} ({_why(e)})")
+            return
+        if self.server is not None:
+            self.server.rendered()
+
+    def wanted(self, accept: str) -> None:
+        """The server asks for a render (a scrape found none fresh, or not in its format)."""
+        self.exposition.want(accept)
+        self.metrics.soon()
+
+    def gone(self) -> None:
+        """The server process ended on its own: stop (which reaps it), then say how it ended."""
+        if self.stopped or self.server is None:
+            return
+        self.stop()
+        process = self.server.process
+        code = f" with code {process.returncode}" if process.returncode else ""
+        log.warning("rasd: the metrics server (pid %d) ended%s; this process serves no metrics", process.pid, code)
+
+    def fail(self, what: str) -> None:
+        if not self.stopped:
+            log.warning("rasd: %s; this process serves no metrics", what)
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop serving (the node stops, or a failure): the server process ended, its port free, the file gone."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self.metrics.on_render = None
+        if self.server is not None:
+            self.server.close()
+        self.exposition.remove()
+        runtime = self.runtime  # last: no metrics_address while a server may still answer on it
+        if runtime.metrics is self.metrics:
+            runtime.metrics = None
+            runtime.metrics_address = None
+        if self.metrics.on_event in runtime.event_listeners:
+            runtime.event_listeners.remove(self.metrics.on_event)
+
+
 async def serve(runtime: Runtime) -> None:
     """A runtime service (``rasd.start`` adds it to every node): serve metrics where ``TORCHRAS_METRICS_ADDR`` says,
-    or do nothing. Never raises."""
+    or do nothing. Never raises; a failure later (the file cannot be written, the server process ended) is one
+    WARNING, and the metrics stop while the node runs on."""
     try:
         address = metrics_address(os.environ, lambda problem: log.warning("rasd: %s", problem))
         if address is None:
             return
         host, port, how = address
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.process_collector import ProcessCollector
+
         from .client_port import job_id_of
 
         metrics = Metrics(runtime)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(Collector(metrics, job_id_of(runtime.node.secret)))
+        ProcessCollector(registry=registry)  # the process_* figures: this process's, read at each render
         try:
-            server = Server(Collector(metrics, job_id_of(runtime.node.secret)), host, port)
+            sock = listening_socket(host, port)
         except OSError as e:
-            reason = os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0 else (e.strerror or str(e))
             log.warning(
-                "rasd: cannot serve metrics at %s:%d, %s (%s); this process serves no metrics", host, port, how, reason
+                "rasd: cannot serve metrics at %s:%d, %s (%s); this process serves no metrics", host, port, how, _why(e)
             )
             return
-        runtime.own_socket(server.httpd.socket)
-        runtime.metrics = metrics
-        runtime.metrics_address = server.address
-        runtime.event_listeners.append(metrics.on_event)
-        log.info("rasd: metrics at http://%s:%d/metrics", _url_host(host), server.address[1])
-        metrics.publish()
-        loop = asyncio.get_running_loop()
-        timer: list[asyncio.TimerHandle] = []
-
-        def tick() -> None:
-            metrics.publish()
-            timer[:] = [loop.call_later(runtime.timers.tick, tick)]
-
-        timer.append(loop.call_later(runtime.timers.tick, tick))
-
-        def stop() -> None:
-            for handle in timer:
-                handle.cancel()
-            runtime.metrics = None
-            runtime.metrics_address = None
-            server.close()
-
-        runtime.on_stop.append(stop)
+        served = (host, sock.getsockname()[1])
+        endpoint = Endpoint(runtime, metrics, Exposition(registry))
+        try:
+            endpoint.start(asyncio.get_running_loop(), sock, served)
+        except Exception as e:  # noqa: BLE001 - no file or no process: no metrics, the node runs on
+            endpoint.stop()
+            log.warning("rasd: cannot start the metrics server (%s); this process serves no metrics", _why(e))
+            return
+        finally:
+            sock.close()  # the server's copy serves; this one would keep the port open after the server ended
+        log.info("rasd: metrics at http://%s:%d/metrics", _url_host(host), served[1])
     except Exception as e:  # noqa: BLE001 - metrics are an extra, never a reason to stop the node
         log.warning("rasd: cannot serve metrics (%s: %s); this process serves no metrics", type(e).__name__, e)
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        return os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0 else (e.strerror or str(e))
+    return f"{type(e).__name__}: {e}"
 
 
 def _url_host(host: str) -> str:

@@ -24,13 +24,14 @@ from typing import Any
 
 import psutil
 
-from rasd.core import node as core
+from rasd.core import node as core, wire
 from rasd.core.comms import ProcessData
 from rasd.core.config import Timers
 from rasd.core.events import Event, Kind
 from rasd.core.peers import PeerInfo
 from rasd.core.snapshot import JobSnapshot
 
+from . import configuration, stacks
 from .bootstrap import StoreBootstrap
 from .metrics import FrameCounter, Metrics
 from .subscriptions import Subscribers
@@ -69,6 +70,23 @@ class _MeshProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.runtime.disown_transport(self.transport)
         self.runtime.lost(self.conn_id)
+
+
+def last_seen(node: core.Node) -> list[dict[str, Any]]:
+    """The processes ``node`` hears nothing from now and where its sweeps last saw them: what a STACKS answer adds
+    for the processes that cannot answer for themselves. Only the sweeper's sweeps see positions; a process is
+    silent here when it missed the last sweep (its position is older than one and a half sweeps), or is
+    unresponsive or hung."""
+    now = time.monotonic()
+    out = []
+    stale = 1.5 * node.timers.sweep
+    for addr, (position, at) in list(node.sweeper.positions.items()):
+        peer = node.table.get(addr)
+        if peer is None or not (now - at > stale or node.is_unresponsive(addr) or node.is_hung(peer.key)):
+            continue
+        frames = [[f.file, f.line, f.function] for f in position]
+        out.append({"host": peer.hostname, "pid": peer.pid, "rank": peer.rank, "age_s": now - at, "frames": frames})
+    return out
 
 
 class Runtime:
@@ -181,15 +199,18 @@ class Runtime:
         carries out the actions it returns."""
         self.call(lambda: self.feed(lambda now: step(self.node, now)))
 
-    def gather(self, done: Callable[[JobSnapshot], None], timeout: float | None = None) -> None:
-        """Start a status gather (from the RAS thread); ``done`` is called in the RAS thread with the snapshot."""
+    def gather(
+        self, done: Callable[[JobSnapshot], None], timeout: float | None = None, ask: wire.Ask = wire.Ask.STATUS
+    ) -> None:
+        """Start a gather of ``ask`` (from the RAS thread); ``done`` is called in the RAS thread with the
+        snapshot."""
         qid = self._next_query
         self._next_query += 1
         metrics = self.metrics
         if metrics is not None:
             done = _timed(done, metrics.gather_done)
         self._gather_waiters[qid] = done
-        self.feed(lambda now: self.node.start_gather(qid, now, timeout))
+        self.feed(lambda now: self.node.start_gather(qid, now, timeout, ask))
 
     # ------------------------------------------------------------------------------------------------------------
     # The thread
@@ -279,6 +300,11 @@ class Runtime:
         self.node = core.Node(
             self._info_factory(port), self._secret, self.timers, rng=random.SystemRandom(), local_data=self._local_data
         )
+        node = self.node
+        node.answers[wire.Ask.DIAGNOSTICS] = configuration.provider(node.me)
+        node.answers[wire.Ask.STACKS] = stacks.provider(node.me, False, functools.partial(last_seen, node))
+        node.answers[wire.Ask.STACKS_ALL] = stacks.provider(node.me, True, functools.partial(last_seen, node))
+        node.where = stacks.main_position
         self._carry_out(self.node.start(time.monotonic()))
         self._schedule_tick()
         for service in self._services:

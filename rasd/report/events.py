@@ -9,7 +9,8 @@ JSON: NCCL's pretty object, with strings escaped so it always parses. Our additi
 ``incarnation`` in ``peer`` (a consumer tells a stale verdict by its incarnation), and for communicator verdicts
 (COMM_STUCK, COMM_RECOVERED, or any event carrying a communicator hash) ``comm_hash`` and ``ranks``
 after ``details``; for RESTART ``iteration``, ``restarts_count``, ``cause``, ``terminated_ranks`` and
-``seconds_lost`` after ``details``.
+``seconds_lost`` after ``details``; ``positions`` last, where an event carries them (a COMM_STUCK's ranks behind, a
+PEER_HUNG's last position seen: ``[{"rank", "frames": [{"file", "line", "function"}]}]``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 from collections.abc import Mapping
 
 from rasd.core.events import Event, Group, Kind
+from rasd.core.frames import position_text
 from rasd.core.peers import Addr, PeerInfo
 
 from .model import HASH_MASK
@@ -52,7 +54,16 @@ def format_event_text(event: Event, *, wall_time: float, peers: Mapping[Addr, Pe
     else:
         who = ""
     subject = f"{who} " if who else ""
-    return _one_line(f"[{format_timestamp(wall_time)}] {_kind_text(event)}: {subject}{event.details}") + "\n"
+    return _one_line(f"[{format_timestamp(wall_time)}] {_kind_text(event)}: {subject}{_details(event)}") + "\n"
+
+
+def _details(event: Event) -> str:
+    """The event's details; a PEER_HUNG adds where the hung process was last seen (a COMM_STUCK's details already
+    say where each rank behind is)."""
+    if event.kind is Kind.PEER_HUNG and event.positions:
+        seen = "; ".join(position_text(frames, short=True) for _, frames in event.positions)
+        return f"{event.details}; last seen in {seen}" if event.details else f"last seen in {seen}"
+    return event.details
 
 
 def _devices(devices: tuple[int, ...]) -> str:
@@ -82,25 +93,25 @@ def format_event_json(event: Event, *, wall_time: float, peers: Mapping[Addr, Pe
         ]
     elif event.addr is not None:
         lines += ['  "peer": {\n', f'    "addr": {json.dumps(str(event.addr))}\n', "  },\n"]
+    fields: list[tuple[str, str]] = [("details", json.dumps(_details(event)))]
     if event.restart is not None:
         restart = event.restart
-        lines += [
-            f'  "details": {json.dumps(event.details)},\n',
-            f'  "iteration": {restart.iteration},\n',
-            f'  "restarts_count": {restart.restarts},\n',
-            f'  "cause": {json.dumps(restart.cause)},\n',
-            f'  "terminated_ranks": {_devices(restart.terminated)},\n',
-            f'  "seconds_lost": {restart.seconds_lost:.3f}\n',
+        fields += [
+            ("iteration", str(restart.iteration)),
+            ("restarts_count", str(restart.restarts)),
+            ("cause", json.dumps(restart.cause)),
+            ("terminated_ranks", _devices(restart.terminated)),
+            ("seconds_lost", f"{restart.seconds_lost:.3f}"),
         ]
     elif event.kind in _COMM_VERDICTS or event.comm_hash is not None:
         comm_hash = "null" if event.comm_hash is None else f'"0x{event.comm_hash & HASH_MASK:x}"'
-        ranks = "[" + ",".join(str(int(r)) for r in event.ranks) + "]"
-        lines += [
-            f'  "details": {json.dumps(event.details)},\n',
-            f'  "comm_hash": {comm_hash},\n',
-            f'  "ranks": {ranks}\n',
+        fields += [("comm_hash", comm_hash), ("ranks", "[" + ",".join(str(int(r)) for r in event.ranks) + "]")]
+    if event.positions:
+        positions = [
+            {"rank": rank, "frames": [{"file": f.file, "line": f.line, "function": f.function} for f in frames]}
+            for rank, frames in event.positions
         ]
-    else:
-        lines.append(f'  "details": {json.dumps(event.details)}\n')
+        fields.append(("positions", json.dumps(positions)))
+    lines += [f'  "{key}": {value}' + (",\n" if n < len(fields) - 1 else "\n") for n, (key, value) in enumerate(fields)]
     lines.append("}\n")
     return "".join(lines)

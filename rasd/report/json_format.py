@@ -122,8 +122,20 @@ def _stuck(verdict: StuckVerdict | None, indent: str) -> str:
         f'{i}"ranks_behind": {_int_list(verdict.behind)},\n'
         f'{i}"ranks_inside": {_int_list(verdict.inside)},\n'
         f'{i}"global_ranks_behind": {_int_list(verdict.global_behind)},\n'
-        f'{i}"global_ranks_inside": {_int_list(verdict.global_inside)}\n'
+        f'{i}"global_ranks_inside": {_int_list(verdict.global_inside)},\n'
+        f'{i}"positions_behind": {_positions(verdict, i)}\n'
         f"{indent}}}"
+    )
+
+
+def _positions(verdict: StuckVerdict, indent: str) -> str:
+    """Where each rank behind was when the verdict was made: ``[{"rank": 2, "frames": [{"file", "line",
+    "function"}, ...]}]``, outermost frame first (ours; rasd/core/frames.py)."""
+    return json.dumps(
+        [
+            {"rank": rank, "frames": [{"file": f.file, "line": f.line, "function": f.function} for f in position]}
+            for rank, position in verdict.positions
+        ]
     )
 
 

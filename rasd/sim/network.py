@@ -13,8 +13,9 @@ It drives exactly the state machine the asyncio runtime drives, with the network
   restarted on its predecessor's port is.
 
 Everything random comes from one ``random.Random(seed)``, so a run is reproducible from its seed. Each hop may be
-charged a processing time (``hop_cost``) so that gather latencies can be estimated at scales no machine could
-run for real.
+charged a processing time (``hop_cost``), and with it a time per byte received (``byte_cost``: what copying a large
+gather reply costs, as a STACKS gather's kilobytes per process), so that gather latencies can be estimated at scales
+no machine could run for real.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rasd.core import node as core
+from rasd.core import node as core, wire
 from rasd.core.comms import ProcessData
 from rasd.core.config import Timers
 from rasd.core.events import Event, Kind
@@ -71,6 +72,7 @@ class Simulation:
         loss: float = 0.0,
         retransmit: float = 0.2,
         hop_cost: float = 0.0,
+        byte_cost: float = 0.0,
         local_data: Callable[[int], ProcessData] | None = None,
         express_links: bool = True,
         record: frozenset[Kind] | None = None,
@@ -83,6 +85,9 @@ class Simulation:
         self.loss = loss
         self.retransmit = retransmit
         self.hop_cost = hop_cost
+        # Seconds per byte a node receives, added to ``hop_cost`` for that input (only where ``hop_cost`` is set).
+        self.byte_cost = byte_cost
+        self._charge = 0.0  # the processing time of the input being handled: its sends leave after it
         # (when, sequence, function, arguments): the sequence number keeps events of one instant in the order they
         # were scheduled, and the function is called with the arguments (no closure per message: the simulator
         # handles millions of them, docs/architecture.md §9).
@@ -211,9 +216,11 @@ class Simulation:
                 for data in held:
                     self._deliver(pipe, data)
 
-    def gather(self, i: int, query_id: int, timeout: float | None = None) -> None:
+    def gather(self, i: int, query_id: int, timeout: float | None = None, ask: wire.Ask = wire.Ask.STATUS) -> None:
+        """Start a gather of ``ask`` at node ``i``; it ends in ``gathers_done[(i, query_id)]``. The answers to an
+        ask other than STATUS come from the providers in each node's ``node.answers`` (none by default: empty)."""
         s = self.nodes[i]
-        self._run(s, lambda: s.node.start_gather(query_id, self.now, timeout))
+        self._run(s, lambda: s.node.start_gather(query_id, self.now, timeout, ask))
 
     # ------------------------------------------------------------------------------------------------------------
     # Running
@@ -269,19 +276,21 @@ class Simulation:
                 self._act(s, a)
         self._at(self.now + self.timers.tick, self._tick, s)
 
-    def _run(self, s: SimNode, step: Callable[[], list[core.Action]]) -> None:
-        """Feed one input to a node (queued while it is paused) and carry out its actions."""
+    def _run(self, s: SimNode, step: Callable[[], list[core.Action]], cost: float | None = None) -> None:
+        """Feed one input to a node (queued while it is paused) and carry out its actions. ``cost``: the input's
+        processing time (default ``hop_cost``)."""
         if not s.alive:
             return
         if s.paused:
-            s.backlog.append(lambda: self._run(s, step))
+            s.backlog.append(lambda: self._run(s, step, cost))
             return
         if self.hop_cost and s.busy_until > self.now:
-            self._at(s.busy_until, lambda: self._run(s, step))
+            self._at(s.busy_until, lambda: self._run(s, step, cost))
             return
         actions = step()
-        if self.hop_cost:
-            s.busy_until = self.now + self.hop_cost
+        charge = self._charge = self.hop_cost if cost is None else cost
+        if charge:
+            s.busy_until = self.now + charge
         for a in actions:
             self._act(s, a)
 
@@ -290,7 +299,8 @@ class Simulation:
         if not s.alive:
             return
         if s.paused or self.hop_cost:
-            self._run(s, lambda: s.node.received(conn_id, data, self.now))
+            cost = self.hop_cost + self.byte_cost * len(data) if self.hop_cost else None
+            self._run(s, lambda: s.node.received(conn_id, data, self.now), cost)
             return
         for a in s.node.received(conn_id, data, self.now):
             self._act(s, a)
@@ -305,7 +315,7 @@ class Simulation:
                 if self.partitions and self._cut(pipe.src, pipe.dst):
                     pipe.held.append(a.data)
                 else:
-                    self._deliver(pipe, a.data, self.hop_cost)
+                    self._deliver(pipe, a.data, self._charge)
         elif isinstance(a, core.Emit):
             if self.record is None or a.event.kind in self.record:
                 s.events.append((self.now, a.event))

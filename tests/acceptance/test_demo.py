@@ -212,3 +212,56 @@ def test_a_rank_that_skips_one_ddp_all_reduce_wedges_the_job_until_comm_stuck_re
     assert restarts[0][1].startswith("COMM_STUCK on communicator "), out
     assert int(restarts[0][3]) == 20, out
     assert re.search(r"^step    40  world \(4 ranks, DDP\): loss ", out, re.MULTILINE), out
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_is_shown_where_it_waits_by_stacks_the_verdict_the_restart_and_the_monitor():
+    """Issue 28's scenario: ``rasd demo --inject stall:rank=2,step=30``. While rank 2 waits in the demo's stall
+    (``time.sleep`` in ``_inject``), ``rascli --stacks`` shows it there and the other ranks together, inside the
+    backward pass whose all-reduce waits for rank 2; then the restart line and the COMM_STUCK event of
+    ``rascli -m`` name the same frame."""
+    port = free_port()
+    command = demo_command("--steps", "45", "--inject", "stall:rank=2,step=30")
+    command[command.index("--addr") + 1] = f"localhost:{port}"
+    env = demo_environment(TORCHRAS_STUCK_LIMIT="6")
+    rascli = [sys.executable, "-m", "rascli.main", "-p", str(port), "--no-color"]
+    demo = subprocess.Popen(command, env=env, cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    monitor = None
+    try:
+        assert demo.stdout is not None
+        lines = []
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("step ") and monitor is None:
+                monitor = subprocess.Popen(
+                    [*rascli, "-m"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+                )
+            if line.startswith("rank 2: injecting stall"):
+                break
+        else:
+            raise AssertionError("".join(lines))
+        stacks = ""
+        for _ in range(30):  # rank 2 reaches time.sleep right after the line; the others reach the all-reduce
+            stacks = subprocess.run([*rascli, "--stacks"], env=env, capture_output=True, text=True, timeout=60).stdout
+            if "_inject)" in stacks and "ranks 0,1,3 (" in stacks:
+                break
+        stalled = re.search(r"^rank 2 \(.*\n((?:    .*\n)+)", stacks, re.MULTILINE)
+        assert stalled is not None and re.search(r"demo_worker\.py:(\d+) \(_inject\)\n$", stalled.group(1)), stacks
+        frame = re.search(r"demo_worker\.py:(\d+) \(_inject\)\n$", stalled.group(1)).group(0).strip()  # type: ignore[union-attr]
+        others = re.search(r"^ranks 0,1,3 \(.*\n((?:    .*\n)+)", stacks, re.MULTILINE)
+        assert others is not None and "(backward)" in others.group(1), stacks
+        out, err = demo.communicate(timeout=400)
+        out = "".join(lines) + out
+        assert demo.returncode == 0, f"{out}\n{err[-3000:]}"
+        (restart,) = [m for m in RESTART.finditer(out) if m.group(2).startswith("COMM_STUCK")]
+        assert "rank 2 in " in restart.group(2) and frame in restart.group(2), (frame, out)
+        assert monitor is not None
+        monitor.terminate()
+        events, _ = monitor.communicate(timeout=30)
+        stuck = [e for e in events.splitlines() if "] COMM_STUCK: " in e]
+        assert stuck and all(frame in e for e in stuck if "rank 2 behind" in e), (frame, events)
+        assert any("rank 2 behind" in e for e in stuck), events
+    finally:
+        stop(demo)
+        if monitor is not None and monitor.poll() is None:
+            monitor.kill()

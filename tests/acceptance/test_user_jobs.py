@@ -147,6 +147,14 @@ def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(tmp_path: 
         # DDP's first bucket all-reduce, or FSDP2's first all-gather of the forward pass: the others wait inside it.
         assert named["op"] == ("AllReduce" if model == "ddp" else "AllGather"), named
         assert named["global_ranks_inside"] == [0, 1, 3], named
+        # Where rank 2 is: the verdict carries its position from the sweep that made it (issue 28), and STACKS,
+        # asked while it is blocked, folds the others together and shows rank 2 in user_job.py's block().
+        (where,) = named["positions_behind"]
+        assert where["rank"] == 2 and any(f["function"] == "block" for f in where["frames"]), where
+        stacks = ask(job.port, b"STACKS\n")
+        blocked = stacks.split("\nrank 2 (", 1)[1].split("\n\n", 1)[0]
+        assert re.search(r"user_job\.py:\d+ \(block\)", blocked), stacks
+        assert "ranks 0,1,3 (3 processes" in stacks, stacks
         results = job.results(deadline=150)
         assert {r["steps"] for r in results.values()} == {60}, results
         assert {r["world"] for r in results.values()} == {WORLD}, results
@@ -160,5 +168,7 @@ def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(tmp_path: 
         # The restart came from the mesh's COMM_STUCK verdict (not a local timeout), and it reached rank 2 in its
         # blocking call through the wake: nobody was left behind.
         assert re.search(r"Last restart: COMM_STUCK .*rank 2 behind.*; no rank terminated", text), text
+        # The restart's log line names the same frame as the verdict.
+        assert re.search(r"COMM_STUCK .*rank 2 behind.*rank 2 in .*user_job\.py:\d+ \(block\)", logs), logs
     finally:
         assert job.stop() == 0, job.logs()

@@ -86,6 +86,11 @@ def server_pid(sock: socket.socket) -> int:
     raise AssertionError("no process holds the other end")
 
 
+def base_port(env: dict[str, str]) -> int:
+    """The client port of a job started with ``env`` (the ``port_env`` fixture, conftest.py)."""
+    return int(env["TORCHRAS_DEFAULT_ADDR"].rsplit(":", 1)[1])
+
+
 def free_port_from(start: int) -> int:
     """The first port from ``start`` on that is free on 127.0.0.1 (a fixed range below Linux's ephemeral ports)."""
     import socket

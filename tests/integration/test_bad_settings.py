@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ports import shifted
 from ras_client import free_port_from
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -47,7 +48,7 @@ GARBAGE = {
 
 @pytest.mark.slow
 def test_a_job_with_garbage_settings_trains(tmp_path: Path) -> None:
-    master, client = free_port_from(29600), free_port_from(29650)
+    master, client = free_port_from(shifted(29600)), free_port_from(shifted(29650))
     procs = []
     for rank in range(2):
         env = dict(

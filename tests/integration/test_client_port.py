@@ -1,6 +1,7 @@
 """The client port of a real swarm, used the way an operator uses it: ``echo verbose status | nc localhost PORT``.
 
-Each test gets its own port range and endpoint registry, so tests never see each other's jobs.
+Each test gets its own port range and endpoint registry (the ``port_env`` fixture, conftest.py), so tests never see
+each other's jobs.
 """
 
 from __future__ import annotations
@@ -13,43 +14,13 @@ from pathlib import Path
 import pytest
 
 from polling import wait_until
-from ras_client import ask, connect, server_pid, wait_for_report
+from ras_client import ask, base_port, connect, server_pid, wait_for_report
 from rasd.swarm import Swarm
 from swarm_ring import ring_neighbours, wait_for_ring
 
 pytestmark = pytest.mark.slow  # every test starts a swarm of real processes
 
-_next_port = [29300]
 DEADLINE = 20.0  # seconds for a report to say what a test waits for
-
-
-def _free_base() -> int:
-    """A base port with a few free ports after it (below Linux's ephemeral ports, 32768 on)."""
-    while True:
-        _next_port[0] += 8
-        base = _next_port[0]
-        try:
-            for p in range(base, base + 4):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-
-
-@pytest.fixture
-def port_env(tmp_path: Path) -> dict[str, str]:
-    base = _free_base()
-    return {
-        "TORCHRAS_DEFAULT_ADDR": f"localhost:{base}",
-        "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
-        "TORCHRAS_SWARM_STEP_S": "0",
-        "TORCHRAS_TIMEOUT_FACTOR": "0.2",
-    }
-
-
-def base_port(env: dict[str, str]) -> int:
-    return int(env["TORCHRAS_DEFAULT_ADDR"].rsplit(":", 1)[1])
 
 
 def status(port: int, verbose: bool = True, timeout_cmd: str = "") -> str:
@@ -261,6 +232,29 @@ def test_echo_status_piped_into_nc_gets_the_whole_report(port_env):
         text = out.decode()
         assert text.startswith("torchras version ") and text.endswith("Warnings\n========\n\n")
         assert "RUNNING      OK" in text
+
+
+def test_echo_monitor_piped_into_nc_is_closed_as_nccl_does(port_env):
+    # `echo monitor | nc localhost 28028`: NCCL reads the EOF of a client in command mode (monitoring is command
+    # mode) and closes it, so such a pipe gets no events. We send the replies already due first (NCCL may drop
+    # them: it closes at once, before its next write).
+    with Swarm(3, env=port_env):
+        port = base_port(port_env)
+        wait_for_report(port, lambda r: "RUNNING      OK" in r, DEADLINE)
+        sent_and_answered = [
+            (b"monitor\n", b"OK\n"),
+            (b"MONITOR  all\n", b"OK\n"),
+            (b"CLIENT PROTOCOL 2\nMONITOR trace\n", b"SERVER PROTOCOL 2\nOK\n"),
+        ]
+        for sent, answered in sent_and_answered:
+            with socket.create_connection(("localhost", port), 5) as s:
+                s.sendall(sent)
+                s.shutdown(socket.SHUT_WR)
+                s.settimeout(DEADLINE)  # a connection kept open for events times out here
+                out = b""
+                while chunk := s.recv(65536):
+                    out += chunk
+            assert out == answered  # the replies already due, then the end of the connection
 
 
 def test_clients_past_the_bound_get_an_error_line(port_env, monkeypatch):

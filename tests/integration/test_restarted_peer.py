@@ -9,33 +9,15 @@ report, asked on the client port, must list it among the live and its predecesso
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from polling import wait_for
-from ras_client import ask, json_status
+from ras_client import ask, base_port, json_status
 from rasd.swarm import Member, Swarm
-
-_next_port = [29700]
-
-
-def _free_base() -> int:
-    """A client port with a few free ports after it (below Linux's ephemeral ports, 32768 on)."""
-    while True:
-        _next_port[0] += 8
-        base = _next_port[0]
-        try:
-            for p in range(base, base + 4):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
 
 
 def _restart_member(sw: Swarm, i: int) -> Member:
@@ -84,14 +66,9 @@ def _section(text: str, head: str) -> str:
 
 
 @pytest.mark.slow
-def test_a_process_restarted_on_a_dead_predecessors_port_is_alive_and_the_predecessor_dead(tmp_path: Path):
-    base = _free_base()
-    env = {
-        "TORCHRAS_DEFAULT_ADDR": f"localhost:{base}",
-        "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),
-        "TORCHRAS_SWARM_STEP_S": "0",
-        "TORCHRAS_TIMEOUT_FACTOR": "0.2",
-    }
+def test_a_process_restarted_on_a_dead_predecessors_port_is_alive_and_the_predecessor_dead(port_env):
+    env = port_env
+    base = base_port(env)
     with Swarm(4, env=env) as sw:
         victim = 2
         old = sw.members[victim]

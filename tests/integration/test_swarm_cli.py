@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from polling import wait_for
+from ports import shifted
 from ras_client import connect, free_port_from, server_pid
 
 PEERS = 5
@@ -76,7 +77,7 @@ def zombies(parent: psutil.Process) -> list[int]:
 
 @pytest.mark.slow
 def test_swarm_reaps_its_members_and_quit_ends_them_with_a_goodbye(tmp_path: Path) -> None:
-    port = free_port_from(29900)
+    port = free_port_from(shifted(29900))
     run_dir = tmp_path / "run"
     env = {**os.environ, "TORCHRAS_RUN_DIR": str(run_dir), "TORCHRAS_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen(

@@ -20,7 +20,8 @@ from pathlib import Path
 
 @dataclass
 class Script:
-    #: The whole report a STATUS gets (its first line and its remainder are sent as two chunks, as rasd does).
+    #: The whole report a STATUS gets (its first line and its remainder are sent as two chunks, as rasd does); a
+    #: DIAGNOSTICS or STACKS gets it too: each is a report, after which the server closes (docs/protocol.md §2).
     report: bytes = b""
     #: Reply to CLIENT PROTOCOL; ``None``: never answer anything.
     handshake: bytes | None = b"SERVER PROTOCOL 2\n"
@@ -38,6 +39,8 @@ class Script:
     close_after_events: bool = True
     #: "connect": close each connection as soon as it is accepted; "reply": close it after the first reply.
     hangup: str = ""
+    #: The first this many connections are never answered, as those the kernel gives a stopped job process.
+    silent_connections: int = 0
 
 
 class FakeServer:
@@ -115,17 +118,17 @@ class FakeServer:
                 buffer += data
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
-                    if not self._command(client, line.rstrip(b"\r").decode()):
+                    if not self._command(client, line.rstrip(b"\r").decode(), index):
                         return
         except OSError:
             pass
         finally:
             client.close()
 
-    def _command(self, client: socket.socket, line: str) -> bool:
+    def _command(self, client: socket.socket, line: str, index: int) -> bool:
         """Answer one command; ``False`` when the connection is to end."""
         script, upper = self.script, line.upper()
-        if script.handshake is None:
+        if script.handshake is None or index < script.silent_connections:
             return True
         if upper in script.replies:
             client.sendall(script.replies[upper])
@@ -138,7 +141,7 @@ class FakeServer:
         elif upper.startswith("SET FORMAT "):
             ok = line[11:].lower() in ("text", "json")
             client.sendall(b"OK\n" if ok else f"ERROR: Invalid format {line[11:]}\n".encode())
-        elif upper in ("STATUS", "VERBOSE STATUS"):
+        elif upper in ("STATUS", "VERBOSE STATUS", "DIAGNOSTICS", "STACKS") or upper.startswith("STACKS "):
             self._report(client)
             return False
         elif upper == "MONITOR" or upper.startswith("MONITOR "):

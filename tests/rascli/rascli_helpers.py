@@ -24,9 +24,9 @@ HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 REPORTS = HERE / "reports"
 #: Short waits, for the tests of a silent or stalled server (the behaviour is the same as with the defaults).
-FAST = Timeouts(connect=2.0, reply=0.5, attempts=2, report_extra=0.5)
+FAST = Timeouts(connect=2.0, reply=0.5, retry_for=1.0, report_extra=0.5)
 #: Generous waits for every other test, so that a loaded machine never fails them.
-PATIENT = Timeouts(connect=10.0, reply=10.0, attempts=2, report_extra=10.0)
+PATIENT = Timeouts(connect=10.0, reply=10.0, retry_for=20.0, report_extra=10.0)
 
 
 def sample(name: str) -> bytes:

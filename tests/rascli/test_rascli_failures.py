@@ -4,11 +4,13 @@ traceback."""
 from __future__ import annotations
 
 import signal
+import socket
 
 import pytest
 
 from rascli.connection import Connection
 from rascli.errors import RasCliError
+from rascli.protocol import Timeouts, timeout_factor
 from rascli_helpers import FAST, addr, closed_port, finish, rascli_process, rascli_run, read_until, run_cli, sample
 
 
@@ -36,15 +38,65 @@ def test_unknown_host() -> None:
     assert "cannot resolve 'no-such-host.invalid'" in result.err
 
 
-def test_silent_server_is_retried_a_bounded_number_of_times(serve) -> None:
+def test_silent_server_is_retried_on_fresh_connections_until_the_deadline(serve) -> None:
     server = serve(handshake=None)
     # -t 0 does not make the handshake wait forever
     result = run_cli(["-t", "0"] + addr(server), timeouts=FAST)
     assert result.code == 4
-    assert server.connections == FAST.attempts
-    assert "retrying" in result.err
-    assert f"attempt {FAST.attempts} of {FAST.attempts}" in result.err
-    assert "may be hung" in result.err
+    assert server.connections >= 2  # each retry is a new connection (a new source port: maybe another process)
+    assert result.err.count("retrying on a new connection") == server.connections - 1
+    assert f"no answer from 127.0.0.1:{server.port} to 'CLIENT PROTOCOL 2' within 0.5 s; retrying" in result.err
+    assert f"no process of the job at 127.0.0.1:{server.port} answered 'CLIENT PROTOCOL 2'" in result.err
+    assert f"({server.connections} connections, 0.5 s each)" in result.err
+    assert "stopped or hung" in result.err and "--retry-for" in result.err
+
+
+def test_connections_to_a_stopped_process_are_retried_until_one_answers(serve) -> None:
+    # The kernel gives the first connections to a stopped process of the job: more than rascli's three tries of
+    # old. Like ncclras, rascli goes on with fresh connections until one reaches a process that answers.
+    server = serve(silent_connections=4, report=sample("healthy.txt"))
+    result = run_cli(
+        ["-t", "3"] + addr(server), timeouts=Timeouts(connect=10, reply=0.5, retry_for=60, report_extra=10)
+    )
+    assert result.code == 0, result.err
+    assert result.out == sample("healthy.txt")
+    assert server.connections >= 5
+    assert result.err.count("retrying on a new connection") == server.connections - 1
+    assert bytes(server.received[-1]) == b"CLIENT PROTOCOL 2\nTIMEOUT 3\nSTATUS\n"
+
+
+def test_retry_for_option_sets_the_deadline(serve) -> None:
+    server = serve(handshake=None)
+    quick = Timeouts(connect=2.0, reply=0.5, retry_for=3600.0, report_extra=0.5)  # --retry-for overrides it
+    result = run_cli(["--retry-for=0.1"] + addr(server), timeouts=quick)
+    assert result.code == 4
+    assert "no process of the job" in result.err
+
+
+def test_a_connect_that_times_out_is_retried_on_a_fresh_connection() -> None:
+    # A stopped process whose accept queue is full drops new connections: the connect times out rather than being
+    # refused. A fresh connection (another source port) may go to another process, so it is retried too.
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)  # never accepts: once its queue is full, new connections are dropped
+        port = full.getsockname()[1]
+        queued: list[socket.socket] = []
+        try:
+            while len(queued) < 16:  # fill the queue (one connection on Linux)
+                try:
+                    queued.append(socket.create_connection(("127.0.0.1", port), 0.3))
+                except TimeoutError:
+                    break
+            else:
+                pytest.skip("this kernel never drops connections to a full accept queue")
+            timeouts = Timeouts(connect=0.3, reply=0.5, retry_for=0.5, report_extra=0.5)
+            result = run_cli(["-h", "127.0.0.1", "-p", str(port)], timeouts=timeouts)
+        finally:
+            for sock in queued:
+                sock.close()
+    assert result.code == 3
+    assert f"connecting to 127.0.0.1:{port} timed out; retrying on a new connection" in result.err
+    assert f"cannot connect to the RAS status port at 127.0.0.1:{port} (127.0.0.1: timed out)" in result.err
 
 
 @pytest.mark.parametrize(
@@ -149,3 +201,19 @@ def test_ctrl_c_during_a_status_query(serve) -> None:
         _, err = finish(client)
     assert client.returncode == 130
     assert err == b"rascli: interrupted\n"
+
+
+def test_the_waits_for_a_report_scale_with_the_jobs_timeout_factor() -> None:
+    """The job's default gathering timeout and its hard extra are 5 s x TORCHRAS_TIMEOUT_FACTOR each: a client
+    with the job's factor in its environment waits for them (as ncclras 2.31 scales by NCCL_RAS_TIMEOUT_FACTOR)."""
+    plain = Timeouts()
+    assert plain.report(None) == 5 + plain.report_extra and plain.report(2) == 2 + plain.report_extra
+    slow = Timeouts(factor=5.0)
+    assert slow.report(None) == 25 + plain.report_extra + 20  # the gather's 25 s, then its hard extra's 20 s more
+    assert slow.report(2) == 2 + plain.report_extra + 20 and slow.report(0) is None
+    assert Timeouts(factor=0.2).report(None) == 1 + plain.report_extra  # a fast job: never below the extra itself
+    warnings: list[str] = []
+    assert timeout_factor({"TORCHRAS_TIMEOUT_FACTOR": "5"}, warnings.append) == 5.0 and not warnings
+    for bad in ("0", "-1", "nan", "inf", "fast"):
+        assert timeout_factor({"TORCHRAS_TIMEOUT_FACTOR": bad}, warnings.append) == 1.0
+    assert len(warnings) == 5 and "TORCHRAS_TIMEOUT_FACTOR='fast' is not a positive number" in warnings[-1]

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from polling import wait_until
+from polling import wait_for, wait_until
 from rascli.report import parse_report
 from rascli_helpers import RecordingProxy, closed_port, finish, rascli_process, rascli_run, read_until, run_cli
 from rasd.swarm import Swarm
@@ -24,10 +27,18 @@ pytestmark = pytest.mark.slow  # every test starts a swarm of real processes
 PEERS = 4
 
 
-def start_swarm(n: int, run_dir: Path) -> tuple[Swarm, int]:
+#: The shared job's last member was started with another NCCL setting, as one node of a job can be by mistake: only
+#: ``rascli -D`` sees it (the status report does not compare settings).
+ODD_MEMBER = PEERS - 1
+ODD_SETTING = {"NCCL_ALGO": "Tree"}
+
+
+def start_swarm(n: int, run_dir: Path, member_env: dict[int, dict[str, str]] | None = None) -> tuple[Swarm, int]:
     port = closed_port()
     swarm = Swarm(
-        n, env={"TORCHRAS_ADDR": f"127.0.0.1:{port}", "TORCHRAS_RUN_DIR": str(run_dir), "TORCHRAS_SWARM_STEP_S": "0"}
+        n,
+        env={"TORCHRAS_ADDR": f"127.0.0.1:{port}", "TORCHRAS_RUN_DIR": str(run_dir), "TORCHRAS_SWARM_STEP_S": "0"},
+        member_env=member_env,
     )
     try:
         swarm.start(timeout=60)
@@ -41,7 +52,7 @@ def start_swarm(n: int, run_dir: Path) -> tuple[Swarm, int]:
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Swarm, int, Path]]:
     """A healthy swarm shared by the tests that leave it as it is."""
     run_dir = tmp_path_factory.mktemp("run")
-    swarm, port = start_swarm(PEERS, run_dir)
+    swarm, port = start_swarm(PEERS, run_dir, {ODD_MEMBER: ODD_SETTING})
     try:
         yield swarm, port, run_dir
     finally:
@@ -106,6 +117,67 @@ def test_check_and_list_on_a_healthy_job(job: tuple[Swarm, int, Path]) -> None:
     assert [(row[0], row[2]) for row in rows] == [(str(port), str(PEERS))]
 
 
+def test_diagnostics_name_the_member_started_with_another_nccl_setting(job: tuple[Swarm, int, Path]) -> None:
+    swarm, port, _ = job
+    done = rascli_run(["-D", "-h", "127.0.0.1", "-p", str(port)])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().splitlines()
+    # Every line as NCCL's parsers read it: host:pid NCCL DIAG ..., from the process that served the connection.
+    assert lines and all(re.fullmatch(r"[^:]+:\d+ NCCL DIAG .*", line) for line in lines), lines
+    said = [line.split(" NCCL DIAG ", 1)[1] for line in lines]
+    others = ",".join(str(i) for i in range(PEERS) if i != ODD_MEMBER)
+    assert "[INFO] NCCL environment: mismatch across 4 ranks for NCCL_ALGO" in said
+    assert f"[INFO] NCCL environment: NCCL_ALGO=Tree on rank(s) {{{ODD_MEMBER}}}" in said
+    assert f"[INFO] NCCL environment: NCCL_ALGO=(unset) on rank(s) {{{others}}}" in said
+    assert f"[OK]   TORCH environment: TORCH_* env vars consistent across {PEERS} ranks" in said
+
+
+def _stacks(port: int, *argv: str) -> dict[str, Any]:
+    done = rascli_run(["--stacks", "-f", "json", *argv, "-h", "127.0.0.1", "-p", str(port)])
+    assert done.returncode == 0, done.stderr
+    stacks: dict[str, Any] = json.loads(done.stdout)["stacks"]
+    return stacks
+
+
+def test_stacks_fold_the_members_identical_main_threads_into_one_group(job: tuple[Swarm, int, Path]) -> None:
+    swarm, port, _ = job
+    # Every member's main thread sleeps in the same line of rasd.swarm's loop, but for the moments it looks for
+    # commands (a few microseconds in 50 ms): ask again until a gather met them all asleep.
+    stacks = wait_for(
+        lambda: _stacks(port),
+        lambda s: len(s["groups"]) == 1,
+        60,
+        0.2,
+        what="one group of identical stacks",
+    )
+    (group,) = stacks["groups"]
+    assert [p["rank"] for p in group["processes"]] == list(range(PEERS))
+    assert sorted(p["pid"] for p in group["processes"]) == sorted(m.pid for m in swarm.members)
+    assert group["threads"] == ["MainThread"] and not group["cut"]
+    assert any(f["function"] == "member_main" and f["file"].endswith("rasd/swarm.py") for f in group["frames"])
+    assert stacks["answered_count"] == PEERS and stacks["missing"] == [] and not stacks["all_threads"]
+    # Two ranks only, in text: the heading says how many answered of those asked about.
+    text = rascli_run(["--stacks", "-r", "1-2", "-h", "127.0.0.1", "-p", str(port)])
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith(b"Stacks of 2 of 2 processes (main threads), gathered in ")
+    # Every thread: the RAS thread of each member too, apart from the main threads.
+    every = _stacks(port, "--all-threads")
+    assert every["all_threads"] and len(every["groups"]) > 1
+
+
+def test_the_job_refuses_a_control_command_and_bad_stacks_ranks_with_exit_5(job: tuple[Swarm, int, Path]) -> None:
+    _, port, _ = job
+    control = rascli_run(["-h", "127.0.0.1", "-p", str(port), "CONTROL", "PROFILER_MASK", "all"])
+    assert control.returncode == 5, control.stderr
+    assert control.stdout.startswith(b"ERROR: CONTROL PROFILER_MASK all (0x7fff) not applied: ")
+    assert control.stdout.count(b"\n") == 1
+    invalid = rascli_run(["-h", "127.0.0.1", "-p", str(port), "CONTROL", "PROFILER_MASK", "bogus"])
+    assert (invalid.returncode, invalid.stdout) == (5, b"ERROR: Invalid profiler mask value 'bogus'\n")
+    # The job answers ERROR and keeps the connection open: rascli ends at once, even without a deadline (-t 0).
+    ranks = rascli_run(["--stacks", "-r", "3-1", "-t", "0", "-h", "127.0.0.1", "-p", str(port)])
+    assert (ranks.returncode, ranks.stdout) == (5, b"ERROR: Invalid STACKS arguments 'RANKS 3-1'\n")
+
+
 def _serving_pid(client_pid: int, port: int, members: list[int]) -> int | None:
     """The job process that accepted rascli's connection (the kernel picks one of those sharing the port)."""
     mine = [c.laddr.port for c in psutil.Process(client_pid).net_connections("tcp") if c.raddr and c.raddr.port == port]
@@ -116,21 +188,31 @@ def _serving_pid(client_pid: int, port: int, members: list[int]) -> int | None:
     return None
 
 
-def test_a_stopped_job_process_is_skipped_or_reported(job: tuple[Swarm, int, Path]) -> None:
-    """SIGSTOP one process: a connection the kernel hands to it goes unanswered. rascli tries again on a fresh
-    connection, a bounded number of times: it answers with the report or with a clear timeout, never hangs."""
-    swarm, port, _ = job
-    swarm.pause(PEERS - 1)
+def test_a_stopped_job_process_never_makes_a_query_fail(tmp_path: Path) -> None:
+    """SIGSTOP one of two processes: a connection the kernel hands to it (SO_REUSEPORT, by a hash of the client's
+    port) goes unanswered. As ncclras, rascli drops it and tries a fresh connection about once a second until one
+    lands on the process that answers: every query succeeds. (With three tries and no more, a query failed in 2
+    of 10 runs against a job with one stopped process.)"""
+    swarm, port = start_swarm(2, tmp_path)
+    runs: list[subprocess.CompletedProcess] = []
     try:
-        done = rascli_run(["-t", "2", "-h", "127.0.0.1", "-p", str(port)], timeout=60)
+        swarm.pause(1)
+        try:
+            # Ten queries, and more until one of them has met the stopped process (each does with a chance of 1/2).
+            while len(runs) < 10 or not any(b"no answer from" in done.stderr for done in runs):
+                assert len(runs) < 40, "no query ever reached the stopped process"
+                # -t 0: no deadline on the report (the gather ends once the stopped process counts as silent),
+                # so that only the connections are under test; rascli_run bounds the whole run.
+                runs.append(rascli_run(["-t", "0", "-h", "127.0.0.1", "-p", str(port)], timeout=150))
+        finally:
+            swarm.resume(1)
     finally:
-        swarm.resume(PEERS - 1)
-    assert b"Traceback" not in done.stderr
-    if done.returncode == 4:  # every attempt happened to reach the stopped process
-        assert b"may be hung" in done.stderr
-    else:
+        swarm.close()
+    for done in runs:
         assert done.returncode == 0, done.stderr
         assert parse_report(done.stdout.decode()).comms is not None
+        # Each retry is said on stderr, one line each, and nothing else is.
+        assert all(line.endswith(b"; retrying on a new connection") for line in done.stderr.splitlines()), done.stderr
 
 
 # This one kills processes of the shared job, so it comes last.
@@ -140,6 +222,7 @@ def test_monitor_through_kills(job: tuple[Swarm, int, Path]) -> None:
         assert b"RAS Monitor Mode" in read_until(client.stderr, b"=" * 64)
         members = [m.pid for m in swarm.members]
         serving = wait_until(lambda: _serving_pid(client.pid, port, members), 10, 0.05, what="the serving member")
+        assert serving is not None  # wait_until returns a truthy value
         victim = next(pid for pid in members if pid != serving)
         os.kill(victim, signal.SIGKILL)  # a crash: the job knows within seconds
         seen = read_until(client.stdout, b"PEER_DEAD: Process %d " % victim, deadline=30)

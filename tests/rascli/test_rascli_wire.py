@@ -78,3 +78,90 @@ def test_command_functions() -> None:
     assert setup_commands(parse(["-t", "9", "-f", "Json"], {})) == ["TIMEOUT 9", "SET FORMAT Json"]
     assert final_command(parse(["-m"], {})) == "MONITOR"
     assert final_command(parse(["-v"], {})) == "VERBOSE STATUS"
+
+
+# --- the commands of -D, --stacks and a command given as words (docs/cli.md) ---------------------------------------
+
+#: What a job answers to DIAGNOSTICS or STACKS: a report, then it closes the connection.
+REPORT = b"node0:100 NCCL DIAG [OK]   Hosts: 2 ranks on 1 host(s): node0\nnode0:100 NCCL DIAG done\n"
+
+
+@pytest.mark.parametrize(
+    "argv, wire",
+    [
+        (["-D"], b"CLIENT PROTOCOL 2\nDIAGNOSTICS\n"),
+        (["--diagnostics", "-t", "3", "-f", "json"], b"CLIENT PROTOCOL 2\nTIMEOUT 3\nSET FORMAT json\nDIAGNOSTICS\n"),
+        (["--stacks"], b"CLIENT PROTOCOL 2\nSTACKS\n"),
+        (["--stacks", "--all-threads"], b"CLIENT PROTOCOL 2\nSTACKS ALL\n"),
+        (["--stacks", "--all-threads", "-r", "1,3"], b"CLIENT PROTOCOL 2\nSTACKS ALL RANKS 1,3\n"),
+        (["--stacks", "-r0-2,5", "-t0"], b"CLIENT PROTOCOL 2\nTIMEOUT 0\nSTACKS RANKS 0-2,5\n"),
+    ],
+)
+def test_diagnostics_and_stacks_send_one_command_and_print_the_report_as_it_came(
+    serve, argv: list[str], wire: bytes
+) -> None:
+    server = serve(report=REPORT)
+    result = run_cli(argv + addr(server))
+    assert result.code == 0, result.err
+    assert server.connections == 1
+    assert bytes(server.received[0]) == wire
+    assert result.out == REPORT and result.err == ""
+
+
+@pytest.mark.parametrize(
+    "argv, wire",
+    [
+        (["CONTROL", "PROFILER_MASK", "none"], b"CLIENT PROTOCOL 2\nCONTROL PROFILER_MASK none\n"),
+        (
+            ["-t", "5", "-f", "text", "control", "profiler_mask", "coll,p2p"],
+            b"CLIENT PROTOCOL 2\nTIMEOUT 5\nSET FORMAT text\ncontrol profiler_mask coll,p2p\n",
+        ),
+    ],
+)
+def test_a_command_given_as_words_is_sent_as_one_line_after_the_setup(serve, argv: list[str], wire: bytes) -> None:
+    server = serve(replies={wire.split(b"\n")[-2].decode().upper(): b"OK\n"})
+    result = run_cli(argv + addr(server))
+    assert result.code == 0, result.err
+    assert bytes(server.received[0]) == wire
+    assert result.out == b"OK\n"
+
+
+@pytest.mark.parametrize(
+    "argv, replies, hangup, code",
+    [
+        # The job refuses a command with an ERROR line and keeps the connection open (NCCL's rule).
+        (["CONTROL", "PROFILER_MASK", "all"], {}, "", 5),  # the fake's "ERROR: Unknown command ..."
+        (["CONTROL", "PROFILER_MASK", "bogus"], {"CONTROL PROFILER_MASK BOGUS": b"error: invalid\n"}, "", 5),
+        (["CONTROL", "PROFILER_MASK", "none"], {"CONTROL PROFILER_MASK NONE": b"OK\n"}, "", 0),
+        (["SOMETHING"], {"SOMETHING": b"fine, not an error\n"}, "", 0),
+        # Another DIAGNOSTICS runs in the process that took the connection: BUSY, then it closes.
+        (["-D"], {"DIAGNOSTICS": b"BUSY: diagnostics already in progress\n"}, "reply", 5),
+        (["--stacks", "-r", "3-1"], {"STACKS RANKS 3-1": b"ERROR: Invalid STACKS arguments 'RANKS 3-1'\n"}, "", 5),
+        (["--stacks"], {"STACKS": b"ERROR: internal error while building the stacks report\n"}, "reply", 5),
+        (["--stacks"], {"STACKS": b"Stacks of 2 of 2 processes\n"}, "reply", 0),
+    ],
+)
+def test_an_error_or_busy_reply_exits_5_and_any_other_exits_0(
+    serve, argv: list[str], replies: dict[str, bytes], hangup: str, code: int
+) -> None:
+    server = serve(replies=replies, hangup=hangup)
+    result = run_cli(argv + addr(server))
+    assert result.code == code, result.err
+    line = bytes(server.received[0]).split(b"\n")[-2].decode()
+    assert result.out == replies.get(line.upper(), f"ERROR: Unknown command {line}\n".encode())
+    assert "Traceback" not in result.err
+
+
+def test_a_job_that_closes_without_answering_diagnostics_is_a_protocol_error(serve) -> None:
+    server = serve(replies={"DIAGNOSTICS": b""}, hangup="reply")
+    result = run_cli(["-D", *addr(server)])
+    assert result.code == 5 and "closed the connection without answering 'DIAGNOSTICS'" in result.err
+
+
+def test_the_final_command_of_each_mode() -> None:
+    assert final_command(parse(["-D", "-v"], {})) == "DIAGNOSTICS"
+    assert final_command(parse(["--stacks"], {})) == "STACKS"
+    assert final_command(parse(["--stacks", "--all-threads"], {})) == "STACKS ALL"
+    assert final_command(parse(["--stacks", "-r", "2"], {})) == "STACKS RANKS 2"
+    assert final_command(parse(["--stacks", "--all-threads", "--ranks=0,2-3"], {})) == "STACKS ALL RANKS 0,2-3"
+    assert final_command(parse(["-v", "CONTROL", "PROFILER_MASK", "0x3"], {})) == "CONTROL PROFILER_MASK 0x3"

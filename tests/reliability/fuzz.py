@@ -55,6 +55,7 @@ from rasd.core.comms import OP_TYPES, CommRecord, ProcessData, RankRecord  # noq
 from rasd.core.config import Timers  # noqa: E402 - likewise
 from rasd.core.events import Kind  # noqa: E402 - likewise
 from rasd.core.stuck import StuckVerdict  # noqa: E402 - likewise
+from rasd.core.wire import Ask  # noqa: E402 - likewise
 
 HANG_S = 1.0  # one input that costs more CPU than this is a hang (CPU time: the machine may be shared)
 CLIENT_COMMANDS = [
@@ -69,6 +70,13 @@ CLIENT_COMMANDS = [
     b"MONITOR all\n",
     b"STATUS\n",
     b"VERBOSE STATUS\n",
+    b"DIAGNOSTICS\n",
+    b"STACKS\n",
+    b"STACKS ALL RANKS 0,2-3\n",
+    b"STACKS RANKS 99999999999\n",
+    b"CONTROL PROFILER_MASK all\n",
+    b"CONTROL PROFILER_MASK 0x\n",
+    b"TIMEOUT 2.5\n",
     b"\r\n",
     b"\n",
 ]
@@ -386,7 +394,13 @@ def client(rng: random.Random, stream: Iterator[bytes], count: int, target: Mesh
     gather on a meshed node with the client's timeout (so ``TIMEOUT <huge>`` reaches the wire encoder)."""
     out = Findings()
     target = target or MeshTarget()
-    kinds = (client_session.Reply, client_session.StartStatus, client_session.CloseClient)
+    kinds = (
+        client_session.Reply,
+        client_session.StartStatus,
+        client_session.StartDiagnostics,
+        client_session.StartStacks,
+        client_session.CloseClient,
+    )
     for i in range(count):
         data = next(stream)
         session = client_session.ClientSession()
@@ -396,9 +410,15 @@ def client(rng: random.Random, stream: Iterator[bytes], count: int, target: Mesh
                 for o in session.feed(chunk):
                     if not isinstance(o, kinds):
                         out.crashes.append(f"ClientSession gave {o!r}")
-                    elif isinstance(o, client_session.StartStatus):
+                    elif isinstance(o, (client_session.StartStatus, client_session.StartDiagnostics)):
+                        ask = Ask.STATUS if isinstance(o, client_session.StartStatus) else Ask.DIAGNOSTICS
                         h = target.h
-                        h._act(h["b"], target.victim.start_gather(i, h.now, o.timeout))
+                        h._act(h["b"], target.victim.start_gather(i, h.now, o.timeout, ask))
+                        h.run()
+                    elif isinstance(o, client_session.StartStacks):
+                        h = target.h
+                        ask = Ask.STACKS_ALL if o.all_threads else Ask.STACKS
+                        h._act(h["b"], target.victim.start_gather(i, h.now, o.timeout, ask))
                         h.run()
             if not (session.closed or session.reporting) and len(session._buf) > client_session.LINE_LIMIT:
                 out.crashes.append(f"ClientSession buffered {len(session._buf)} bytes")

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fuzz
+from ports import shifted
 from ras_client import ask, free_port_from
 from rasd.core import client_session, wire
 from rasd.swarm import Swarm
@@ -172,7 +173,7 @@ def _rss(pids: list[int]) -> int:
 
 @pytest.mark.slow
 def test_a_port_scan_of_a_live_job_changes_no_verdict_and_no_answer(tmp_path):
-    port = free_port_from(29800)
+    port = free_port_from(shifted(29800))
     env = {
         "TORCHRAS_DEFAULT_ADDR": f"localhost:{port}",
         "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),

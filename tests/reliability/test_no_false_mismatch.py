@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from ports import shifted
 from ras_client import ask, free_port_from
 from rasd.swarm import Swarm
 
@@ -34,7 +35,7 @@ def healthy_queries(port: int, count: int, pause: float) -> tuple[int, list[str]
 
 
 def test_a_healthy_swarm_stepping_during_gathers_never_reports_mismatch(tmp_path):
-    port = free_port_from(29700)
+    port = free_port_from(shifted(29700))
     env = {
         "TORCHRAS_DEFAULT_ADDR": f"localhost:{port}",
         "TORCHRAS_RUN_DIR": str(tmp_path / "endpoints"),

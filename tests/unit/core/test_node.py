@@ -9,6 +9,7 @@ import pytest
 from rasd.core import node as core, wire
 from rasd.core.config import Timers
 from rasd.core.events import Kind
+from rasd.core.frames import Frame
 from rasd.core.liveness import CONFIRM
 from rasd.core.peers import Addr
 
@@ -313,6 +314,23 @@ def test_the_ladder_of_a_silent_peer_on_the_exact_tick_times(factor):
     assert a.node.is_unresponsive(baddr) is False  # dead peers are no contacts any more
     assert a.node.is_dead(baddr) and baddr not in a.node.link_peers()
     assert not a.kinds(Kind.PEER_DISCONNECTED)  # a hang is not a crash
+
+
+@pytest.mark.parametrize("seen", [True, False])
+def test_a_hung_verdict_names_where_our_sweeps_last_saw_the_process(seen):
+    t = Timers()
+    h = pair(t)
+    a, b = h["a"], h["b"]
+    baddr = b.node.me.addr
+    where = (Frame("/src/train.py", 31, "step"), Frame("/usr/lib/python3.11/queue.py", 171, "get"))
+    if seen:
+        a.node.sweeper.positions[baddr] = (where, 0.0)  # as a sweep of a's leaves it (sweeper.swept)
+    h.pause("b")
+    h.advance(t.hang + 2 * t.tick, t.tick, ["a"])
+    hung = first(a, Kind.PEER_HUNG, baddr)
+    assert hung is not None and hung.positions == (((b.node.me.rank, where),) if seen else ())
+    unresponsive = first(a, Kind.PEER_UNRESPONSIVE, baddr)
+    assert unresponsive is not None and unresponsive.positions == ()  # only the hang verdict says where
 
 
 @pytest.mark.parametrize("factor", FACTORS)

@@ -36,7 +36,8 @@ def test_odd_input_becomes_a_record_the_wire_can_carry():
     record = next_restart(None, -5, "a\nb\t c" + "é" * 200, (7, 7, -1, 2**31, 3), -2.0)
     assert record.iteration == 0 and record.terminated == (3, 7) and record.seconds_lost == 0.0
     assert record.cause.startswith("a b cé") and "\n" not in record.cause
-    assert len(record.cause.encode()) <= MAX_CAUSE_BYTES
+    assert len(record.cause.encode()) <= MAX_CAUSE_BYTES and record.cause.endswith("...")  # marked as cut
+    assert next_restart(None, 1, "x" * MAX_CAUSE_BYTES, (), 0.0).cause == "x" * MAX_CAUSE_BYTES  # fits: not cut
     record.cause.encode().decode()  # cut at a character boundary
     for bad in (float("nan"), float("inf")):
         assert next_restart(None, 1, "", (), bad).seconds_lost == 0.0

@@ -48,6 +48,7 @@ ALLOWED_IMPORTS = frozenset(
         "snapshot",
         "stuck",
         "auth",
+        "frames",
     }
 )
 #: Records of a concept's own state that it hands to its own private helpers.

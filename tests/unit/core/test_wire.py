@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from rasd.core import wire
 from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
+from rasd.core.frames import POSITION_FRAMES, Frame
 from rasd.core.peers import Addr, PeerInfo, PeerKey
 from rasd.core.stuck import StuckVerdict
 
@@ -39,6 +40,13 @@ DATA = ProcessData(
     )
 )
 
+#: A position as a sweep carries it: the innermost frames, with names that need more than one byte per character.
+WHERE = (
+    Frame("train.py", 31, "next_batch"),
+    Frame("/usr/lib/python3.11/queue.py", 171, "get"),
+    Frame("é" * 100, 2**32 - 1, "λ"),
+)
+
 MESSAGES = [
     wire.Hello(b"n" * wire.NONCE_LEN),
     wire.Challenge(b"c" * wire.NONCE_LEN, b"m" * wire.MAC_LEN),
@@ -59,12 +67,17 @@ MESSAGES = [
     wire.Flood(V4.addr, 10, wire.FloodKind.HUNG, V6.addr, 1, stamp=-3.5),
     wire.CollReq(V6.addr, 2**64 - 1, 0),
     wire.CollReq(V4.addr, 1, 5000),
+    wire.CollReq(V4.addr, 3, 5000, wire.Ask.DIAGNOSTICS),
     wire.collresp(V4.addr, 1, 3, ((V4.addr, DATA), (V6.addr, ProcessData()))),
     wire.collresp(V4.addr, 1, 0, ()),
+    wire.collresp(
+        V4.addr, 2, 0, ((V6.addr, ProcessData(where=WHERE)), (V4.addr, ProcessData(waiting=True, where=WHERE)))
+    ),
     wire.CommVerdict(
         V4.addr, 7, True, StuckVerdict(2**64 - 1, N_OPS - 1, 2**64 - 1, (2,), (0, 1, 3), (10,), (8, 9, 11))
     ),
     wire.CommVerdict(V6.addr, 8, False, StuckVerdict(0, 0, 0, (), (), (), ())),
+    wire.CommVerdict(V6.addr, 9, True, StuckVerdict(5, 0, 62, (2,), (0, 1, 3), (2,), (0, 1, 3), ((2, WHERE), (7, ())))),
 ]
 
 
@@ -86,6 +99,32 @@ def decode_fully(b: bytes) -> wire.Message:
     if isinstance(msg, wire.CollResp):
         msg.entries  # noqa: B018 - decoding is the point
     return msg
+
+
+def test_answers_round_trip_and_are_bounded():
+    answers = ((V4.addr, b""), (V6.addr, b"x" * wire.MAX_ANSWER_BYTES))
+    raw = b"".join(wire.encode_answer(a, b) for a, b in answers)
+    assert wire.CollResp(V4.addr, 1, 0, 2, raw).answers == answers
+    with pytest.raises(ValueError):
+        wire.encode_answer(V4.addr, b"x" * (wire.MAX_ANSWER_BYTES + 1))
+    too_long = wire._packed_addr(V4.addr) + struct.pack("!I", wire.MAX_ANSWER_BYTES + 1) + b"x" * 70000
+    with pytest.raises(wire.ProtocolError):
+        wire.CollResp(V4.addr, 1, 0, 1, too_long).answers  # noqa: B018 - decoding is the point
+    with pytest.raises(wire.ProtocolError):  # an ask this version does not know
+        wire.decode_body(wire.encode(wire.CollReq(V4.addr, 1, 0))[4:-1] + b"\x7f")
+
+
+def test_positions_are_bounded_on_the_wire():
+    long = tuple(Frame(f"f{i}.py", i, "g") for i in range(10))
+    (entry,) = wire.decode_body(
+        wire.encode(wire.collresp(V4.addr, 1, 0, ((V4.addr, ProcessData(where=long)),)))[4:]
+    ).entries
+    assert entry[1].where == long[-POSITION_FRAMES:]  # the innermost frames
+    wide = (Frame("x" * 300, 1, "y" * 300),)
+    (entry,) = wire.decode_body(
+        wire.encode(wire.collresp(V4.addr, 1, 0, ((V4.addr, ProcessData(where=wide)),)))[4:]
+    ).entries
+    assert entry[1].where == (Frame("x" * 255, 1, "y" * 255),)
 
 
 def test_every_message_type_is_covered():

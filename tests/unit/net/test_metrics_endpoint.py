@@ -2,29 +2,45 @@
 a real node of this process scraped over HTTP (restarts, STATUS and gather histograms), bad settings and a taken
 port as one WARNING line each, and docs/monitoring's rules and dashboard checked with promtool.
 
+The HTTP is a server process's (``rasd.net.metrics_server``; its protocol with the parent is tested in
+test_metrics_server.py): it holds the listening socket and this process's threads do no HTTP work; it ends with the
+node, and with its parent killed by SIGKILL, and takes its file with it; a server that ends, or a file that cannot
+be written, is one WARNING, and the node runs on.
+
 The promtool checks skip where promtool is missing (Debian's ``prometheus`` package; ./bootstrap installs it as
 root, so CI has it), and say so.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
+from prometheus_client.exposition import choose_encoder
 
 import rasd
 from mesh_of_one import query
 from polling import wait_for, wait_until
+from rasd.net import metrics
 from rasd.net.metrics import FrameCounter, count_frames, metrics_address
+from rasd.net.metrics_server import TEXT, decode
 
-MONITORING = Path(__file__).resolve().parents[3] / "docs" / "monitoring"
+REPOSITORY = Path(__file__).resolve().parents[3]
+MONITORING = REPOSITORY / "docs" / "monitoring"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is missing: install Debian's prometheus package (./bootstrap does, as root)"
@@ -38,6 +54,36 @@ NODE_ENV = {"TORCHRAS_METRICS_ADDR": "127.0.0.1:0", "LOCAL_RANK": None}
 def scrape(port: int, host: str = "127.0.0.1") -> str:
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=30) as r:
         return r.read().decode()
+
+
+def server_of(pid: int) -> psutil.Process | None:
+    """The metrics server process that process ``pid`` started, or None."""
+    for child in psutil.Process(pid).children():
+        try:
+            if "rasd.net.metrics_server" in child.cmdline():
+                return child
+        except psutil.Error:  # gone, or a zombie: not serving
+            continue
+    return None
+
+
+def file_of(server: psutil.Process) -> Path:
+    """The exposition file a server process reads (its ``--file``)."""
+    args = server.cmdline()
+    return Path(args[args.index("--file") + 1])
+
+
+def listening_ports(process: psutil.Process) -> set[int]:
+    connections = getattr(process, "net_connections", None) or process.connections  # psutil 6 renamed it
+    return {c.laddr.port for c in connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def ended(process: psutil.Process) -> bool:
+    """Whether a process has ended (a zombie counts: whoever reaps it here may not)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
@@ -119,12 +165,99 @@ def test_a_node_serves_its_metrics_and_they_follow_restarts_and_status_requests(
     assert sample(text, "torchras_node_info", rank="-1") == 1
 
 
-def test_the_metrics_port_closes_with_the_node(node):
+def test_the_server_serves_what_the_training_process_rendered_in_the_format_asked_for(node):
+    port = node.metrics_address[1]
+    server = server_of(os.getpid())
+    assert server is not None
+    prometheus = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,text/plain;version=0.0.4;q=0.3"
+    for accept, content_type in ((None, TEXT), (prometheus, choose_encoder(prometheus)[1])):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/metrics", headers={"Accept": accept} if accept else {})
+        response = conn.getresponse()
+        body = response.read()
+        conn.close()
+        assert response.getheader("Content-Type") == content_type
+        # Nothing renders between the scrape and this read: no event, and no other scrape asking.
+        assert decode(file_of(server).read_bytes())[1][content_type] == body
+        assert sample(body.decode(), "torchras_mesh_peers", state="alive") == 1
+    assert body.endswith(b"# EOF\n")  # OpenMetrics
+
+
+def test_the_server_process_its_port_and_its_file_end_with_the_node(node):
     port = node.metrics_address[1]
     scrape(port)
+    server = server_of(os.getpid())
+    assert server is not None and server.nice() == 19
+    exposition = file_of(server)
+    assert exposition.exists()
     node.stop()
+    assert ended(server) and not exposition.exists()
     with pytest.raises(OSError):
         scrape(port)
+
+
+def test_the_training_process_does_no_http_work(node):
+    port = node.metrics_address[1]
+    scrape(port)
+    server = server_of(os.getpid())
+    assert server is not None
+    threads = {t.ident for t in threading.enumerate()}
+    # The listening socket is the server's; this process holds none on the port.
+    assert port not in listening_ports(psutil.Process())
+    assert port in listening_ports(server)
+    # Scraping 1,000 times costs this process's other threads (the RAS thread) a render per tick at most: an HTTP
+    # server on them would spend more than the bound on the requests alone (some 0.3 ms each).
+    others = time.process_time() - time.thread_time()  # every thread of this process but this one
+    started = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for _ in range(1000):
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().read().startswith(b"# HELP")
+    conn.close()
+    elapsed = time.monotonic() - started
+    spent = time.process_time() - time.thread_time() - others
+    assert spent < 0.1 + 0.05 * elapsed, f"{spent:.3f} s of CPU in {elapsed:.1f} s"
+    assert {t.ident for t in threading.enumerate()} == threads
+
+
+#: The parent killed in the next test: a node of its own, serving metrics, then nothing.
+PARENT = """
+import sys, time
+import rasd
+handle = rasd.start(secret=b"secret", host="127.0.0.1")
+print(handle.metrics_address[1], flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.slow  # a second interpreter that imports rasd
+@pytest.mark.parametrize("killed", ["the parent", "its process group"])
+def test_the_server_process_ends_when_its_parent_is_killed(tmp_path, killed):
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    env.update(TORCHRAS_METRICS_ADDR="127.0.0.1:0", TORCHRAS_ADDR="off", TORCHRAS_RUN_DIR=str(tmp_path))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], env=env, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        line = parent.stdout.readline() if parent.stdout is not None else b""
+        assert line.strip().isdigit(), f"the parent printed {line!r}"
+        port = int(line)
+        server = wait_until(lambda: server_of(parent.pid), 30, what="the parent's metrics server")
+        assert server is not None
+        exposition = file_of(server)
+        assert sample(scrape(port), "torchras_mesh_peers", state="alive") == 1
+        if killed == "the parent":
+            parent.kill()
+        else:  # as a launcher ends a worker: the server, in a session of its own, is not in the group
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait(30)
+        wait_until(lambda: ended(server), 30, what="the server ended after its parent")
+        wait_until(lambda: not exposition.exists(), 30, what="the file removed")
+        with pytest.raises(OSError):
+            scrape(port)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(30)
 
 
 def test_a_bad_setting_is_one_warning_and_the_node_runs(monkeypatch, caplog):
@@ -153,6 +286,53 @@ def test_a_taken_port_is_one_warning_and_the_node_runs(monkeypatch, caplog):
     lines = [r.getMessage() for r in caplog.records if "metrics" in r.getMessage()]
     assert len(lines) == 1 and f"cannot serve metrics at 127.0.0.1:{port}" in lines[0], lines
     assert "Address already in use" in lines[0] and "this process serves no metrics" in lines[0]
+    assert server_of(os.getpid()) is None
+
+
+def start_serving(monkeypatch) -> rasd.RasHandle:
+    """A node of this process serving metrics on a free port, without a client port."""
+    monkeypatch.setenv("TORCHRAS_METRICS_ADDR", "127.0.0.1:0")
+    monkeypatch.setenv("TORCHRAS_ADDR", "off")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    handle = rasd.start(secret=b"secret", host="127.0.0.1")
+    assert handle is not None and handle.metrics_address is not None
+    return handle
+
+
+def test_a_server_process_that_ends_is_one_warning_and_the_node_runs(monkeypatch, caplog):
+    with caplog.at_level(logging.WARNING, logger="rasd"):
+        handle = start_serving(monkeypatch)
+        server = server_of(os.getpid())
+        assert server is not None
+        exposition = file_of(server)
+        server.kill()
+        wait_until(lambda: handle.metrics_address is None, 30, what="the metrics stopped")
+    assert handle.running and not exposition.exists()
+    lines = [r.getMessage() for r in caplog.records if "metrics" in r.getMessage()]
+    assert lines == [f"rasd: the metrics server (pid {server.pid}) ended with code -9; this process serves no "
+                     "metrics"]  # fmt: skip
+
+
+def test_a_file_that_cannot_be_written_is_one_warning_and_the_node_runs(monkeypatch, caplog, tmp_path):
+    directory = tmp_path / "tmpfs"
+    directory.mkdir()
+    monkeypatch.setattr(metrics, "exposition_directory", lambda: str(directory))
+    with caplog.at_level(logging.WARNING, logger="rasd"):
+        handle = start_serving(monkeypatch)
+        server = server_of(os.getpid())
+        assert server is not None and file_of(server).parent == directory
+        address = handle.metrics_address
+        assert address is not None
+        shutil.rmtree(directory)
+        try:
+            scrape(address[1])  # no file: the server asks for a render, which cannot be written
+        except OSError:
+            pass  # the server ended while the scrape waited
+        wait_until(lambda: handle.metrics_address is None, 30, what="the metrics stopped")
+    assert handle.running and ended(server)
+    lines = [r.getMessage() for r in caplog.records if "metrics" in r.getMessage()]
+    assert len(lines) == 1 and f"cannot write the metrics to {directory}" in lines[0], lines
+    assert "this process serves no metrics" in lines[0]
 
 
 # ---- docs/monitoring -----------------------------------------------------------------------------------------------

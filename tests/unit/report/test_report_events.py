@@ -3,6 +3,7 @@
 import json
 
 from rasd.core.events import Event, Kind
+from rasd.core.frames import Frame
 from rasd.core.peers import Addr, PeerInfo
 from rasd.report import format_event_json, format_event_text, format_timestamp
 
@@ -138,3 +139,63 @@ def test_json_without_a_peer_omits_the_key(utc):
         "comm_hash": None,
         "ranks": [],
     }
+
+
+# --- positions (frames.py): where a hung process was last seen, where each rank behind a verdict was ---------------
+
+WAITING = (Frame("/src/train.py", 31, "step"), Frame("/usr/lib/python3.11/queue.py", 171, "get"))
+
+
+def test_a_hung_process_says_where_it_was_last_seen(utc):
+    event = Event(Kind.PEER_HUNG, at=0.0, peer=PEER, details="hung for 20s", positions=((12, WAITING),))
+    assert format_event_text(event, wall_time=WHEN) == (
+        "[2025-12-19 13:07:07] PEER_HUNG: Process 1524345 on node 172.16.64.245 managing GPU 1 "
+        "hung for 20s; last seen in train.py:31 (step) -> queue.py:171 (get)\n"
+    )
+    quiet = Event(Kind.PEER_HUNG, at=0.0, peer=PEER, positions=((12, WAITING),))
+    assert format_event_text(quiet, wall_time=WHEN).endswith(
+        "GPU 1 last seen in train.py:31 (step) -> queue.py:171 (get)\n"
+    )
+
+
+def test_json_carries_the_positions_last_and_the_details_say_them_too(utc):
+    event = Event(Kind.PEER_HUNG, at=0.0, peer=PEER, details="hung for 20s", positions=((12, WAITING),))
+    text = format_event_json(event, wall_time=WHEN)
+    assert text.endswith(
+        '  "details": "hung for 20s; last seen in train.py:31 (step) -> queue.py:171 (get)",\n'
+        '  "positions": [{"rank": 12, "frames": [{"file": "/src/train.py", "line": 31, "function": "step"}, '
+        '{"file": "/usr/lib/python3.11/queue.py", "line": 171, "function": "get"}]}]\n'
+        "}\n"
+    )
+    doc = json.loads(text)
+    assert list(doc)[-2:] == ["details", "positions"]
+
+
+def test_a_stuck_verdict_keeps_its_keys_and_adds_the_positions_after_them(utc):
+    event = Event(
+        Kind.COMM_STUCK,
+        at=0.0,
+        details="Broadcast operation 1 stuck; rank 1 behind (not launched); rank 1 in train.py:31 (step)",
+        comm_hash=0xAB,
+        ranks=(11,),
+        positions=((1, WAITING),),
+    )
+    doc = json.loads(format_event_json(event, wall_time=WHEN))
+    assert list(doc)[-4:] == ["details", "comm_hash", "ranks", "positions"]
+    assert doc["details"] == event.details  # a verdict's details already say where: not repeated
+    assert doc["positions"] == [
+        {
+            "rank": 1,
+            "frames": [
+                {"file": "/src/train.py", "line": 31, "function": "step"},
+                {"file": "/usr/lib/python3.11/queue.py", "line": 171, "function": "get"},
+            ],
+        }
+    ]
+    assert format_event_text(event, wall_time=WHEN).endswith(f"COMM_STUCK: {event.details}\n")
+
+
+def test_an_event_without_positions_has_no_positions_key_and_a_hung_one_no_last_seen(utc):
+    event = Event(Kind.PEER_HUNG, at=0.0, peer=PEER, details="hung for 20s")
+    assert format_event_text(event, wall_time=WHEN).endswith("GPU 1 hung for 20s\n")
+    assert format_event_json(event, wall_time=WHEN).endswith('  "details": "hung for 20s"\n}\n')

@@ -1,9 +1,11 @@
 """Standing COMM_STUCK verdicts appear in the report: a STUCK item in Warnings (the sentence) and a ``stuck`` object
 in JSON (the data: op, operation, ranks behind and inside)."""
 
+import dataclasses
 import json
 
 from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord
+from rasd.core.frames import Frame
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot
 from rasd.core.stuck import StuckVerdict
@@ -39,8 +41,21 @@ def test_a_stuck_communicator_gets_a_warnings_item_before_its_mismatch():
     assert warnings.startswith(f"#0-0 (00000000000000ab) STUCK\n  {why}\n\n#0-0 (00000000000000ab) MISMATCH\n")
 
 
+def test_the_stuck_item_says_where_each_rank_behind_was():
+    where = (Frame("/src/train.py", 31, "next_batch"), Frame("/usr/lib/python3.11/queue.py", 171, "get"))
+    verdict = StuckVerdict(0xAB, AR, 20, behind=(1,), inside=(0,), global_behind=(1,), global_inside=(0,))
+    verdict = dataclasses.replace(verdict, positions=((1, where),))
+    tail = render_tail(build_report(_snapshot({0xAB: verdict})))
+    assert (
+        "rank 0 inside it (launched, not completed); rank 1 in train.py:31 (next_batch) -> queue.py:171 (get)\n" in tail
+    )
+
+
 def test_json_carries_the_verdict_as_data_or_null():
-    verdict = StuckVerdict(0xAB, AR, 20, behind=(1,), inside=(), global_behind=(1,), global_inside=())
+    where = (Frame("train.py", 31, "next_batch"), Frame("/usr/lib/python3.11/queue.py", 171, "get"))
+    verdict = StuckVerdict(
+        0xAB, AR, 20, behind=(1,), inside=(), global_behind=(1,), global_inside=(), positions=((1, where),)
+    )
     data = {
         "op": "AllReduce",
         "sequence": 20,
@@ -48,6 +63,15 @@ def test_json_carries_the_verdict_as_data_or_null():
         "ranks_inside": [],
         "global_ranks_behind": [1],
         "global_ranks_inside": [],
+        "positions_behind": [
+            {
+                "rank": 1,
+                "frames": [
+                    {"file": "train.py", "line": 31, "function": "next_batch"},
+                    {"file": "/usr/lib/python3.11/queue.py", "line": 171, "function": "get"},
+                ],
+            }
+        ],
     }
     for stuck, expected in (({0xAB: verdict}, data), ({}, None)):
         doc = json.loads(

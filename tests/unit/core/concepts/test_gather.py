@@ -1,11 +1,14 @@
 """gather.py alone: a status gather rooted here or relayed, its legs, duplicates, timeouts and the snapshot."""
 
+import dataclasses
+
 import pytest
 
-from rasd.core import wire
+from rasd.core import gather, wire
 from rasd.core.comms import CommRecord, ProcessData, RankRecord, RestartRecord
 from rasd.core.connections import ConnState
 from rasd.core.effects import GatherFinished, Say, SayFrame
+from rasd.core.frames import Frame
 from rasd.core.gather import Gathering
 from rasd.core.snapshot import JobSnapshot
 from rasd.core.stuck import StuckVerdict
@@ -199,3 +202,87 @@ def test_the_contribution_adds_our_restarts_and_the_waiting_flag():
     world.restart = restart
     world.waiting = True
     assert g.contribution() == ProcessData(comms=MINE.comms, restart=restart, waiting=True)
+
+
+# --- gathers of another ask (wire.Ask): one opaque answer per process, read by the root alone ----------------------
+
+DIAG = wire.Ask.DIAGNOSTICS
+
+
+def test_a_gather_of_another_ask_carries_the_ask_and_collects_answers_not_process_data():
+    world, g = _gathering(2, 3)
+    world.answers[DIAG] = b"mine"
+    frame = wire.encode(wire.CollReq(ME.addr, 1, 5000, DIAG))
+    assert g.start(9, 1.0, None, DIAG) == [SayFrame(2, frame), SayFrame(3, frame)]
+    answered = wire.CollResp(ME.addr, 1, 0, 2, wire.encode_answer(P2.addr, b"two") + wire.encode_answer(P4.addr, b""))
+    assert g.on_collresp(world.conns[2], answered, 1.5) == []
+    snap = _finished(g.on_collresp(world.conns[3], wire.CollResp(ME.addr, 1, 1, 0, b""), 2.0))
+    assert snap.ask == DIAG
+    assert snap.answers == {ME.addr: b"mine", P2.addr: b"two", P4.addr: b""}
+    # Every answering process counts as a responder (none of them is missing), with no process data of its own.
+    assert snap.responses == {a: ProcessData() for a in (ME.addr, P2.addr, P4.addr)}
+    assert [p.addr for p in snap.missing()] == [P3.addr] and snap.timeouts == 1
+
+
+def test_a_relay_answers_the_ask_it_was_asked_and_forwards_the_ask():
+    world, g = _gathering(2, 3)
+    world.answers[DIAG] = b"relay's answer"
+    req = wire.CollReq(P2.addr, 5, 3000, DIAG)
+    assert g.on_collreq(world.conns[2], req, 1.0) == [SayFrame(3, wire.encode(req))]
+    assert g.on_collresp(world.conns[3], wire.CollResp(P2.addr, 5, 0, 0, b""), 1.5) == [
+        Say(2, wire.CollResp(P2.addr, 5, 0, 1, wire.encode_answer(ME.addr, b"relay's answer")))
+    ]
+
+
+def test_a_status_gather_never_asks_the_providers():
+    world, g = _gathering()
+    world.answers[DIAG] = b"not asked"
+    snap = _finished(g.start(1, 1.0, None))
+    assert snap.ask == wire.Ask.STATUS and snap.answers == {} and snap.responses == {ME.addr: MINE}
+
+
+def test_the_root_rejects_answers_it_cannot_decode():
+    world, g = _gathering(2)
+    g.start(7, 1.0, None, DIAG)
+    too_long = wire.encode_answer(P2.addr, b"x")[:-1]  # the length says one byte more than there is
+    with pytest.raises(wire.ProtocolError):
+        g.on_collresp(world.conns[2], wire.CollResp(ME.addr, 1, 0, 1, too_long), 2.0)
+
+
+# --- the sweeper's gather (wire.Ask.SWEEP): process data with where each process is ---------------------------------
+
+HERE = (Frame("/src/train.py", 31, "step"), Frame("/usr/lib/python3.11/queue.py", 171, "get"))
+
+
+def test_a_sweep_contribution_says_where_this_process_is_and_a_status_contribution_does_not():
+    world, g = _gathering()
+    world.where = HERE
+    assert g.contribution(wire.Ask.SWEEP) == dataclasses.replace(MINE, where=HERE)
+    assert g.contribution(wire.Ask.STATUS) == g.contribution() == MINE
+
+
+def test_a_sweep_rooted_here_and_a_sweep_relayed_here_carry_the_position():
+    world, g = _gathering(2)
+    world.where = HERE
+    g.start(3, 1.0, None, wire.Ask.SWEEP)
+    assert g.gathers[(ME.addr, 1)].entries == [(ME.addr, dataclasses.replace(MINE, where=HERE))]
+    relay_world, relay = _gathering(2)
+    relay_world.where = HERE
+    # A relay with no other leg answers at once, with its own entry.
+    (sweep,) = relay.on_collreq(relay_world.conns[2], wire.CollReq(P2.addr, 5, 3000, wire.Ask.SWEEP), 1.0)
+    assert isinstance(sweep, Say) and isinstance(sweep.msg, wire.CollResp)
+    assert sweep.msg.entries == ((ME.addr, dataclasses.replace(MINE, where=HERE)),)
+    (status,) = relay.on_collreq(relay_world.conns[2], wire.CollReq(P2.addr, 6, 3000), 1.0)
+    assert isinstance(status, Say) and isinstance(status.msg, wire.CollResp)
+    assert status.msg.entries == ((ME.addr, MINE),)
+
+
+def test_a_relay_never_passes_back_more_than_one_frame_holds():
+    world, g = _gathering(2, 3, 4)
+    req = wire.CollReq(P2.addr, 5, 3000, DIAG)
+    g.on_collreq(world.conns[2], req, 1.0)
+    big = b"x" * (wire.MAX_FRAME // 2)
+    assert g.on_collresp(world.conns[3], wire.CollResp(P2.addr, 5, 0, 1, big), 1.5) == []
+    (done,) = g.on_collresp(world.conns[4], wire.CollResp(P2.addr, 5, 0, 1, big), 1.6)  # would not fit: dropped
+    assert isinstance(done, Say) and done.msg.count == 2 and done.msg.leg_timeouts == 1
+    assert len(done.msg.raw) <= gather.RELAY_BYTES

@@ -1,11 +1,16 @@
-"""sweeper.py alone: who sweeps, when, what a sweep's snapshot makes of communicator verdicts, and holding them."""
+"""sweeper.py alone: who sweeps, when, what a sweep's snapshot makes of communicator verdicts, and holding them;
+where each process was in its sweeps (positions), and the positions a verdict carries (stuck.located)."""
 
+import dataclasses
+
+from rasd.core import wire
 from rasd.core.actions import Emit
 from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
 from rasd.core.effects import SWEEP_QUERY, OriginateComm, StartGather
 from rasd.core.events import Event, Kind
-from rasd.core.snapshot import JobSnapshot
-from rasd.core.stuck import StuckVerdict
+from rasd.core.frames import Frame, Position
+from rasd.core.snapshot import JobSnapshot, merge_communicators
+from rasd.core.stuck import StuckVerdict, attribute, located
 from rasd.core.sweeper import Sweeper
 
 from .world import FakeWorld, peer
@@ -62,10 +67,10 @@ def test_the_sweeper_gathers_every_sweep_one_gather_at_a_time():
     s.start(0.0)
     sweep = world.timers.sweep
     assert s.tick(sweep - 0.1) == []
-    assert s.tick(sweep) == [StartGather(SWEEP_QUERY)]
+    assert s.tick(sweep) == [StartGather(SWEEP_QUERY, ask=wire.Ask.SWEEP)]
     assert s.tick(3 * sweep) == []  # its gather has not ended
     s.swept(JobSnapshot(peers=()), 3 * sweep)
-    assert s.tick(3 * sweep) == [StartGather(SWEEP_QUERY)]  # overdue: at once
+    assert s.tick(3 * sweep) == [StartGather(SWEEP_QUERY, ask=wire.Ask.SWEEP)]  # overdue: at once
 
 
 def test_a_sweeper_that_holds_no_communicator_does_not_gather():
@@ -74,7 +79,7 @@ def test_a_sweeper_that_holds_no_communicator_does_not_gather():
     assert s.tick(world.timers.sweep) == []
     world.local_data = lambda: ProcessData(comms=(COMM,))
     assert s.tick(world.timers.sweep + 0.1) == []  # the next sweep is a sweep later
-    assert s.tick(2 * world.timers.sweep) == [StartGather(SWEEP_QUERY)]
+    assert s.tick(2 * world.timers.sweep) == [StartGather(SWEEP_QUERY, ask=wire.Ask.SWEEP)]
 
 
 def test_another_process_does_not_sweep():
@@ -103,7 +108,7 @@ def test_an_expelled_sweeper_ends_its_sweep_quietly():
     world.expelled = True
     assert s.swept(_snapshot(0), 10.0) == []
     world.expelled = False
-    assert s.tick(2 * world.timers.sweep) == [StartGather(SWEEP_QUERY)]
+    assert s.tick(2 * world.timers.sweep) == [StartGather(SWEEP_QUERY, ask=wire.Ask.SWEEP)]
 
 
 def test_hold_and_release_events():
@@ -136,3 +141,95 @@ def test_a_verdict_nobody_confirms_expires():
             )
         )
     ]
+
+
+# --- positions: where each process's main thread was in a sweep (ProcessData.where, frames.py) --------------------
+
+STEP = Frame("/src/train.py", 31, "step")
+NEXT = Frame("/src/data.py", 88, "next_batch")
+GET = Frame("/usr/lib/python3.11/queue.py", 171, "get")
+REDUCE = Frame("/torch/distributed/c10d.py", 2050, "all_reduce")
+WAITING = (STEP, NEXT, GET)  # rank 1, behind: waiting for its data
+REDUCING = (STEP, REDUCE)  # rank 0, inside the broadcast
+
+
+def _split(where0: Position, where1: Position, rank1_launched: int = 0) -> JobSnapshot:
+    """``_snapshot``'s counters, with rank 0 in process P1 and rank 1 in P2, each where its process says it is."""
+    l0, c0 = _counts(1, 0)
+    l1, c1 = _counts(rank1_launched, rank1_launched)
+
+    def comm(rank: int, launched: tuple[int, ...], completed: tuple[int, ...]) -> CommRecord:
+        return CommRecord(
+            77, 2, (RankRecord(rank, launched=launched, completed=completed, idle_ms=30_000),), rank_map=((10, 2, 1),)
+        )
+
+    return JobSnapshot(
+        peers=(P1, P2),
+        responses={
+            P1.addr: ProcessData(comms=(comm(0, l0, c0),), where=where0),
+            P2.addr: ProcessData(comms=(comm(1, l1, c1),), where=where1),
+        },
+    )
+
+
+def test_a_sweep_keeps_each_process_last_position_with_its_time():
+    _, s = _sweeper()
+    s.swept(_split(REDUCING, WAITING), 5.0)
+    assert s.positions == {P1.addr: (REDUCING, 5.0), P2.addr: (WAITING, 5.0)}
+    # P2 sends no position in the next sweep (or does not answer): its last one stays, with its own time.
+    s.swept(_split((STEP,), ()), 10.0)
+    assert s.positions == {P1.addr: ((STEP,), 10.0), P2.addr: (WAITING, 5.0)}
+    assert s.last_position(P2.addr) == WAITING and s.last_position(P3.addr) == ()
+
+
+def test_a_verdict_says_where_the_ranks_behind_were_and_keeps_it_while_it_stands():
+    _, s = _sweeper()
+    s.swept(_split(REDUCING, WAITING), 5.0)
+    effects = s.swept(_split(REDUCING, WAITING), 10.0)
+    located = StuckVerdict(77, 0, 1, (1,), (0,), (11,), (10,), positions=((1, WAITING),))  # only rank 1: behind
+    stuck = Event(
+        kind=Kind.COMM_STUCK,
+        at=10.0,
+        details=located.describe(),
+        comm_hash=77,
+        ranks=(11, 10),
+        positions=((1, WAITING),),
+    )
+    assert effects == [Emit(stuck), OriginateComm(located, stuck=True)]
+    assert "rank 1 in train.py:31 (step) -> data.py:88 (next_batch) -> queue.py:171 (get)" in stuck.details
+    # The next sweep sees rank 1 elsewhere (its counters unchanged): the verdict keeps where it was made.
+    assert s.swept(_split(REDUCING, (STEP,)), 15.0) == [OriginateComm(located, stuck=True)]
+    assert s.stuck == {77: (located, 15.0)} and s.positions[P2.addr] == ((STEP,), 15.0)
+
+
+def test_a_verdict_without_positions_is_as_before():
+    _, s = _sweeper()
+    s.swept(_split((), ()), 5.0)
+    stuck = Event(kind=Kind.COMM_STUCK, at=10.0, details=V.describe(), comm_hash=77, ranks=(11, 10))
+    assert s.swept(_split((), ()), 10.0) == [Emit(stuck), OriginateComm(V, stuck=True)]
+    assert s.positions == {}
+
+
+def test_located_attaches_the_position_of_each_rank_behind_that_sent_one():
+    def comm(rank: int, launched: int) -> CommRecord:
+        counts = _counts(launched, launched)
+        return CommRecord(77, 4, (RankRecord(rank, launched=counts[0], completed=counts[1]),), rank_map=((10, 4, 1),))
+
+    # Ranks 1 and 2 behind (one broadcast less than ranks 0 and 3); rank 2's process sent no position.
+    wheres = {0: REDUCING, 1: WAITING, 2: (), 3: REDUCING}
+    procs = [peer(10 + r) for r in range(4)]
+    snap = JobSnapshot(
+        peers=tuple(procs),
+        responses={
+            procs[r].addr: ProcessData(comms=(comm(r, 5 if r in (0, 3) else 4),), where=wheres[r]) for r in range(4)
+        },
+    )
+    (merged,) = merge_communicators(snap)
+    verdict = attribute(merged)
+    assert verdict is not None and verdict.behind == (1, 2) and verdict.positions == ()
+    assert located(verdict, merged, snap) == dataclasses.replace(verdict, positions=((1, WAITING),))
+    assert located(None, merged, snap) is None
+    nowhere = JobSnapshot(
+        peers=snap.peers, responses={a: dataclasses.replace(d, where=()) for a, d in snap.responses.items()}
+    )
+    assert located(verdict, merged, nowhere) == verdict

@@ -14,10 +14,12 @@ from collections.abc import Callable, Iterable
 from rasd.core.comms import ProcessData, RestartRecord
 from rasd.core.config import Timers
 from rasd.core.connections import Conn, ConnState
+from rasd.core.frames import Position
 from rasd.core.liveness import REFUTE, UNSTAMPED
 from rasd.core.peers import Addr, PeerInfo, PeerKey, PeerTable
 from rasd.core.snapshot import JobSnapshot
 from rasd.core.stuck import StuckVerdict
+from rasd.core.wire import Ask
 
 SECRET = b"concept test job secret"
 
@@ -54,6 +56,10 @@ class FakeWorld:
         self.restart: RestartRecord | None = None
         self.waiting = False
         self.local_data: Callable[[], ProcessData] = ProcessData
+        #: What ``answer`` gives for each ask (a gather other than STATUS).
+        self.answers: dict[Ask, bytes] = {}
+        #: What ``position`` gives: where this process's main thread is, sent with a sweep.
+        self.where: Position = ()
         self.draws = 0  # random_bytes calls so far (each returns a distinct, predictable nonce)
         # --- connections.py
         self.conns: dict[int, Conn] = {}
@@ -116,6 +122,12 @@ class FakeWorld:
     def random_bytes(self, n: int) -> bytes:
         self.draws += 1
         return bytes([self.draws % 256]) * n
+
+    def answer(self, ask: Ask) -> bytes:
+        return self.answers.get(ask, b"")
+
+    def position(self) -> Position:
+        return self.where
 
     # --- connections.py -----------------------------------------------------------------------------------------
 

@@ -1,12 +1,19 @@
 """The modes that send one command and show what comes back: ``-D`` (DIAGNOSTICS), ``--stacks`` (STACKS) and a
 command given as words (``rascli CONTROL PROFILER_MASK none``, as ncclras 2.31 takes them; docs/cli.md).
 
-DIAGNOSTICS and STACKS are reports: every byte the job sends is printed as it arrives, until the job closes the
-connection. A command given as words gets one line back, printed. A reply that starts with ``ERROR`` (any case),
-or a ``BUSY:`` reply (another DIAGNOSTICS runs in the process that took the connection), ends with exit code 5.
+DIAGNOSTICS and STACKS are reports: in a pipe every byte the job sends is printed as it arrives, until the job
+closes the connection; on a terminal the whole reply is shown once it is in, each line styled by what it is
+(``styled``: the job's text unchanged). A command given as words gets one line back, printed. A reply that starts
+with ``ERROR`` (any case), or a ``BUSY:`` reply (another DIAGNOSTICS runs in the process that took the connection),
+ends with exit code 5.
 """
 
 from __future__ import annotations
+
+import io
+import re
+
+from rich.text import Text
 
 from .connection import Connection
 from .errors import Exit, RasCliError
@@ -20,8 +27,54 @@ def _refused(first_line: bytes) -> bool:
     return text.startswith("ERROR") or text.startswith("BUSY:")
 
 
+#: How the terminal shows a line of each report (``styled``): the job's text, unchanged, with a style per line.
+STACKS_STYLES = (
+    (re.compile(r"^Stacks of "), "bold"),
+    (re.compile(r"^Not answering"), "bold red"),
+    (re.compile(r"^\S.*:$"), "bold cyan"),  # a group's heading: its ranks, processes and thread
+    (re.compile(r"^    \.\.\. \("), "dim"),
+    (re.compile(r"^    rank .*: (last seen|no position)"), "red"),
+)
+DIAGNOSTICS_STYLES = (
+    (re.compile(r" NCCL DIAG \[OK\] "), "green"),
+    (re.compile(r" NCCL DIAG \[INFO\] .*(mismatch|differ|incomplete|unavailable|more than)"), "bold yellow"),
+    (re.compile(r" NCCL DIAG (===|RAS diagnostics completed)"), "bold"),
+)
+
+
+def styled(text: str, stacks: bool) -> Text:
+    """The report as a terminal shows it: every line as the job wrote it, styled by what it is. In a stack, the
+    innermost frame of each group (where its ranks wait) stands out."""
+    out = Text()
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        style = next(
+            (s for pattern, s in (STACKS_STYLES if stacks else DIAGNOSTICS_STYLES) if pattern.search(line)), ""
+        )
+        innermost = stacks and line.startswith("    ") and not style and (i + 1 == len(lines) or lines[i + 1] == "")
+        out.append(line, style="bold yellow" if innermost else style)
+        if i + 1 < len(lines):
+            out.append("\n")
+    return out
+
+
 def report(options: Options, timeouts: Timeouts, streams: Streams) -> int:
-    """Send DIAGNOSTICS or STACKS and print the reply until the job closes the connection."""
+    """Send DIAGNOSTICS or STACKS and print the reply until the job closes the connection: as it arrives in a pipe
+    (and as JSON), styled on a terminal once it is whole."""
+    if streams.console is not None and not options.json:
+        buffer = io.BytesIO()
+        quiet = Streams(buffer, streams.err, None, None, streams.progress)
+        try:
+            with streams.waiting(f"Asking the job at {options.host}:{options.port}..."):
+                return _report(options, timeouts, quiet)
+        finally:  # what arrived, also when the reply was cut short
+            text = buffer.getvalue().decode("utf-8", "replace").rstrip("\n")
+            if text:
+                streams.console.print(styled(text, options.stacks), soft_wrap=True)
+    return _report(options, timeouts, streams)
+
+
+def _report(options: Options, timeouts: Timeouts, streams: Streams) -> int:
     limit = timeouts.report(options.timeout)
     command = final_command(options)
     received = b""

@@ -10,7 +10,7 @@ from rascli import watch
 from rascli.options import parse
 from rascli.output import Streams
 from rascli.protocol import final_command, setup_commands
-from rascli_helpers import PATIENT, addr, run_cli, sample
+from rascli_helpers import FAST, PATIENT, addr, run_cli, sample
 
 EVENT = b"[2026-11-21 11:00:00] PEER_NEW: Process 41871 on node 127.0.0.1 managing CPU \n"
 
@@ -165,3 +165,49 @@ def test_the_final_command_of_each_mode() -> None:
     assert final_command(parse(["--stacks", "-r", "2"], {})) == "STACKS RANKS 2"
     assert final_command(parse(["--stacks", "--all-threads", "--ranks=0,2-3"], {})) == "STACKS ALL RANKS 0,2-3"
     assert final_command(parse(["-v", "CONTROL", "PROFILER_MASK", "0x3"], {})) == "CONTROL PROFILER_MASK 0x3"
+
+
+STACKS_TEXT = (
+    b"Stacks of 3 of 4 processes (main threads), gathered in 2.1 ms; identical stacks folded\n\n"
+    b"ranks 0,1 (2 processes on node0, thread MainThread):\n    train.py:40 (train)\n    dist.py:9 (all_reduce)\n\n"
+    b"rank 2 (node1:7, thread MainThread):\n    train.py:31 (next_batch)\n    queue.py:171 (get)\n\n"
+    b"Not answering (stopped, its RAS thread starved by a GIL hog, or dead and not yet known):\n"
+    b"    rank 3 (node1:8): no position seen\n"
+)
+
+
+def test_on_a_terminal_stacks_are_the_jobs_text_styled_where_each_group_waits_standing_out(serve) -> None:
+    server = serve(replies={"STACKS": STACKS_TEXT}, hangup="reply")
+    result = run_cli(["--stacks", *addr(server)], tty=True)
+    assert result.code == 0, result.err
+    assert result.out == b""  # drawn on the console, not written raw
+    assert result.screen == STACKS_TEXT.decode()  # every line as the job wrote it
+    assert result.console is not None
+    styled = result.console.export_text(clear=False, styles=True)
+    bold_yellow = "\x1b[1;33m"
+    assert f"{bold_yellow}    dist.py:9 (all_reduce)" in styled and f"{bold_yellow}    queue.py:171 (get)" in styled
+    assert f"{bold_yellow}    train.py:40 (train)" not in styled  # an outer frame: plain
+    assert "\x1b[1;31mNot answering" in styled
+
+
+def test_on_a_terminal_diagnostics_mark_what_differs(serve) -> None:
+    text = (
+        b"n:1 NCCL DIAG === RAS Diagnostics ===\n"
+        b"n:1 NCCL DIAG [OK]   torch version: 2.13.0 consistent across 2 ranks\n"
+        b"n:1 NCCL DIAG [INFO] NCCL environment: mismatch across 2 ranks for NCCL_ALGO\n"
+        b"n:1 NCCL DIAG RAS diagnostics completed in 1.0 ms across 2 RAS peers\n"
+    )
+    server = serve(replies={"DIAGNOSTICS": text}, hangup="reply")
+    result = run_cli(["-D", *addr(server)], tty=True)
+    assert result.code == 0 and result.screen == text.decode()
+    assert result.console is not None
+    styled = result.console.export_text(clear=False, styles=True)
+    assert (
+        "\x1b[32mn:1 NCCL DIAG [OK]" in styled and "\x1b[1;33mn:1 NCCL DIAG [INFO] NCCL environment: mismatch" in styled
+    )
+
+
+def test_on_a_terminal_a_cut_reply_still_shows_what_arrived(serve) -> None:
+    server = serve(replies={"STACKS": STACKS_TEXT[:120]}, hangup="")  # then silent: the wait for the rest ends
+    result = run_cli(["--stacks", "-t", "1", *addr(server)], tty=True, timeouts=FAST)
+    assert result.code == 4 and result.screen.startswith("Stacks of 3 of 4 processes")

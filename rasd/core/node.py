@@ -377,6 +377,11 @@ class Node:
         """The addresses whose current process left the job (the job summary leaves them out)."""
         return {k.addr for k in self.verdicts.left if self.table.is_current(k)}
 
+    def silent_positions(self, now: float) -> list[tuple[PeerInfo, Position, float]]:
+        """Processes heard from no more, with the last position a sweep of this node saw and its age (the
+        sweeper's)."""
+        return self.sweeper.silent_positions(now)
+
     def is_unresponsive(self, addr: Addr) -> bool:
         return self.links.is_delayed(addr)
 

@@ -65,13 +65,13 @@ class JobSnapshot:
         if not self.dead.isdisjoint(self.left):
             object.__setattr__(self, "dead", self.dead - self.left)  # frozen: set once, here
 
+    def expected(self) -> list[PeerInfo]:
+        """The peers the gather expected an answer from: the table less the dead and the departed."""
+        return [p for p in self.peers if p.addr not in self.dead and p.addr not in self.left]
+
     def missing(self) -> list[PeerInfo]:
         """Live peers that did not answer (NCCL's missing = peers - dead - responders; departed peers excluded)."""
-        return [
-            p
-            for p in self.peers
-            if p.addr not in self.dead and p.addr not in self.left and p.addr not in self.responses
-        ]
+        return [p for p in self.expected() if p.addr not in self.responses]
 
 
 #: The sort key of a process in process order: (0, its position in the table) for a known address, (1, its

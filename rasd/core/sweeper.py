@@ -17,7 +17,7 @@ from .actions import Emit
 from .effects import SWEEP_QUERY, Effects, OriginateComm, StartGather
 from .events import Event, Kind
 from .frames import Position
-from .peers import Addr
+from .peers import Addr, PeerInfo
 from .snapshot import JobSnapshot
 from .stuck import StuckDetector, StuckVerdict
 
@@ -121,6 +121,19 @@ class Sweeper:
         """The last position a sweep of this node saw of the process at ``addr`` (empty when none)."""
         seen = self.positions.get(addr)
         return seen[0] if seen is not None else ()
+
+    def silent_positions(self, now: float) -> list[tuple[PeerInfo, Position, float]]:
+        """The processes this node hears from no more, where its sweeps last saw them, and how long ago: those that
+        missed its last sweep (a position older than one and a half sweeps), or are unresponsive or hung. What a
+        STACKS answer adds for the processes that cannot answer for themselves (docs/protocol.md §2.6)."""
+        world = self.world
+        stale = 1.5 * world.timers.sweep
+        out = []
+        for addr, (position, at) in self.positions.items():
+            peer = world.table.get(addr)
+            if peer is not None and (now - at > stale or world.is_delayed(addr) or world.is_hung(peer.key)):
+                out.append((peer, position, now - at))
+        return out
 
     def standing(self) -> dict[int, StuckVerdict]:
         """The verdicts this node holds now, for a report."""

@@ -40,7 +40,6 @@ from rasd.core.client_session import (
     StartStatus,
 )
 from rasd.core.events import Event, Kind
-from rasd.core.peers import Addr
 from rasd.core.snapshot import JobSnapshot
 from rasd.report import diagnostics, stacks
 from rasd.report.events import format_event_json, format_event_text
@@ -380,7 +379,11 @@ class ClientPort:
                 return
             try:
                 diag = diagnostics.check(
-                    snapshot.answers, snapshot.peers, _expected(snapshot), me.addr, snapshot.collection_time
+                    snapshot.answers,
+                    snapshot.peers,
+                    [p.addr for p in snapshot.expected()],
+                    me.addr,
+                    snapshot.collection_time,
                 )
                 if req.format is Format.JSON:
                     client.write(diagnostics.render_json(diag, me.hostname, me.pid, time.time()))
@@ -404,7 +407,7 @@ class ClientPort:
                 folded = stacks.fold(
                     snapshot.answers,
                     snapshot.peers,
-                    _expected(snapshot),
+                    [p.addr for p in snapshot.expected()],
                     snapshot.collection_time,
                     req.all_threads,
                     req.ranks,
@@ -444,11 +447,6 @@ class ClientPort:
             else:
                 text = text or format_event_text(event, wall_time=wall, peers=peers)
                 c.write(text)
-
-
-def _expected(snapshot: JobSnapshot) -> list[Addr]:
-    """The processes a gather expected answers from: the root's table less the dead and the departed."""
-    return [p.addr for p in snapshot.peers if p.addr not in snapshot.dead and p.addr not in snapshot.left]
 
 
 def move_nccl_ras_port(environ: os._Environ[str] | dict[str, str] = os.environ) -> str | None:

@@ -73,20 +73,18 @@ class _MeshProtocol(asyncio.Protocol):
 
 
 def last_seen(node: core.Node) -> list[dict[str, Any]]:
-    """The processes ``node`` hears nothing from now and where its sweeps last saw them: what a STACKS answer adds
-    for the processes that cannot answer for themselves. Only the sweeper's sweeps see positions; a process is
-    silent here when it missed the last sweep (its position is older than one and a half sweeps), or is
-    unresponsive or hung."""
-    now = time.monotonic()
-    out = []
-    stale = 1.5 * node.timers.sweep
-    for addr, (position, at) in list(node.sweeper.positions.items()):
-        peer = node.table.get(addr)
-        if peer is None or not (now - at > stale or node.is_unresponsive(addr) or node.is_hung(peer.key)):
-            continue
-        frames = [[f.file, f.line, f.function] for f in position]
-        out.append({"host": peer.hostname, "pid": peer.pid, "rank": peer.rank, "age_s": now - at, "frames": frames})
-    return out
+    """What a STACKS answer adds for the processes that cannot answer for themselves, as its format has it: the
+    processes the node hears from no more and where its sweeps last saw them (``Node.silent_positions``)."""
+    return [
+        {
+            "host": peer.hostname,
+            "pid": peer.pid,
+            "rank": peer.rank,
+            "age_s": age,
+            "frames": [[f.file, f.line, f.function] for f in position],
+        }
+        for peer, position, age in node.silent_positions(time.monotonic())
+    ]
 
 
 class Runtime:

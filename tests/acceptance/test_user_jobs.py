@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from launching import free_base_port, free_port
 from polling import wait_for, wait_until
@@ -155,6 +156,10 @@ def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(tmp_path: 
         blocked = stacks.split("\nrank 2 (", 1)[1].split("\n\n", 1)[0]
         assert re.search(r"user_job\.py:\d+ \(block\)", blocked), stacks
         assert "ranks 0,1,3 (3 processes" in stacks, stacks
+        # DIAGNOSTICS reads each training process's torch (imported, CUDA never started from the RAS thread).
+        diag = ask(job.port, b"DIAGNOSTICS\n")
+        assert f"NCCL DIAG [OK]   torch version: {torch.__version__} consistent across 4 ranks\n" in diag, diag
+        assert "NCCL DIAG [INFO] GPU inventory: no CUDA device: a CPU-only torch build across 4 ranks\n" in diag, diag
         results = job.results(deadline=150)
         assert {r["steps"] for r in results.values()} == {60}, results
         assert {r["world"] for r in results.values()} == {WORLD}, results

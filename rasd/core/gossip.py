@@ -9,6 +9,7 @@ The peer table itself lives here. This is NCCL's scheme with the departed list a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,13 @@ class Gossip:
         self.table.merge([me])
         #: Our (table, dead) hashes when we last sent our whole table on each connection (by id).
         self._full_sent_for: dict[int, tuple[int, int]] = {}
+        #: New entries waiting to be passed on, each with the connection it came from (None: not from the mesh), and
+        #: when entries were last passed on: in a storm of joins, diffs go out at most once a tick (``spread``).
+        self._pending: list[tuple[PeerInfo, int | None]] = []
+        self._spread_at = -math.inf
+        #: Our (table, dead) hashes as last seen by ``sync``, and since when: a node still changing is in flux.
+        self._mine = (0, 0)
+        self._changed_at = -math.inf
 
     def adopt(self, table: PeerTable) -> None:
         """Start from a whole table (the simulator's start of thousands of nodes that have all heard of each other)."""
@@ -51,23 +59,52 @@ class Gossip:
         new, out = self.merge(peers, now)
         if new:
             if spread:
-                out.append(self.spread(new, except_conn))
+                out += self.spread(new, except_conn, now)
             if relink:
                 out.append(Relink())
         return out
 
-    @staticmethod
-    def spread(new: Iterable[PeerInfo], except_conn: int | None) -> Broadcast:
-        """Pass entries new to us on, as a diff, to every other ready connection."""
-        return Broadcast(wire.PeersUpdate(tuple(new), (), (), full=False), except_conn)
+    def spread(self, new: list[PeerInfo], except_conn: int | None, now: float) -> Effects:
+        """Pass entries new to us on, as a diff, to every other ready connection: at once if nothing went out in the
+        last tick, else with the others at the next tick (``flush``). A job of N processes starting at once would
+        otherwise send every entry as a message of its own on every connection: O(N) messages per node, where
+        batching sends one per connection per tick (docs/architecture.md §11)."""
+        if not self._pending and now - self._spread_at >= self.world.timers.tick:
+            self._spread_at = now
+            return [Broadcast(wire.PeersUpdate(tuple(new), (), (), full=False), except_conn)]
+        self._pending += [(p, except_conn) for p in new]
+        return []
+
+    def flush(self, now: float) -> Effects:
+        """A tick: pass on the entries that waited, one diff per connection, without the ones it brought us."""
+        if not self._pending:
+            return []
+        pending, self._pending = self._pending, []
+        self._spread_at = now
+        sources = {source for _, source in pending}
+        if len(sources) == 1:
+            return [Broadcast(wire.PeersUpdate(tuple(p for p, _ in pending), (), (), full=False), sources.pop())]
+        out: Effects = []
+        for conn in self.world.ready_conns():
+            entries = tuple(p for p, source in pending if source != conn.id)
+            if entries:
+                out.append(Say(conn.id, wire.PeersUpdate(entries, (), (), full=False)))
+        return out
 
     def sync(self, conn: Conn, peers_hash: int, dead_hash: int, now: float) -> Effects:
-        """The peer's hashes differ from ours: send it our whole table, once per state of our hashes."""
+        """The peer's hashes differ from ours: send it our whole table, once per state of our hashes. While our own
+        table is still changing (a storm of joins), only once per connection: the diffs we pass on carry what is
+        new, and the whole table follows once we have been still for a keepalive interval."""
         mine = (self.table.hash, self.world.dead_hash)
-        if (peers_hash, dead_hash) != mine and self._full_sent_for.get(conn.id) != mine:
-            self._full_sent_for[conn.id] = mine
-            return [Say(conn.id, self.full_update())]
-        return []
+        if mine != self._mine:
+            self._mine, self._changed_at = mine, now
+        if (peers_hash, dead_hash) == mine:
+            return []
+        sent = self._full_sent_for.get(conn.id)
+        if sent == mine or (sent is not None and now - self._changed_at < self.world.timers.keepalive):
+            return []
+        self._full_sent_for[conn.id] = mine
+        return [Say(conn.id, self.full_update())]
 
     def full_update(self) -> wire.PeersUpdate:
         """Our whole table and our dead and departed lists."""
@@ -112,7 +149,7 @@ class Gossip:
         # After an expulsion (a retire of our own address) there is no connection left to pass anything on to, and
         # an expelled node links nothing.
         if new:
-            out.append(self.spread(new, conn.id))
+            out += self.spread(new, conn.id, now)
         if changed:
             out.append(Relink())
         return out

@@ -12,7 +12,7 @@ a bootstrap seed (``introduce``); after a lost connection either side reconnects
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from . import ring, wire
@@ -67,9 +67,12 @@ class Links:
         world = self.world
         if world.expelled or world.leaving:
             return
-        order = [p.addr for p in world.table]
-        me_index = order.index(world.me.addr)
+        table = world.table
+        order = table.addresses()
+        me_index = table.index_of(world.me.addr)
+        assert me_index is not None  # a node's table always lists it
         gone = world.gone_addresses()
+        gone_at = sorted(i for i in map(table.index_of, gone) if i is not None)
 
         def unhealthy(a: Addr) -> bool:
             c = self.contacts.get(a)
@@ -83,7 +86,7 @@ class Links:
             return bool(c and c.heard_ever and not c.delayed and not c.unreached)
 
         wanted = ring.links(
-            order, me_index, gone.__contains__, unhealthy, lambda a: a.host, world.express_links, healthy
+            order, me_index, gone.__contains__, unhealthy, lambda a: a.host, world.express_links, healthy, gone_at
         )
         neighbours: tuple[Addr, Addr] | None = None  # our two live ring neighbours, found when first needed
         for a in list(self.contacts):
@@ -462,7 +465,7 @@ class Links:
             contact.forgive(gap)
 
 
-def _live_neighbours(order: list[Addr], me: int, gone: set[Addr]) -> tuple[Addr, Addr]:
+def _live_neighbours(order: Sequence[Addr], me: int, gone: set[Addr]) -> tuple[Addr, Addr]:
     """The next and the previous address in table order (wrapping) whose process is not dead or departed; our own
     address when there is none."""
     n = len(order)

@@ -130,6 +130,7 @@ class Node:
             self.reunion.probe_due,
             self.suspicion.tick,
             self.gathering.tick,
+            self.gossip.flush,
         )
         self._last_tick: float | None = None
         self.now = 0.0  # the time of the input being handled, for the effects it leads to
@@ -515,7 +516,7 @@ class Node:
         """Send ``msg`` on every ready connection but ``except_conn``, encoded once."""
         ready = self.connections.ready(except_conn)
         if ready:
-            frame = wire.encode(msg)
+            frame = wire.flood_frame(msg) if isinstance(msg, (wire.Flood, wire.CommVerdict)) else wire.encode(msg)
             for c in ready:
                 self._send(c.id, frame)
 

@@ -21,14 +21,15 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import ipaddress
 import random
 import zlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, overload
 
 
 class Addr(NamedTuple):
@@ -77,11 +78,16 @@ def _host_hash(host: str) -> int:
     return zlib.crc32(host.encode("utf-8", "surrogatepass"))
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 17)
+def _host_key(host: str) -> tuple[int, bytes]:
+    # Cached per host, not per address: a job of 100,000 processes has about 12,500 hosts, and parsing an IP is slow.
+    # The same order as ``host_order`` (mesh addresses are always numeric: the wire carries packed IPs).
+    return host_order(host)
+
+
 def _sort_key(host: str, port: int) -> tuple[int, bytes, int]:
-    # Cached: the table is re-sorted on every merge and the ring compares addresses often; parsing an IP is slow.
-    ip = ipaddress.ip_address(host)
-    return (ip.version, ip.packed, port)
+    version, packed = _host_key(host)
+    return (version, packed, port)
 
 
 class PeerKey(NamedTuple):
@@ -111,9 +117,12 @@ def new_incarnation(wall_time: float, rng: random.Random) -> int:
     ) & 0xFFFFFFFFFFFFFFFF
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PeerInfo:
-    """What the job knows about one process."""
+    """What the job knows about one process.
+
+    Slotted, and its key made when asked for rather than kept: a node of a 100,000-process job holds 100,000 of
+    them (docs/architecture.md §11 measures the bytes per entry)."""
 
     addr: Addr
     pid: int
@@ -123,13 +132,12 @@ class PeerInfo:
     rank: int = -1  # global rank in the job's first process group, -1 when unknown
 
     @property
+    def key(self) -> PeerKey:
+        return PeerKey(self.addr, self.incarnation)
+
+    @property
     def host(self) -> str:
         return self.addr.host
-
-    @functools.cached_property
-    def key(self) -> PeerKey:
-        # Cached (frozen, so it never changes): the node reads it for every table entry on hot paths.
-        return PeerKey(self.addr, self.incarnation)
 
     def sort_key(self) -> tuple[int, bytes, int]:
         return self.addr.sort_key()
@@ -145,40 +153,68 @@ def devices_text(devices: tuple[int, ...]) -> str:
     return ("GPU " if len(devices) == 1 else "GPUs ") + ",".join(str(d) for d in devices)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def entry_digest(p: PeerInfo) -> int:
+    """One entry's share of the table hash: what a keepalive compares is the sum of these, modulo 2**64."""
+    return _digest(f"{p.addr.host}|{p.addr.port}|{p.pid}|{p.incarnation}|{p.rank};")
+
+
+def key_digest(k: PeerKey) -> int:
+    """One process's share of the hash of a set of peer keys (``key_set_hash``)."""
+    return _digest(f"{k.addr.host}|{k.addr.port}|{k.incarnation};")
+
+
 def table_hash(entries: Iterable[PeerInfo]) -> int:
-    """A 64-bit hash of a sorted peer list; equal tables give equal hashes on every node."""
-    h = hashlib.blake2b(digest_size=8)
-    for p in entries:
-        h.update(f"{p.addr.host}|{p.addr.port}|{p.pid}|{p.incarnation}|{p.rank};".encode())
-    return int.from_bytes(h.digest(), "big")
+    """A 64-bit hash of a set of entries, the same on every node that holds them, whatever the order they came in.
+
+    The sum of the entries' digests modulo 2**64 (an additive set hash), so that a node merging one entry into a
+    table of 100,000 updates the hash in O(1), rather than rehashing the table (wire version 7; docs/architecture.md
+    §11). Entries are unique (by address and incarnation), so no two equal digests cancel as they would with XOR."""
+    return sum(map(entry_digest, entries)) & _MASK64
 
 
 def key_set_hash(keys: Iterable[PeerKey]) -> int:
-    """A 64-bit hash of a set of peer keys (the dead or the departed), independent of order."""
-    h = hashlib.blake2b(digest_size=8)
-    for k in sorted(keys, key=PeerKey.sort_key):
-        h.update(f"{k.addr.host}|{k.addr.port}|{k.incarnation};".encode())
-    return int.from_bytes(h.digest(), "big")
+    """A 64-bit hash of a set of peer keys (the dead or the departed), independent of order: the sum of their
+    digests modulo 2**64, so that a set can be kept hashed as it grows (``verdicts.py``)."""
+    return sum(key_digest(k) for k in keys) & _MASK64
 
 
-@dataclass
+#: A merge of more new entries than this re-sorts the table (Timsort of a sorted run and the new ones) rather than
+#: inserting each one at its place (a list insert moves the tail: at 100,000 entries, about 10 us each).
+_INSERT_MAX = 16
+
+
 class PeerTable:
     """The sorted, grow-only table of every process the node has heard of.
 
     Iteration, ``len``, ``get`` and ``in`` (by address) see the current entry of each address; ``former`` and
-    ``entry`` (by key) reach the entries a newer incarnation replaced."""
+    ``entry`` (by key) reach the entries a newer incarnation replaced.
 
-    _current: dict[Addr, PeerInfo] = field(default_factory=dict)
-    _former: dict[PeerKey, PeerInfo] = field(default_factory=dict)
-    _sorted: list[PeerInfo] = field(default_factory=list)
-    _hash: int = 0
+    Every operation of a settled job is O(1) or O(log N): a merge costs O(log N) per new entry (its hash is added,
+    it is inserted at its place), ``index_of`` bisects. ``copy`` shares the entries until either table changes
+    (copy on write): the simulator starts 16,384 nodes from one table without 16,384 copies of it."""
 
-    def __post_init__(self) -> None:
-        self._resort()
+    __slots__ = ("_current", "_former", "_sorted", "_hash", "_shared")
 
-    def _resort(self) -> None:
-        self._sorted = sorted(self._current.values(), key=PeerInfo.sort_key)
-        self._hash = table_hash(self.all_entries())
+    def __init__(self) -> None:
+        self._current: dict[Addr, PeerInfo] = {}
+        self._former: dict[PeerKey, PeerInfo] = {}
+        self._sorted: list[PeerInfo] = []  # the current entries, in address order
+        self._hash = 0  # table_hash of every entry, current and former
+        self._shared = False  # the three containers are shared with another table: copy them before a change
+
+    def _own(self) -> None:
+        if self._shared:
+            self._current = dict(self._current)
+            self._former = dict(self._former)
+            self._sorted = list(self._sorted)
+            self._shared = False
 
     def merge(self, peers: Iterable[PeerInfo]) -> list[PeerInfo]:
         """Add unknown entries; return the ones that were new (the diff to gossip on), each once, in input order.
@@ -186,29 +222,62 @@ class PeerTable:
         An entry for a known key is kept as first seen. A new incarnation at a known address becomes the current
         entry if it is newer than the current one (which becomes former), else it is filed as former at once."""
         new: list[PeerInfo] = []
+        added: dict[Addr, None] = {}  # addresses the table did not hold, in order (their entries: ``_current``)
         for p in peers:
             current = self._current.get(p.addr)
             if (current is not None and current.incarnation == p.incarnation) or p.key in self._former:
                 continue
+            if not new:
+                self._own()
             if current is None:
                 self._current[p.addr] = p
+                added[p.addr] = None
             elif p.incarnation > current.incarnation:
                 self._former[current.key] = current
                 self._current[p.addr] = p
+                if p.addr not in added:
+                    # Same address, same place in the order: the newer entry takes the older one's slot.
+                    self._sorted[self._position(p.addr.sort_key())] = p
             else:
                 self._former[p.key] = p
+            self._hash = (self._hash + entry_digest(p)) & _MASK64
             new.append(p)
-        if new:
-            self._resort()
+        if len(added) > _INSERT_MAX:
+            self._sorted.extend(self._current[a] for a in added)
+            self._sorted.sort(key=PeerInfo.sort_key)
+        else:
+            for a in added:
+                q = self._current[a]
+                self._sorted.insert(self._position(q.addr.sort_key()), q)
         return new
 
+    def _position(self, order: tuple[int, bytes, int]) -> int:
+        return bisect.bisect_left(self._sorted, order, key=PeerInfo.sort_key)
+
+    def index_of(self, addr: Addr) -> int | None:
+        """The position of the current entry at ``addr`` in the table order, or None (O(log N))."""
+        if addr not in self._current:
+            return None
+        return self._position(addr.sort_key())
+
+    def entries(self) -> Sequence[PeerInfo]:
+        """The current entries in table order, without a copy (read only: the table owns it)."""
+        return self._sorted
+
+    def addresses(self) -> Sequence[Addr]:
+        """The current entries' addresses in table order: a view, without a copy."""
+        return _Addresses(self._sorted)
+
     def copy(self) -> PeerTable:
-        """An independent table with the same entries (no re-sorting or re-hashing)."""
+        """An independent table with the same entries: shared until either one changes (copy on write)."""
         other = PeerTable.__new__(PeerTable)
-        other._current = dict(self._current)
-        other._former = dict(self._former)
-        other._sorted = list(self._sorted)
-        other._hash = self._hash
+        other._current, other._former, other._sorted, other._hash = (
+            self._current,
+            self._former,
+            self._sorted,
+            self._hash,
+        )
+        other._shared = self._shared = True
         return other
 
     def __contains__(self, addr: object) -> bool:
@@ -257,3 +326,26 @@ class PeerTable:
     @property
     def hash(self) -> int:
         return self._hash
+
+
+class _Addresses(Sequence[Addr]):
+    """The addresses of a list of entries, read through (``PeerTable.addresses``)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: list[PeerInfo]) -> None:
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @overload
+    def __getitem__(self, i: int) -> Addr: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Addr]: ...
+
+    def __getitem__(self, i: int | slice) -> Addr | Sequence[Addr]:
+        if isinstance(i, slice):
+            return [p.addr for p in self._entries[i]]
+        return self._entries[i].addr

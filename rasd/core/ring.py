@@ -12,9 +12,9 @@ processes but those known healthy, so a dead host of 8 processes costs two hops,
     C's links:     next D (primary), E (fallback);  prev B
     E's links:     prev D (primary), C (fallback);  next F
 
-Skip links (``express``) shorten the gather tree: besides its ring neighbours every node links to the peers
-``stride`` positions away in each direction, where ``stride`` is about the square root of the live count, so a
-flood reaches every node in about ``2 * sqrt(N)`` hops instead of ``N / 2``.
+Skip links (``express``) shorten the gather tree: besides its ring neighbours every node links to the first live
+peer ``stride`` positions away in each direction, where ``stride`` is about the square root of the table's size, so
+a flood reaches every node in about ``2 * sqrt(N)`` hops instead of ``N / 2``.
 
 Far links. A node none of whose ring and skip links is known healthy, and some unhealthy, is cut off from the job as
 far as its links go, though the network may reach it: the middle of a silent region by address, more than
@@ -26,6 +26,7 @@ cuts off. They stay while its ring and skip links are unhealthy, so they do not 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -49,12 +50,15 @@ def links(
     host_of: Callable[[A], str],
     express: bool = True,
     healthy: Callable[[A], bool] | None = None,
+    excluded_at: Sequence[int] | None = None,
 ) -> set[A]:
     """The peers ``order[me_index]`` should keep links to.
 
     ``order`` is the whole sorted table; ``excluded`` peers (dead, departed) are skipped as if absent;
     ``unhealthy`` peers are linked to but also bridged over by fallbacks. ``healthy``: the peers known healthy, the
-    only ones of a skipped host the walk does not skip (default: every peer not unhealthy).
+    only ones of a skipped host the walk does not skip (default: every peer not unhealthy). ``excluded_at``: the
+    positions in ``order`` of the excluded peers, sorted, when the caller knows them: the skip links are then found
+    in O(log N) rather than by a walk over the whole table (a node of 100,000 relinks on every death it hears of).
     """
     n = len(order)
     me = order[me_index]
@@ -63,17 +67,25 @@ def links(
     for direction in (1, -1):
         out |= _walk(order, me_index, direction, excluded, unhealthy, host_of, known_healthy)
     if express:
-        live = [i for i in range(n) if i == me_index or not excluded(order[i])]
-        if len(live) >= EXPRESS_MIN_PEERS:
-            pos = live.index(me_index)
-            stride = max(2, int(math.isqrt(len(live))))
+        if excluded_at is None:
+            excluded_at = [i for i in range(n) if excluded(order[i])]
+        live = LiveOrder(n, [i for i in excluded_at if i != me_index])
+        if live.count >= EXPRESS_MIN_PEERS:
+            pos = live.rank(me_index)
+            # The stride counts the whole table, the dead included, and the skip peer is the first live one at or
+            # beyond that many positions: a death elsewhere moves no skip link. (Counted over the live peers, every
+            # node's skip links moved each time the live count crossed a square: a rack of 64 dying at once made
+            # the whole job relink, and dropped the links whose refused reconnects would have found the rack's last
+            # members dead at once; docs/architecture.md §11.)
+            stride = max(2, int(math.isqrt(n)))
             for direction in (1, -1):
-                target = order[live[(pos + direction * stride) % len(live)]]
+                at = live.live_from((me_index + direction * stride) % n, direction)
+                target = order[at]
                 if target != me:
                     out.add(target)
                     if unhealthy(target):
                         # Bridge a silent express peer with its live successor, one step further.
-                        nxt = order[live[(pos + direction * (stride + 1)) % len(live)]]
+                        nxt = order[live.live_from((at + direction) % n, direction)]
                         if nxt != me:
                             out.add(nxt)
             out.discard(me)
@@ -81,11 +93,47 @@ def links(
             # still connecting count as neither, or a walk in progress would hold the far links back (seed 3152).
             if any(unhealthy(p) for p in out) and not any(known_healthy(p) for p in out):
                 for k in range(1, FAR_LINKS + 1):
-                    far = order[live[(pos + k * len(live) // (FAR_LINKS + 1)) % len(live)]]
+                    far = order[live.at(pos + k * live.count // (FAR_LINKS + 1))]
                     if far != me:
                         out.add(far)
     out.discard(me)
     return out
+
+
+class LiveOrder:
+    """The live entries of a table of ``n`` with a few positions excluded, numbered 0 .. count-1 in table order,
+    without listing them: ``rank`` and ``at`` bisect the excluded positions."""
+
+    def __init__(self, n: int, excluded_at: Sequence[int]) -> None:
+        self.n = n
+        self.excluded_at = excluded_at  # sorted
+        self.count = n - len(excluded_at)
+
+    def rank(self, position: int) -> int:
+        """The live number of the (live) entry at ``position``."""
+        return position - bisect.bisect_left(self.excluded_at, position)
+
+    def live_from(self, position: int, direction: int) -> int:
+        """The first live position at or after ``position`` going in ``direction`` (wrapping)."""
+        excluded = self.excluded_at
+        while True:
+            i = bisect.bisect_left(excluded, position)
+            if i == len(excluded) or excluded[i] != position:
+                return position
+            position = (position + direction) % self.n
+
+    def at(self, k: int) -> int:
+        """The position of live entry number ``k`` (modulo the live count)."""
+        k %= self.count
+        low, high = k, min(self.n - 1, k + len(self.excluded_at))
+        # The smallest position with k + 1 live entries at or before it.
+        while low < high:
+            mid = (low + high) // 2
+            if mid + 1 - bisect.bisect_right(self.excluded_at, mid) >= k + 1:
+                high = mid
+            else:
+                low = mid + 1
+        return low
 
 
 def _walk(

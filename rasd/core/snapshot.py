@@ -19,12 +19,13 @@ process the table does not know). A record with size <= 0 or a rank outside [0, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .comms import CommRecord, ProcessData, RankRecord
-from .peers import Addr, PeerInfo, addr_order
+from .peers import Addr, PeerInfo, host_order
 from .stuck_verdict import StuckVerdict
 
 #: Communicator hashes are 64-bit (the wire's u64); a wider value is cut to that.
@@ -67,11 +68,44 @@ class JobSnapshot:
 
     def expected(self) -> list[PeerInfo]:
         """The peers the gather expected an answer from: the table less the dead and the departed."""
-        return [p for p in self.peers if p.addr not in self.dead and p.addr not in self.left]
+        gone = self.dead | self.left
+        return [p for p in self.peers if p.addr not in gone] if gone else list(self.peers)
 
     def missing(self) -> list[PeerInfo]:
         """Live peers that did not answer (NCCL's missing = peers - dead - responders; departed peers excluded)."""
         return [p for p in self.expected() if p.addr not in self.responses]
+
+    @functools.cached_property
+    def table_order(self) -> tuple[PeerInfo, ...]:
+        """``peers`` sorted by address (``by_address``), whatever order they were given in. Worked out once per
+        snapshot, as ``positions``: the merge and the report both read them (the snapshot is frozen; these caches
+        are the only attributes set after it is made)."""
+        return tuple(by_address(self.peers))
+
+    @functools.cached_property
+    def positions(self) -> dict[Addr, int]:
+        """Each address of the table -> its position in ``table_order``."""
+        return {p.addr: i for i, p in enumerate(self.table_order)}
+
+
+def addr_order_memo() -> Callable[[Addr], tuple[int, bytes, int]]:
+    """``peers.addr_order`` (host, then port, for any address), each host's part worked out once per key function
+    made here: parsing an IP is the slow part of a sort of the table, and a job has several processes per host."""
+    hosts: dict[str, tuple[int, bytes]] = {}
+
+    def key(addr: Addr) -> tuple[int, bytes, int]:
+        host = hosts.get(addr.host)
+        if host is None:
+            host = hosts[addr.host] = host_order(addr.host)
+        return (host[0], host[1], addr.port)
+
+    return key
+
+
+def by_address(peers: Iterable[PeerInfo]) -> list[PeerInfo]:
+    """``peers`` in table order: sorted by ``addr_order`` of their addresses."""
+    key = addr_order_memo()
+    return sorted(peers, key=lambda p: key(p.addr))
 
 
 #: The sort key of a process in process order: (0, its position in the table) for a known address, (1, its
@@ -81,13 +115,28 @@ ProcessOrder = tuple[int, int, bytes, int]
 
 def process_order(snapshot: JobSnapshot) -> Callable[[Addr], ProcessOrder]:
     """The key of process order in this snapshot: peer-table order, then any address the table does not know."""
-    position = {p.addr: i for i, p in enumerate(sorted(snapshot.peers, key=lambda p: addr_order(p.addr)))}
+    position = snapshot.positions
+    unknown = addr_order_memo()
 
     def key(addr: Addr) -> ProcessOrder:
         known = position.get(addr)
-        return (0, known, b"", 0) if known is not None else (1, *addr_order(addr))
+        return (0, known, b"", 0) if known is not None else (1, *unknown(addr))
 
     return key
+
+
+def in_process_order(snapshot: JobSnapshot) -> list[Addr]:
+    """The responding addresses in process order (``sorted(snapshot.responses, key=process_order(snapshot))``,
+    read off the table instead of sorting: no key to make per process)."""
+    responses, positions, table = snapshot.responses, snapshot.positions, snapshot.table_order
+    if len(positions) == len(table):  # one entry per address, as the gather makes it
+        known = [p.addr for p in table if p.addr in responses]
+    else:  # an address listed twice takes its last position
+        known = [p.addr for i, p in enumerate(table) if p.addr in responses and positions[p.addr] == i]
+    if len(known) == len(responses):
+        return known
+    unknown = addr_order_memo()
+    return known + sorted((a for a in responses if a not in positions), key=unknown)
 
 
 class ReportedRank(NamedTuple):
@@ -103,29 +152,40 @@ class MergedCommunicator:
 
     comm_hash: int
     size: int
-    #: Communicator rank -> the first report of it in process order.
+    #: Communicator rank -> the first report of it in process order; in the order they were first reported, which
+    #: is process order.
     ranks: dict[int, ReportedRank] = field(default_factory=dict)
-    #: The records that carry a rank map (communicator rank -> global rank), in process order.
-    mapped: list[CommRecord] = field(default_factory=list)
+    #: Each distinct rank map (communicator rank -> global rank) -> the first record that carries it, in process
+    #: order. The processes of a communicator mostly report one map: looking a rank up reads each map once, not
+    #: every process's copy of it.
+    mapped: dict[tuple[tuple[int, int, int], ...], CommRecord] = field(default_factory=dict)
 
     def global_rank(self, comm_rank: int) -> int | None:
-        """The global rank of a communicator rank, where some rank map tells."""
-        return next((g for g in (r.global_rank(comm_rank) for r in self.mapped) if g is not None), None)
+        """The global rank of a communicator rank, where some rank map tells (the first that does, in process
+        order)."""
+        return next((g for g in (r.global_rank(comm_rank) for r in self.mapped.values()) if g is not None), None)
 
 
 def merge_communicators(snapshot: JobSnapshot) -> list[MergedCommunicator]:
-    """Every communicator of the snapshot that some process holds a valid rank of, in (hash, size) order."""
+    """Every communicator of the snapshot that some process holds a valid rank of, in (hash, size) order. Each one's
+    ``ranks`` are in the order they were first reported: in process order."""
     merged: dict[tuple[int, int], MergedCommunicator] = {}
-    for addr in sorted(snapshot.responses, key=process_order(snapshot)):
-        for comm in snapshot.responses[addr].comms:
-            if comm.size <= 0:
+    responses = snapshot.responses
+    for addr in in_process_order(snapshot):
+        for comm in responses[addr].comms:
+            size = comm.size
+            if size <= 0:
                 continue
-            key = (comm.comm_hash & HASH_MASK, comm.size)
+            key = (comm.comm_hash & HASH_MASK, size)
+            entry = merged.get(key)
             for rank in comm.ranks:
-                if not 0 <= rank.comm_rank < comm.size:
+                comm_rank = rank.comm_rank
+                if not 0 <= comm_rank < size:
                     continue  # a malformed record; the communicator cannot hold it
-                entry = merged.setdefault(key, MergedCommunicator(*key))
-                entry.ranks.setdefault(rank.comm_rank, ReportedRank(addr, rank))
-            if comm.rank_map and key in merged:
-                merged[key].mapped.append(comm)
+                if entry is None:
+                    entry = merged[key] = MergedCommunicator(*key)
+                if comm_rank not in entry.ranks:
+                    entry.ranks[comm_rank] = ReportedRank(addr, rank)
+            if comm.rank_map and entry is not None and comm.rank_map not in entry.mapped:
+                entry.mapped[comm.rank_map] = comm
     return [merged[key] for key in sorted(merged)]

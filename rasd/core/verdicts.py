@@ -16,10 +16,12 @@ from .actions import ProbePid
 from .effects import Drop, Effects, Expel, Forget, Notify, Originate, Relink
 from .events import Kind
 from .liveness import HUNG_EXPIRY
-from .peers import Addr, PeerKey, key_set_hash
+from .peers import Addr, PeerKey, key_digest, key_set_hash
 
 if TYPE_CHECKING:
     from .view import World
+
+_MASK64 = (1 << 64) - 1
 
 
 class Verdicts:
@@ -40,8 +42,9 @@ class Verdicts:
         return key in self.dead or key in self.left
 
     def gone_hash(self) -> int:
-        """The hash of the dead and departed sets, as every keepalive carries it."""
-        return key_set_hash(self.dead) ^ (key_set_hash(self.left) * 3 & 0xFFFFFFFFFFFFFFFF)
+        """The hash of the dead and departed sets, as every keepalive carries it (recomputed; the node keeps
+        ``dead_hash`` up to date as the sets grow, in O(1) per verdict: the set hashes are sums, peers.key_set_hash)."""
+        return (key_set_hash(self.dead) + 3 * key_set_hash(self.left)) & _MASK64
 
     def gone_addresses(self) -> set[Addr]:
         """The addresses whose current process is dead or departed (the ring skips them)."""
@@ -56,9 +59,12 @@ class Verdicts:
             return []
         known = world.table.entry(key) is not None
         self.dead.add(key)
-        self.left.discard(key)
+        digest = key_digest(key)
+        if key in self.left:
+            self.left.discard(key)
+            digest -= 3 * digest
         self.hung.pop(key, None)
-        self.dead_hash = self.gone_hash()
+        self.dead_hash = (self.dead_hash + digest) & _MASK64
         out = self._disconnect(key)
         out.append(Notify(Kind.PEER_DEAD, key, why or ""))
         if flood and known:
@@ -71,7 +77,7 @@ class Verdicts:
             return []
         self.left.add(key)
         self.hung.pop(key, None)
-        self.dead_hash = self.gone_hash()
+        self.dead_hash = (self.dead_hash + 3 * key_digest(key)) & _MASK64
         out = self._disconnect(key)
         out.append(Notify(Kind.PEER_LEFT, key, "process left the job"))
         out.append(Relink())

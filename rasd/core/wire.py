@@ -17,6 +17,7 @@ import functools
 import ipaddress
 import math
 import struct
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -30,8 +31,10 @@ from .stuck import StuckVerdict
 #: sender's clock in keepalives and stamps in floods, SUSPECT and OUTVOTED floods, a probe's side in CONNINIT and the
 #: OUTNUMBERED nack (docs/architecture.md 2.7). 5: a probe's side measured by a reachability gather and the MEASURE
 #: nack; the HEARD flood. 6: what a gather asks for (``Ask``) and the answers of the asks other than STATUS; a
-#: process's position in its process data and the positions of the ranks behind in a communicator verdict.
-VERSION = 6
+#: process's position in its process data and the positions of the ranks behind in a communicator verdict. 7: the
+#: table and dead-set hashes in keepalives are sums of per-entry digests (``peers.table_hash``), kept up to date in
+#: O(1) per change.
+VERSION = 7
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -337,7 +340,7 @@ def _packed_addr(a: Addr) -> bytes:
     return bytes([len(packed)]) + packed + _U16.pack(a.port)
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 12)  # the recurring addresses of floods and gathers; a table's are in _PEERS
 def _unpacked_addr(ip_and_port: bytes) -> Addr:
     """The reverse of ``_packed_addr``, less its length byte (checked by the caller)."""
     (port,) = _U16.unpack_from(ip_and_port, len(ip_and_port) - 2)
@@ -368,18 +371,67 @@ def _enum(cls: type[E], value: int) -> E:
 
 
 def _put_peer(w: _Writer, p: PeerInfo) -> None:
-    w.addr(p.addr)
-    w.fmt("IQi", p.pid, p.incarnation, p.rank)
-    w.text(p.hostname)
-    w.fmt("B", len(p.devices))
-    w.raw(bytes(p.devices))
+    w.raw(_peer_bytes(p))
+
+
+#: Decoded table entries by their bytes, and the bytes of each entry encoded: a node hears every entry of the job
+#: several times at start-up (a diff and a whole table from each of its links), and decoding an entry costs about
+#: 10 us where a cached one costs 1 (docs/architecture.md §11). Bounded, cleared when full: 16,384 entries cost
+#: about 2 MB each, so a node of 100,000 processes keeps its table within its memory budget. The simulator, whose
+#: nodes share one process and these caches, raises the bound.
+PEER_CACHE_MAX = 1 << 14
+_PEERS: dict[bytes, PeerInfo] = {}
+_PEER_BYTES: dict[PeerInfo, bytes] = {}
+
+
+def _peer_bytes(p: PeerInfo) -> bytes:
+    b = _PEER_BYTES.get(p)
+    if b is None:
+        w = _Writer()
+        w.addr(p.addr)
+        w.fmt("IQi", p.pid, p.incarnation, p.rank)
+        w.text(p.hostname)
+        w.fmt("B", len(p.devices))
+        w.raw(bytes(p.devices))
+        b = w.getvalue()
+        if len(_PEER_BYTES) >= PEER_CACHE_MAX:
+            _PEER_BYTES.clear()
+        _PEER_BYTES[p] = b
+    return b
 
 
 def _get_peer(r: _Reader) -> PeerInfo:
+    buf, start = r.buf, r.pos
+    try:
+        end = start + buf[start] + 19  # address length, address, port, pid, incarnation, rank
+        end += buf[end] + 1  # host name
+        end += buf[end] + 1  # devices
+    except IndexError:
+        raise ProtocolError("message truncated") from None
+    raw = bytes(buf[start:end])
+    p = _PEERS.get(raw)
+    if p is not None and end <= len(buf):
+        r.pos = end
+        return p
+    p = _parse_peer(r)
+    if r.pos == end:
+        if len(_PEERS) >= PEER_CACHE_MAX:
+            _PEERS.clear()
+        _PEERS[raw] = p
+    return p
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _devices(raw: bytes) -> tuple[int, ...]:
+    # Shared: the same few device lists recur across the whole table.
+    return tuple(raw)
+
+
+def _parse_peer(r: _Reader) -> PeerInfo:
     addr = r.addr()
     pid, incarnation, rank = r.fmt("IQi")
-    hostname = r.text()
-    devices = tuple(r.raw(r.one("B")))
+    hostname = sys.intern(r.text())  # the processes of a host share one
+    devices = _devices(r.raw(r.one("B")))
     if addr.port == 0:
         raise ProtocolError("peer with port 0")
     return PeerInfo(addr=addr, pid=pid, hostname=hostname, incarnation=incarnation, devices=devices, rank=rank)
@@ -489,6 +541,17 @@ _RANK_HEAD = struct.calcsize("!IBBBhB")
 _BARE_DATA = {bytes(7): ProcessData(), bytes(5) + b"\x01\x00": ProcessData(waiting=True)}
 
 
+_COUNTS = struct.Struct(f"!{N_OPS}Q")
+_COUNTS_BYTES = _COUNTS.size
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _counts(raw: bytes) -> tuple[int, ...]:
+    # Shared: the ranks of a job mostly hold the same counters, so a gather's root (100,000 entries) keeps one tuple
+    # per distinct set of counters, not two per rank (docs/architecture.md §11).
+    return cast(tuple[int, ...], _COUNTS.unpack(raw))
+
+
 def _get_process_data(r: _Reader) -> ProcessData:
     bare = _BARE_DATA.get(bytes(r.buf[r.pos : r.pos + 7]))
     if bare is not None:
@@ -503,21 +566,21 @@ def _get_process_data(r: _Reader) -> ProcessData:
             comm_rank, init_state, async_error, flags, device, nops = r.fmt("IBBBhB")
             if nops != N_OPS or flags > 7:
                 raise ProtocolError("bad rank record")
-            launched = r.fmt(f"{nops}Q")
-            completed = r.fmt(f"{nops}Q")
+            launched = _counts(r.raw(_COUNTS_BYTES))
+            completed = _counts(r.raw(_COUNTS_BYTES))
             idle_ms = r.one("I")
             ranks.append(
                 RankRecord(
-                    idle_ms=idle_ms,
-                    comm_rank=comm_rank,
-                    init_state=init_state,
-                    async_error=async_error,
-                    finalize_called=bool(flags & 1),
-                    destroy_flag=bool(flags & 2),
-                    abort_flag=bool(flags & 4),
-                    device=device,
-                    launched=launched,
-                    completed=completed,
+                    comm_rank,
+                    init_state,
+                    async_error,
+                    bool(flags & 1),
+                    bool(flags & 2),
+                    bool(flags & 4),
+                    device,
+                    launched,
+                    completed,
+                    idle_ms,
                 )
             )
         comms.append(CommRecord(comm_hash=comm_hash, size=size, ranks=tuple(ranks), rank_map=runs))
@@ -598,6 +661,13 @@ def encode(msg: Message) -> bytes:
         raise TypeError(f"not a message: {msg!r}")
     fields = w.getvalue()
     return _FRAME_HEAD.pack(2 + len(fields), VERSION, t) + fields
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def flood_frame(msg: Flood | CommVerdict) -> bytes:
+    """``encode(msg)``, memoised: a verdict flood reaches every node and each passes it on to all its other
+    connections, so a relay hands on the frame it was made from (or first made) rather than encoding it again."""
+    return encode(msg)
 
 
 @functools.lru_cache(maxsize=1 << 10)

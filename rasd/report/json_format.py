@@ -48,9 +48,23 @@ def _array(items: list[str], indent: str) -> str:
     return "[\n" + ",\n".join(items) + f"\n{indent}]"
 
 
-def _counts(counts: list[int], indent: str) -> str:
-    lines = [f"{indent}  {_str(OP_TYPES[op])}: {int(counts[op])}" for op in range(N_OPS)]
+#: Each op type's key, quoted once (a report prints them twice per rank of the job).
+_OP_KEYS = tuple(_str(op) for op in OP_TYPES)
+
+
+def _counts(counts: tuple[int, ...], indent: str) -> str:
+    """Counts of every op type (``PresentRank.launched``: a type a record lacks counts 0)."""
+    padded = (*counts[:N_OPS], *(0,) * (N_OPS - len(counts)))
+    lines = [f"{indent}  {key}: {int(count)}" for key, count in zip(_OP_KEYS, padded, strict=True)]
     return "{\n" + ",\n".join(lines) + f"\n{indent}}}"
+
+
+def _quoted(quote: dict[str, str], value: str) -> str:
+    """``_str(value)``, each distinct value quoted once per document (``quote``: what has been)."""
+    text = quote.get(value)
+    if text is None:
+        text = quote[value] = _str(value)
+    return text
 
 
 def _process_fields(process: PeerInfo | None) -> tuple[str, int, str, str]:
@@ -60,14 +74,14 @@ def _process_fields(process: PeerInfo | None) -> tuple[str, int, str, str]:
     return process.host, process.pid, process.hostname, str(process.incarnation)
 
 
-def _rank(rank: PresentRank) -> str:
+def _rank(rank: PresentRank, quote: dict[str, str]) -> str:
     host, pid, hostname, incarnation = _process_fields(rank.process)
     record = rank.record
     i = " " * 10
     return (
         "        {\n"
         f'{i}"rank": {rank.comm_rank},\n'
-        f'{i}"host": {_str(host)},\n'
+        f'{i}"host": {_quoted(quote, host)},\n'
         f'{i}"pid": {pid},\n'
         f'{i}"cuda_dev": {record.device},\n'
         f'{i}"nvml_dev": {record.device},\n'
@@ -78,10 +92,10 @@ def _rank(rank: PresentRank) -> str:
         f'{i}  "destroy_flag": {_bool(record.destroy_flag)},\n'
         f'{i}  "abort_flag": {_bool(record.abort_flag)}\n'
         f"{i}}},\n"
-        f'{i}"collective_counts": {_counts([rank.launched(op) for op in range(N_OPS)], i)},\n'
-        f'{i}"hostname": {_str(hostname)},\n'
+        f'{i}"collective_counts": {_counts(record.launched, i)},\n'
+        f'{i}"hostname": {_quoted(quote, hostname)},\n'
         f'{i}"incarnation": {incarnation},\n'
-        f'{i}"completed_counts": {_counts([rank.completed(op) for op in range(N_OPS)], i)}\n'
+        f'{i}"completed_counts": {_counts(record.completed, i)}\n'
         "        }"
     )
 
@@ -139,7 +153,7 @@ def _positions(verdict: StuckVerdict, indent: str) -> str:
     )
 
 
-def _communicator(comm: Communicator, stuck: StuckVerdict | None) -> str:
+def _communicator(comm: Communicator, stuck: StuckVerdict | None, quote: dict[str, str]) -> str:
     i = " " * 6
     return (
         "    {\n"
@@ -148,7 +162,7 @@ def _communicator(comm: Communicator, stuck: StuckVerdict | None) -> str:
         f'{i}"size": {comm.size},\n'
         f'{i}"ranks_count": {len(comm.ranks)},\n'
         f'{i}"missing_ranks_count": {len(comm.missing)},\n'
-        f'{i}"ranks": {_array([_rank(r) for r in comm.ranks], i)},\n'
+        f'{i}"ranks": {_array([_rank(r, quote) for r in comm.ranks], i)},\n'
         f'{i}"missing_ranks": {_array([_missing_rank(m) for m in comm.missing], i)},\n'
         f'{i}"stuck": {_stuck(stuck, i)}\n'
         "    }"
@@ -196,7 +210,8 @@ def render_json(
     cuda_driver_version: int = -1,
 ) -> str:
     """The JSON document of a finished gather. ``timestamp`` is the wall-clock time of the report."""
-    communicators = [_communicator(c, report.stuck.get(c.comm_hash)) for c in report.communicators_by_id]
+    quote: dict[str, str] = {}
+    communicators = [_communicator(c, report.stuck.get(c.comm_hash), quote) for c in report.communicators_by_id]
     return (
         "{\n"
         f'  "nccl_version": {_str(nccl_version)},\n'

@@ -40,6 +40,7 @@ rank shared by several peers (a restarted process and its dead predecessor) name
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 from collections import Counter
@@ -58,7 +59,7 @@ from rasd.core.snapshot import (  # HASH_MASK: re-exported, the renderers print 
 )
 from rasd.core.stuck_verdict import StuckVerdict
 
-from .ordering import addr_key, process_key
+from .ordering import addr_key, processes
 from .restarts import RestartSummary, build_restart_summary
 from .summary import JobSummary, build_job_summary
 
@@ -101,11 +102,15 @@ def highest_status(bits: Status) -> Status:
 
 
 def rank_status(record: RankRecord) -> Status:
-    if record.abort_flag:
+    return _status(record.abort_flag, record.finalize_called or record.destroy_flag, record.init_state)
+
+
+def _status(abort: bool, finalizing: bool, init_state: int) -> Status:
+    if abort:
         return Status.ABORT
-    if record.finalize_called or record.destroy_flag:
+    if finalizing:
         return Status.FINALIZE
-    if record.init_state == RESULT_SUCCESS:
+    if init_state == RESULT_SUCCESS:
         return Status.RUNNING
     return Status.INIT
 
@@ -120,9 +125,10 @@ class MissingReason(enum.Enum):
     INCOMPLETE = "INCOMPLETE"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PresentRank:
-    """A rank some process reported."""
+    """A rank some process reported. Slotted: a report holds one per rank of the job, and fewer objects to track
+    make the collector's passes over a large report cheaper."""
 
     comm_rank: int
     record: RankRecord
@@ -148,7 +154,7 @@ class PresentRank:
         return counts[op] if op < len(counts) else 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MissingRank:
     """A rank no process reported."""
 
@@ -287,8 +293,8 @@ def _process_of(comm: MergedCommunicator, comm_rank: int, context: _Context) -> 
     if global_rank is None:
         return None, None
     candidates = context.peers_by_global_rank.get(global_rank, ())
-    if not candidates:
-        return global_rank, None
+    if len(candidates) <= 1:
+        return global_rank, candidates[0] if candidates else None
 
     # A restarted process shares its global rank with its dead predecessor: prefer the liveliest entry.
     snapshot = context.snapshot
@@ -355,20 +361,54 @@ def _in_flight(ranks: tuple[PresentRank, ...], op: int, grace: float, window: fl
     return top > low
 
 
+def _reference(comm: MergedCommunicator, order: Callable[[Addr], ProcessOrder]) -> int:
+    """The communicator rank the others are compared with: the first in (process, rank) order. The merge lists a
+    communicator's ranks in process order, so only the first process's ranks are read, not every rank."""
+    first_key: ProcessOrder | None = None
+    best = -1
+    for comm_rank, reported in comm.ranks.items():
+        key = order(reported.addr)
+        if first_key is None:
+            first_key, best = key, comm_rank
+        elif key != first_key:
+            break  # a later process: every rank from here on comes after
+        elif comm_rank < best:
+            best = comm_rank
+    return best
+
+
+def _status_bits(records: list[RankRecord]) -> Status:
+    """The union of the ranks' statuses, read from the distinct flag combinations (a job's ranks share few)."""
+    bits = Status(0)
+    for flags in {(r.abort_flag, r.finalize_called or r.destroy_flag, r.init_state) for r in records}:
+        bits |= _status(*flags)
+    return bits
+
+
 def _classify(comm: MergedCommunicator, context: _Context) -> Communicator:
-    """One merged communicator of the snapshot, each present rank with its process's table entry."""
-    ranks = tuple(
-        PresentRank(r, reported.record, reported.addr, context.table.get(reported.addr))
-        for r, reported in sorted(comm.ranks.items())
+    """One merged communicator of the snapshot, each present rank with its process's table entry.
+
+    Linear in the communicator's ranks with a small constant: the report classifies every rank of the job. What
+    is compared across ranks (statuses, error codes, launch totals) is read as the set of distinct values first,
+    and the reference rank from the first process only (``_reference``)."""
+    table = context.table
+    reported = comm.ranks
+    present = []
+    for comm_rank in sorted(reported):  # the ranks alone: no (rank, report) pair per rank to sort and collect
+        entry = reported[comm_rank]
+        present.append(PresentRank(comm_rank, entry.record, entry.addr, table.get(entry.addr)))
+    ranks = tuple(present)
+    missing = (
+        ()
+        if len(reported) == comm.size
+        else tuple(_missing_rank(comm, r, context) for r in range(comm.size) if r not in reported)
     )
-    missing = tuple(_missing_rank(comm, r, context) for r in range(comm.size) if r not in comm.ranks)
-    reference = min(ranks, key=lambda r: (context.order(r.addr), r.comm_rank))
+    reference = ranks[bisect.bisect_left(ranks, _reference(comm, context.order), key=_comm_rank)]
+    records = [r.record for r in ranks]
 
     per_node = Counter(r.addr.host for r in ranks)
 
-    status_bits = Status(0)
-    for rank in ranks:
-        status_bits |= rank.status
+    status_bits = _status_bits(records)
     if any(m.reason is MissingReason.NOCOMM for m in missing):
         status_bits |= Status.NOCOMM
 
@@ -377,20 +417,19 @@ def _classify(comm: MergedCommunicator, context: _Context) -> Communicator:
     # totals agree, or differ only in flight, are no MISMATCH whatever their split says. The gather's own duration
     # (its collection time) is the window within which the processes' data were taken.
     grace, window = context.snapshot.in_flight_grace, context.snapshot.collection_time
-    totals_differ = any(r.launched(ALL_OPS) != reference.launched(ALL_OPS) for r in ranks) and not _in_flight(
-        ranks, ALL_OPS, grace, window
-    )
-    mismatched_ops = tuple(
-        op
-        for op in range(N_OPS)
-        if totals_differ
-        and any(r.launched(op) != reference.launched(op) for r in ranks)
-        and not _in_flight(ranks, op, grace, window)
-    )
+    totals_differ = len({sum(r.launched) for r in records}) > 1 and not _in_flight(ranks, ALL_OPS, grace, window)
+    mismatched = []
+    if totals_differ:
+        for op in range(N_OPS):
+            expected = reference.launched(op)
+            if any(r.launched(op) != expected for r in ranks) and not _in_flight(ranks, op, grace, window):
+                mismatched.append(op)
+    mismatched_ops = tuple(mismatched)
     errors = CommErrors(0)
     if mismatched_ops or bin(int(status_bits)).count("1") > 1:
         errors |= CommErrors.MISMATCH
-    if any(is_error_code(r.record.init_state) or is_error_code(r.record.async_error) for r in ranks):
+    codes = {r.init_state for r in records} | {r.async_error for r in records}
+    if any(is_error_code(code) for code in codes):
         errors |= CommErrors.ERROR
     if any(m.reason is MissingReason.INCOMPLETE for m in missing):
         errors |= CommErrors.INCOMPLETE
@@ -408,6 +447,10 @@ def _classify(comm: MergedCommunicator, context: _Context) -> Communicator:
         errors=errors,
         mismatched_ops=mismatched_ops,
     )
+
+
+def _comm_rank(rank: PresentRank) -> int:
+    return rank.comm_rank
 
 
 def _table_order(comm: Communicator) -> tuple:
@@ -436,7 +479,8 @@ def _group(communicators: list[Communicator]) -> tuple[CommGroup, ...]:
     groups = []
     for number, run in enumerate(runs):
         named = tuple(replace(c, group=number, index_in_group=i) for i, c in enumerate(run))
-        devices = {(r.addr, r.record.device) for c in named for r in c.ranks}
+        # (host, port, device) counts as (address, device) does, without hashing an address object per rank.
+        devices = {(r.addr.host, r.addr.port, r.record.device) for c in named for r in c.ranks}
         groups.append(
             CommGroup(
                 number=number,
@@ -452,9 +496,9 @@ def _group(communicators: list[Communicator]) -> tuple[CommGroup, ...]:
 def build_report(snapshot: JobSnapshot) -> Report:
     """The report of a finished gather. Never raises on odd input: malformed records are left out."""
     dead, left = snapshot.dead, snapshot.left
-    table_order = sorted(snapshot.peers, key=lambda p: addr_key(p.addr))
+    table_order = snapshot.table_order
     table = {p.addr: p for p in table_order}
-    missing_processes = tuple(sorted(snapshot.missing(), key=process_key))
+    missing_processes = processes(snapshot.missing())
 
     by_global_rank: dict[int, list[PeerInfo]] = {}
     for peer in table_order:
@@ -478,15 +522,13 @@ def build_report(snapshot: JobSnapshot) -> Report:
         communicators_by_id=tuple(named[(c.comm_hash, c.size)] for c in by_id),
         missing_processes=missing_processes,
         # Older processes at an address a newer one holds (JobSnapshot.former_*) are listed with the others.
-        dead_processes=tuple(sorted([*(table[a] for a in dead if a in table), *snapshot.former_dead], key=process_key)),
-        left_processes=tuple(sorted([*(table[a] for a in left if a in table), *snapshot.former_left], key=process_key)),
+        dead_processes=processes([*(table[a] for a in dead if a in table), *snapshot.former_dead]),
+        left_processes=processes([*(table[a] for a in left if a in table), *snapshot.former_left]),
         dead_count=len(dead) + len(snapshot.former_dead),
         left_count=len(left) + len(snapshot.former_left),
         timeouts=snapshot.timeouts,
         collection_time=snapshot.collection_time,
         stuck=dict(snapshot.stuck),
         restarts=build_restart_summary(snapshot.responses, table, context.order),
-        waiting_processes=tuple(
-            sorted((table[a] for a, data in snapshot.responses.items() if data.waiting and a in table), key=process_key)
-        ),
+        waiting_processes=processes(table[a] for a, data in snapshot.responses.items() if data.waiting and a in table),
     )

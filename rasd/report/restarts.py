@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from rasd.core.comms import ProcessData, RestartRecord
 from rasd.core.peers import Addr, PeerInfo
 
-from .ordering import process_key
+from .ordering import by_process
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def build_restart_summary(
     iteration = max(record.iteration for _, record in records)
     last = next(record for _, record in records if record.iteration == iteration)
     older = [(addr, record.iteration) for addr, record in records if record.iteration < iteration]
-    behind = sorted(((table[addr], it) for addr, it in older if addr in table), key=lambda item: process_key(item[0]))
+    behind = by_process(((table[addr], it) for addr, it in older if addr in table), _peer)
     return RestartSummary(
         iteration=iteration,
         restarts=max(record.restarts for _, record in records),
@@ -60,3 +60,7 @@ def build_restart_summary(
         behind=tuple(behind),
         behind_count=len(older),
     )
+
+
+def _peer(item: tuple[PeerInfo, int]) -> PeerInfo:
+    return item[0]

@@ -26,8 +26,9 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from rasd.core.peers import Addr, PeerInfo
+from rasd.core.snapshot import by_address
 
-from .ordering import addr_key, host_key
+from .ordering import host_key_memo
 
 
 class SummaryLayout(enum.Enum):
@@ -92,7 +93,7 @@ def _most_common_first(counts: Counter[int]) -> list[tuple[int, int]]:
 
 def build_job_summary(peers: Iterable[PeerInfo], left: Collection[Addr] = frozenset()) -> JobSummary:
     """Summarise the peer table; processes whose address is in ``left`` are not part of the job any more."""
-    members = sorted((p for p in peers if p.addr not in left), key=lambda p: addr_key(p.addr))
+    members = by_address(p for p in peers if p.addr not in left)
 
     nodes: list[list[PeerInfo]] = []
     for peer in members:
@@ -106,6 +107,7 @@ def build_job_summary(peers: Iterable[PeerInfo], left: Collection[Addr] = frozen
     processes_even_per_node = all(len(node) == len(nodes[0]) for node in nodes)
 
     nodes_by_size: dict[int, list[NodeProcesses]] = {}
+    host_key = host_key_memo()
     for node in sorted(nodes, key=lambda n: host_key(n[0].host)):
         entry = NodeProcesses(node[0].host, tuple(sorted(p.pid for p in node)))
         nodes_by_size.setdefault(len(node), []).append(entry)

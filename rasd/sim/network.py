@@ -31,6 +31,8 @@ from rasd.core.config import Timers
 from rasd.core.events import Event, Kind
 from rasd.core.peers import Addr, PeerInfo, PeerKey, PeerTable, new_incarnation
 
+from .store import StoreModel
+
 SECRET = b"simulated job secret"
 #: The wall clock at virtual time 0, for incarnations (which order the processes at one address by start time).
 EPOCH = 1_800_000_000.0
@@ -78,6 +80,8 @@ class Simulation:
         record: frozenset[Kind] | None = None,
     ) -> None:
         self.rng = random.Random(seed)
+        # The nodes share this process, and with it the wire's caches of decoded entries: room for a whole table.
+        wire.PEER_CACHE_MAX = max(wire.PEER_CACHE_MAX, 1 << 18)
         self.record = record  # the event kinds to keep (None: all); thousands of nodes emit N² PEER_NEW
         self.now = 0.0
         self.timers = timers
@@ -97,6 +101,7 @@ class Simulation:
         self._pipes: dict[tuple[int, int], _Pipe] = {}  # (node, conn id) -> the pipe *from* that end
         self._next_accept_id = -1
         self.messages_sent = 0
+        self.bytes_sent = 0
         self.gathers_done: dict[tuple[int, int], tuple[float, core.GatherDone]] = {}
         self.nodes: list[SimNode] = []
         self.addr_index: dict[Addr, int] = {}  # the node that listens on an address now
@@ -153,6 +158,69 @@ class Simulation:
         else:
             peers = infos if bootstrap == "full" else [infos[(s.index + 1) // 2 - 1]] if s.index else []
             self._run(s, lambda: s.node.add_peers(peers, self.now, introduce=bootstrap == "seed"))
+
+    def start_through(self, store: StoreModel, window: float = 0.0) -> None:
+        """Start every node as a real job does, through the bootstrap store (``store.py``): each process starts at a
+        moment drawn in ``[0, window)`` (0: all at once), its node ticks and accepts connections from then on, and
+        its six store operations queue at the one server, one after the other as ``rasd/net/bootstrap.py`` sends
+        them; once both seed records are read, the node connects to them (``introduce``) and gossip brings it the
+        rest of the table."""
+        members: dict[int, SimNode] = {}  # join index -> node
+
+        def call(then: Callable[[], None]) -> float:
+            """One operation sent now: ``then`` runs when its answer is back; returns when the server handled it."""
+            done = store.serve(self.now)
+            self._at(done + store.rtt / 2, then)
+            return done
+
+        def secret(s: SimNode) -> None:
+            call(lambda: join(s))  # compare_set(secret): every process gets the first offer back
+
+        def join(s: SimNode) -> None:
+            store.joined += 1  # add(joined): the server answers in the order it serves
+            index = store.joined
+            members[index] = s
+            call(lambda: publish(s, index))
+
+        def publish(s: SimNode, index: int) -> None:
+            stored = call(lambda: wait(s, index))  # set(peer/index)
+            self._at(stored, store.record_set, index, stored)
+
+        def wait(s: SimNode, index: int) -> None:
+            seeds = sorted({index // 2, index - 1} - {0, index})
+            registered = store.serve(self.now)  # wait(peer/seeds): answered once both are set
+            missing = {i for i in seeds if i not in store.set_at}
+
+            def answered(at: float) -> None:
+                self._at(max(at, registered) + store.rtt / 2, read, s, seeds, 0)
+
+            if not missing:
+                answered(registered)
+                return
+            for i in missing:
+
+                def woken(at: float, i: int = i) -> None:
+                    missing.discard(i)
+                    if not missing:
+                        answered(at)
+
+                store.waiting.setdefault(i, []).append(woken)
+
+        def read(s: SimNode, seeds: list[int], done: int) -> None:
+            if done < len(seeds):
+                call(lambda: read(s, seeds, done + 1))  # get(peer/seed)
+                return
+            infos = [members[i].node.me for i in seeds]
+            self._run(s, lambda: s.node.add_peers(infos, self.now, introduce=True))
+
+        for s in self.nodes:
+            self._at(self.now + (self.rng.uniform(0, window) if window else 0.0), self._start_joining, s, secret)
+
+    def _start_joining(self, s: SimNode, then: Callable[[SimNode], None]) -> None:
+        """A process of ``start_through`` starts: its node runs and ticks, then it turns to the store."""
+        self._run(s, lambda: s.node.start(self.now))
+        self._at(self.now + self.rng.uniform(0, self.timers.tick), self._tick, s)
+        then(s)
 
     def kill(self, i: int) -> None:
         s = self.nodes[i]
@@ -311,6 +379,7 @@ class Simulation:
             pipe = self._pipes.get((s.index, a.conn_id))
             if pipe is not None and pipe.open:
                 self.messages_sent += 1
+                self.bytes_sent += len(a.data)
                 pipe.bytes_sent += len(a.data)
                 if self.partitions and self._cut(pipe.src, pipe.dst):
                     pipe.held.append(a.data)

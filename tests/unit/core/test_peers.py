@@ -5,6 +5,7 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from rasd.core.peers import (
+    _INSERT_MAX,
     INCARNATION_RANDOM_BITS,
     Addr,
     PeerInfo,
@@ -197,3 +198,153 @@ def test_describe_names_the_devices_like_nccl():
     assert devices_text((0, 1)) == "GPUs 0,1"
     assert PeerInfo(Addr("10.0.0.1", 5), 42, "h", 1, (2,)).describe() == "Process 42 on node 10.0.0.1 managing GPU 2"
     assert str(Addr("10.0.0.1", 5)) == "10.0.0.1<5>"
+
+
+# --- the table against a naive reference (issue 30: sorted inserts, an incremental sum hash, copy on write) -------
+
+_HOSTS = ["10.0.0.1", "10.0.0.2", "10.0.0.10", "::1", "192.168.0.1"]
+_ENTRY = st.builds(
+    lambda host, port, inc, pid: p(host, port, pid=pid, inc=inc),
+    st.sampled_from(_HOSTS),
+    st.integers(1, 20),
+    st.integers(1, 6),
+    st.integers(1, 2),  # a second entry for a known process (another pid) must be ignored: first seen wins
+)
+# Batches both at most and well over _INSERT_MAX new addresses (the re-sort path), duplicates within a batch included.
+_WIDE = st.lists(_ENTRY, min_size=_INSERT_MAX + 1, max_size=3 * _INSERT_MAX, unique_by=lambda x: x.addr)
+_BATCH = st.one_of(st.lists(_ENTRY, max_size=_INSERT_MAX), _WIDE).flatmap(
+    lambda b: st.lists(st.sampled_from(b), max_size=8).map(lambda extra: b + extra) if b else st.just(b)
+)
+
+
+class _Reference:
+    """A table built naively: every process as first seen, in the order heard."""
+
+    def __init__(self, seen: dict[PeerKey, PeerInfo] | None = None) -> None:
+        self.seen: dict[PeerKey, PeerInfo] = dict(seen or {})
+
+    def merge(self, batch: list[PeerInfo]) -> list[PeerInfo]:
+        new = []
+        for x in batch:
+            if x.key not in self.seen:
+                self.seen[x.key] = x
+                new.append(x)
+        return new
+
+    def copy(self) -> "_Reference":
+        return _Reference(self.seen)
+
+    def current(self) -> list[PeerInfo]:
+        newest: dict[Addr, PeerInfo] = {}
+        for x in self.seen.values():
+            if x.addr not in newest or x.incarnation > newest[x.addr].incarnation:
+                newest[x.addr] = x
+        return sorted(newest.values(), key=PeerInfo.sort_key)
+
+
+_UNKNOWN = [Addr(h, port) for h in [*_HOSTS, "10.0.0.3", "fe80::1"] for port in (0, 1, 20, 21, 65535)]
+
+
+def _check_against(t: PeerTable, ref: _Reference) -> None:
+    current = ref.current()
+    listed = list(t)
+    assert listed == current and len(t) == len(current)
+    assert list(t.entries()) == current
+    addresses = t.addresses()
+    assert len(addresses) == len(current)
+    assert [addresses[i] for i in range(len(addresses))] == [x.addr for x in listed]
+    assert list(addresses) == [x.addr for x in listed] and addresses[1:3] == [x.addr for x in listed[1:3]]
+    if listed:
+        assert addresses[-1] == listed[-1].addr
+    for i, x in enumerate(listed):
+        assert t.index_of(x.addr) == i, x.addr
+        assert t.get(x.addr) == x and x.addr in t and t.is_current(x.key)
+    known = {x.addr for x in listed}
+    for a in _UNKNOWN:
+        if a not in known:
+            assert t.index_of(a) is None and t.get(a) is None and a not in t
+    everything = sorted(ref.seen.values(), key=lambda x: x.key.sort_key())
+    assert t.all_entries() == everything
+    assert set(t.former()) == set(everything) - set(current)
+    for x in everything:
+        assert t.entry(x.key) == x  # the first entry seen for that process, not a later one with another pid
+    assert t.hash == table_hash(t.all_entries()) == table_hash(ref.seen.values())
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_BATCH, max_size=6), st.randoms(use_true_random=False))
+def test_merges_match_a_naive_reference(batches, rnd):
+    """Random batches (new entries, newer and older incarnations, repeats, a second entry for a known process): after
+    each merge the table is the reference's current entries in order, its hash the sum over every entry, its index
+    and address view agree with iteration, and the merge returned each new entry once, in input order."""
+    t, ref = PeerTable(), _Reference()
+    for batch in batches:
+        assert t.merge(batch) == ref.merge(batch)
+        _check_against(t, ref)
+    # The same processes merged in another order, in other batches, give the same table and hash.
+    everything = list(ref.seen.values())
+    rnd.shuffle(everything)
+    other = PeerTable()
+    cuts = sorted(rnd.randrange(len(everything) + 1) for _ in range(rnd.randrange(4)))
+    for lo, hi in zip([0, *cuts], [*cuts, len(everything)], strict=True):
+        other.merge(everything[lo:hi])
+    _check_against(other, ref)
+    assert other.hash == t.hash and list(other) == list(t)
+
+
+def test_one_large_batch_with_replacements_inside_it_takes_the_re_sort_path():
+    n = 2 * _INSERT_MAX
+    batch = [p("10.0.0.2", port, inc=5) for port in range(n, 0, -1)]
+    batch += [p("10.0.0.2", 3, inc=9), p("10.0.0.2", 4, inc=1), p("10.0.0.1", 7), p("10.0.0.2", 3, inc=9, pid=2)]
+    t, ref = PeerTable(), _Reference()
+    t.merge([p("10.0.0.2", 5, inc=1), p("::1", 1)])  # an entry that this batch replaces, and one after all of it
+    ref.merge([p("10.0.0.2", 5, inc=1), p("::1", 1)])
+    assert t.merge(batch) == ref.merge(batch) == batch[:-1]
+    _check_against(t, ref)
+    assert t.get(Addr("10.0.0.2", 3)).incarnation == 9 and t.get(Addr("10.0.0.2", 4)).incarnation == 5
+    assert t.index_of(Addr("10.0.0.1", 7)) == 0 and t.index_of(Addr("::1", 1)) == len(t) - 1
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("copy"), st.integers(0, 4)),
+        st.tuples(st.just("merge"), st.integers(0, 4), _BATCH),
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_ENTRY, max_size=20), _OPS)
+def test_copies_are_independent_whichever_side_changes(start, ops):
+    """Copy on write: after ``b = a.copy()`` a merge into either leaves the other as it was (iteration, hash, len,
+    get, former entries), copies of copies included."""
+    first, first_ref = PeerTable(), _Reference()
+    first.merge(start)
+    first_ref.merge(start)
+    tables, refs = [first], [first_ref]
+    for op in ops:
+        i = op[1] % len(tables)
+        if op[0] == "copy":
+            tables.append(tables[i].copy())
+            refs.append(refs[i].copy())
+        else:
+            assert tables[i].merge(op[2]) == refs[i].merge(op[2])
+        for t, ref in zip(tables, refs, strict=True):
+            _check_against(t, ref)
+
+
+def test_a_copy_shares_until_one_side_merges_and_then_the_other_is_unchanged():
+    a = PeerTable()
+    a.merge([p("10.0.0.1", port) for port in range(1, 6)])
+    b = a.copy()
+    before = (list(a), a.hash, len(a), a.former())
+    assert b.merge([p("10.0.0.1", 3, inc=2), p("10.0.0.0", 9)]) == [p("10.0.0.1", 3, inc=2), p("10.0.0.0", 9)]
+    assert (list(a), a.hash, len(a), a.former()) == before
+    assert a.get(Addr("10.0.0.1", 3)).incarnation == 1 and a.get(Addr("10.0.0.0", 9)) is None
+    assert a.index_of(Addr("10.0.0.1", 1)) == 0 and b.index_of(Addr("10.0.0.1", 1)) == 1
+    after_b = (list(b), b.hash, len(b), b.former())
+    a.merge([p("10.0.0.1", 1, inc=7), p("::1", 1)])  # now the other way round
+    assert (list(b), b.hash, len(b), b.former()) == after_b
+    assert b.get(Addr("::1", 1)) is None and b.get(Addr("10.0.0.1", 1)).incarnation == 1
+    assert a.hash == table_hash(a.all_entries()) and b.hash == table_hash(b.all_entries())

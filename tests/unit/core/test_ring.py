@@ -108,17 +108,24 @@ def test_express_links_at_the_threshold():
     assert links(n, 10, express=False) == {9, 11}
 
 
-def test_express_links_count_only_live_peers_and_wrap():
+def test_express_links_skip_dead_peers_and_wrap():
     n = 200
     dead = set(range(100, 200, 2))  # 50 dead, 150 live
-    live = [i for i in range(n) if i not in dead]
-    stride = math.isqrt(len(live))
+    stride = math.isqrt(n)  # the table's size: deaths do not move the skip links
     me = 0
     got = links(n, me, dead=dead)
-    assert live[stride] in got and live[-stride] in got
+    assert stride in got and n - stride - 1 in got  # 186 is dead: the first live one beyond it, wrapping
     assert not got & dead
+    assert links(n, 151, dead=dead) == {149, 153, 151 + stride, 151 - stride}
     # Below the threshold by deaths, the express links go away.
     assert links(n, 0, dead=set(range(60, 200))) == {1, 59}
+
+
+def test_a_death_moves_no_skip_link_but_its_own():
+    n = 1024
+    before = links(n, 500)
+    assert links(n, 500, dead=set(range(600, 664))) == before  # a rack of 64 elsewhere
+    assert links(n, 500, dead={532}) == (before - {532}) | {533}
 
 
 def test_an_unhealthy_express_peer_is_bridged_one_step_further():
@@ -188,3 +195,56 @@ def test_it_works_on_any_sortable_item():
     order = ["a", "b", "c", "d"]
     got = ring.links(order, 0, lambda x: x == "b", lambda x: x == "c", lambda x: "h", True)
     assert got == {"c", "d"}
+
+
+def _skip_targets(n, me, dead):
+    """The skip links by their definition: the first live peer at or beyond ``isqrt(n)`` positions each way."""
+    stride = max(2, math.isqrt(n))
+    out = set()
+    for direction in (1, -1):
+        at = (me + direction * stride) % n
+        while at in dead:
+            at = (at + direction) % n
+        out.add(at)
+    return out - {me}
+
+
+def _ring_neighbours(n, me, dead):
+    live = [i for i in range(n) if i not in dead and i != me]
+    after = next(i % n for i in range(me + 1, me + n) if i % n not in dead)
+    before = next(i % n for i in range(me - 1, me - n, -1) if i % n not in dead)
+    return {after, before} if live else set()
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n=st.integers(ring.EXPRESS_MIN_PEERS, 300), per_host=st.integers(1, 8))
+def test_deaths_away_from_a_nodes_skip_targets_and_neighbours_leave_its_links_alone(data, n, per_host):
+    """Issue 30: the stride counts the whole table, so a death moves a node's skip links only if it is one of them
+    (or a ring neighbour: then its walks change). With nobody unhealthy, a node's links are its ring neighbours and
+    its skip targets; further deaths elsewhere change none of them while enough peers live for skip links."""
+    me = data.draw(st.integers(0, n - 1), label="me")
+    spare = n - ring.EXPRESS_MIN_PEERS  # deaths that keep the live count at the threshold
+    others = [i for i in range(n) if i != me]
+    dead = set(data.draw(st.lists(st.sampled_from(others), unique=True, max_size=spare // 2), label="dead"))
+    targets = _skip_targets(n, me, dead)
+    neighbours = _ring_neighbours(n, me, dead)
+    before = links(n, me, dead=dead, per_host=per_host)
+    assert before == targets | neighbours
+    free = [i for i in others if i not in dead | targets | neighbours]
+    more = set(data.draw(st.lists(st.sampled_from(free), unique=True, max_size=spare - len(dead)), label="more"))
+    after = links(n, me, dead=dead | more, per_host=per_host)
+    assert after == before
+    assert _skip_targets(n, me, dead | more) == targets
+    # The same with the dead positions given (the O(log N) path the node takes).
+    order = list(range(n))
+    excluded = dead | more
+    given_at = ring.links(
+        order,
+        me,
+        excluded.__contains__,
+        set().__contains__,
+        lambda i: f"h{i // per_host}",
+        True,
+        excluded_at=sorted(excluded),
+    )
+    assert given_at == before

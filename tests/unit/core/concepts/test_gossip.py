@@ -8,7 +8,7 @@ from rasd.core.peers import PeerKey
 
 from .world import FakeWorld, peer
 
-ME, P2, P3, P4 = peer(1), peer(2), peer(3), peer(4)
+ME, P2, P3, P4, P5, P6, P7 = (peer(i) for i in range(1, 8))
 P2_NEW = peer(2, incarnation=9002)
 
 
@@ -48,13 +48,36 @@ def test_sync_sends_the_whole_table_once_per_state_of_our_hashes():
     assert g.on_keepalive(conn, wire.Keepalive(123, world.dead_hash, True), 1.0) == [Say(7, full)]
     assert g.on_keepalive(conn, wire.Keepalive(123, world.dead_hash, True), 2.0) == []  # sent for this state
     g.table.merge([P3])
-    assert g.sync(conn, 123, world.dead_hash, 3.0) == [Say(7, wire.PeersUpdate((ME, P2, P3), (), (), full=True))]
+    # Our table just changed: in flux, the connection that had a whole table waits until we are still for a
+    # keepalive interval (the diffs we pass on carry what is new meanwhile).
+    assert g.sync(conn, 123, world.dead_hash, 3.0) == []
+    assert g.sync(conn, 123, world.dead_hash, 4.0) == [Say(7, wire.PeersUpdate((ME, P2, P3), (), (), full=True))]
     world.dead.add(P3.key)
     world.dead_hash = 99
-    assert g.sync(conn, 123, 0, 4.0) == [Say(7, wire.PeersUpdate((ME, P2, P3), (P3.key,), (), full=True))]
     assert g.sync(conn, 123, 0, 5.0) == []
-    g.forget_conn(7)  # a new connection with that id starts afresh
     assert g.sync(conn, 123, 0, 6.0) == [Say(7, wire.PeersUpdate((ME, P2, P3), (P3.key,), (), full=True))]
+    assert g.sync(conn, 123, 0, 7.0) == []
+    g.forget_conn(7)  # a new connection with that id starts afresh: its first mismatch gets the table at once
+    assert g.sync(conn, 123, 0, 7.5) == [Say(7, wire.PeersUpdate((ME, P2, P3), (P3.key,), (), full=True))]
+
+
+def test_a_storm_of_new_entries_is_passed_on_once_a_tick():
+    world, g = _gossip(P2)
+    world.add_conn(7, P2)
+    world.add_conn(8, P3)
+    first = g.merged([P4], spread=True, except_conn=7, relink=False, now=1.0)
+    assert Broadcast(wire.PeersUpdate((P4,), (), (), full=False), 7) in first  # the first goes out at once
+    later = g.merged([P5], spread=True, except_conn=8, relink=False, now=1.1)
+    assert not [e for e in later if isinstance(e, (Broadcast, Say))]  # within a tick: it waits
+    assert g.flush(1.2) == [Broadcast(wire.PeersUpdate((P5,), (), (), full=False), 8)]
+    assert g.flush(1.3) == []
+    g.merged([P6], spread=True, except_conn=7, relink=False, now=1.3)
+    g.merged([P7], spread=True, except_conn=8, relink=False, now=1.35)
+    # Entries from two connections: each connection gets those it did not bring.
+    assert g.flush(1.5) == [
+        Say(7, wire.PeersUpdate((P7,), (), (), full=False)),
+        Say(8, wire.PeersUpdate((P6,), (), (), full=False)),
+    ]
 
 
 def test_the_full_update_lists_former_entries_and_sorted_verdicts():

@@ -1,5 +1,7 @@
 """verdicts.py alone: who is dead, departed or hung, the fast-death rule and retiring older incarnations, as effects."""
 
+from hypothesis import given, settings, strategies as st
+
 from rasd.core import wire
 from rasd.core.actions import ProbePid
 from rasd.core.config import Timers
@@ -7,7 +9,7 @@ from rasd.core.connections import ConnState
 from rasd.core.effects import Drop, Expel, Forget, Notify, Originate, Relink
 from rasd.core.events import Kind
 from rasd.core.liveness import HUNG_EXPIRY
-from rasd.core.peers import PeerKey
+from rasd.core.peers import PeerKey, key_set_hash
 from rasd.core.verdicts import Verdicts
 
 from .world import FakeWorld, peer
@@ -202,3 +204,47 @@ def test_forgive_moves_every_confirmation_forward():
     v.hung_verdict(P2.key, 1.0, "x")
     v.forgive(4.0)
     assert v.hung == {P2.key: 5.0}
+
+
+_KEYS = [ME.key, P2.key, P3.key, P2_NEW.key, PeerKey(peer(9).addr, 1), PeerKey(peer(9).addr, 2)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["dead", "left"]), st.integers(0, len(_KEYS) - 1)), max_size=20))
+def test_the_kept_dead_hash_is_always_the_recomputed_one(calls):
+    """``dead_hash`` is kept up to date verdict by verdict (issue 30): whatever the sequence of deaths and departures
+    (repeats, our own key, a departed process later declared dead, which moves it from one set to the other), it
+    equals the hash recomputed from the two sets."""
+    world, v = _verdicts(P2, P3)
+    world.merge(P2_NEW)
+    dead, left = set(), set()  # what the sets should hold
+    for i, (call, k) in enumerate(calls):
+        key = _KEYS[k]
+        if call == "dead":
+            v.declare_dead(key, float(i), "test")
+            if key != ME.key:
+                dead.add(key)
+                left.discard(key)
+        else:
+            v.mark_left(key, float(i))
+            if key != ME.key and key not in dead:
+                left.add(key)
+        assert v.dead == dead and v.left == left
+        assert v.dead_hash == v.gone_hash()
+    # The sets, not the path to them: the same verdicts reached directly hash the same.
+    _, direct = _verdicts(P2, P3)
+    for key in sorted(left):
+        direct.mark_left(key, 0.0)
+    for key in sorted(dead):
+        direct.declare_dead(key, 0.0, None)
+    assert direct.dead_hash == v.dead_hash
+
+
+def test_a_departed_process_declared_dead_moves_between_the_sets_in_the_hash():
+    _, v = _verdicts()
+    v.mark_left(P2.key, 1.0)
+    assert v.dead_hash == v.gone_hash() != 0
+    v.declare_dead(P2.key, 2.0, "after all")
+    assert v.left == set() and v.dead == {P2.key}
+    assert v.dead_hash == v.gone_hash() == key_set_hash([P2.key])
+    assert v.mark_left(P2.key, 3.0) == [] and v.dead_hash == key_set_hash([P2.key])  # dead stays dead

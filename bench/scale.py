@@ -1,0 +1,504 @@
+"""The mesh at the scale of the largest jobs: 1,024 / 4,096 / 16,384 simulated nodes measured, 100,000 modelled.
+
+What each figure is (issue 30; docs/architecture.md §11 describes the model):
+
+* **In the simulator** (``rasd.sim``: the real ``rasd.core`` on a virtual network, 0.1-0.5 ms per message, default
+  timers), for each size, one run from a shared table (``start("quiet")``):
+  - *traffic at rest*: messages and bytes per node per second over 10 simulated seconds (keepalives, the sweeper);
+  - *STATUS*: three gathers from random roots with every hop charged the processing time measured here for one
+    request and one response (``bench/query.py``'s ``measured_hop_cost``), plus the root's CPU for the report at that
+    size (``bench/report_cost.py``: decoding the answers, the snapshot, the report, the text);
+  - *one death*: kill -9 of one process until every survivor has recorded PEER_DEAD;
+  - *a rack*: 64 processes (8 hosts of 8) killed at once until every survivor has all 64 dead;
+  - *a 1 % partition*: the hosts holding 1 % of the processes cut off until every process of the larger side holds
+    every one of them dead (the dead limit, 60 s, then the last call and its gather: docs/architecture.md §2.7);
+  - *the simulator's speed*: CPU seconds of this process per simulated second, as node-seconds per CPU second.
+* **Start-up through the store** (``Simulation.start_through``, ``rasd/sim/store.py``): every process starts at once and
+  does the bootstrap's six store operations at one server modelled with the time per operation a real TCPStore and a
+  real etcd took here (``bench/store_rate.py``), then gossip completes every table. The figure is the simulated time
+  from the first process's start until every node's table lists every process, with the store's share, messages,
+  bytes and table entries received per node.
+* **Memory** (measured in this process, at 16,384 and 100,000 entries): a peer table decoded from a whole-table frame
+  (as a node receives it), with the wire's decode and encode caches, by tracemalloc; and one simulated node's
+  connection and link state at rest (its objects' sizes, the shared table left out).
+* **The 100,000 model** (``model``): each figure from per-message and per-entry costs measured above, its parameters
+  fitted on 1,024 and 4,096 and checked against 16,384. The baseline for each goal is the issue's number.
+
+Usage: python bench/scale.py [--quick] [--sizes 1024,4096,16384] [--startup 1024,4096]
+Prints a table and, last, one JSON object of the figures. ``--quick``: 256 / 1,024 nodes, start-up at 256, no partition
+(a smoke run; its figures are not results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from rasd.core import wire  # noqa: E402
+from rasd.core.events import Kind  # noqa: E402
+from rasd.core.peers import Addr, PeerInfo, PeerKey, PeerTable  # noqa: E402
+from rasd.sim import Simulation  # noqa: E402
+from rasd.sim.store import OPS_PER_PROCESS, StoreModel  # noqa: E402
+
+#: The issue's goals.
+GOALS = {
+    "status_16k_s": 0.5,
+    "death_16k_s": 0.050,
+    "rest_msgs_per_node_s": 5.0,
+    "startup_16k_s": 10.0,
+    "memory_100k_mb": 50.0,
+    "startup_100k_s": 30.0,
+    "status_100k_s": 2.0,
+    "sim_16k_60s_cpu_s": 600.0,
+}
+RACK = 64
+MODEL_N = 100_000
+#: The bound of the wire's entry caches in a real process (a Simulation raises it for its nodes, who share them).
+REAL_CACHE_MAX = wire.PEER_CACHE_MAX
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One simulated job at a size
+
+
+def _dead_known(sim: Simulation, victims: set[PeerKey], since: float) -> tuple[float | None, int]:
+    """When the last survivor had recorded every victim dead (seconds after ``since``), and how many survivors had
+    not (None and their count when some had not)."""
+    addrs = {k.addr for k in victims}
+    last = since
+    missing = 0
+    for s in sim.nodes:
+        if not s.alive or s.node.me.addr in addrs or s.node.expelled:
+            continue
+        seen: dict[PeerKey, float] = {}
+        for t, e in s.events:
+            if e.kind is Kind.PEER_DEAD and e.peer is not None and e.peer.key in victims and e.peer.key not in seen:
+                seen[e.peer.key] = t
+        if len(seen) < len(victims):
+            missing += 1
+        else:
+            last = max(last, max(seen.values()))
+    return (None if missing else last - since), missing
+
+
+def _fewest_known(sim: Simulation, victims: set[PeerKey]) -> int:
+    """The fewest of the victims any survivor has recorded dead so far."""
+    addrs = {k.addr for k in victims}
+    fewest = len(victims)
+    for s in sim.nodes:
+        if s.alive and s.node.me.addr not in addrs and not s.node.expelled:
+            known = {e.peer.key for _, e in s.events if e.kind is Kind.PEER_DEAD and e.peer and e.peer.key in victims}
+            fewest = min(fewest, len(known))
+    return fewest
+
+
+def _gather_time(sim: Simulation, root: int, query: int, hop: float) -> float:
+    sim.hop_cost = hop
+    t0 = sim.now
+    sim.gather(root, query)
+    sim.run_while(lambda: (root, query) not in sim.gathers_done, 30.0, step=0.002)
+    sim.hop_cost = 0.0
+    done_at, done = sim.gathers_done[(root, query)]
+    assert not done.snapshot.missing(), "a gather at rest left processes out"
+    return done_at - t0
+
+
+def at_scale(n: int, hop: float, partition: bool = True) -> dict[str, Any]:
+    """One run at ``n`` nodes: traffic at rest, STATUS gathers, one death, a rack of 64, a 1 % partition."""
+    rng = random.Random(n)
+    sim = Simulation(n, seed=n, record=frozenset({Kind.PEER_DEAD}))
+    cpu0 = time.process_time()
+    sim.start("quiet")
+    sim.run_until(4.0)
+    out: dict[str, Any] = {"nodes": n, "setup_cpu_s": round(time.process_time() - cpu0, 2)}
+
+    m0, b0, c0 = sim.messages_sent, sim.bytes_sent, time.process_time()
+    sim.run_until(14.0)
+    rest_cpu = time.process_time() - c0
+    out["rest_msgs_per_node_s"] = round((sim.messages_sent - m0) / n / 10.0, 3)
+    out["rest_bytes_per_node_s"] = round((sim.bytes_sent - b0) / n / 10.0, 1)
+    out["sim_cpu_per_sim_s"] = round(rest_cpu / 10.0, 3)
+    out["sim_node_s_per_cpu_s"] = round(n * 10.0 / rest_cpu, 1)
+    out["conn_state_bytes"] = node_state_bytes(sim, rng.randrange(n))
+
+    gathers = [_gather_time(sim, rng.randrange(n), q, hop) for q in range(3)]
+    out["status_gather_s"] = round(statistics.median(gathers), 4)
+    sim.run_until(sim.now + 1.0)
+
+    victim = rng.randrange(n)
+    t0 = sim.now
+    sim.kill(victim)
+    sim.run_until(t0 + 2.0)
+    out["death_s"], out["death_missing"] = _dead_known(sim, {sim.key(victim)}, t0)
+
+    first = (rng.randrange(n // RACK) * RACK) if n >= 2 * RACK else 0
+    rack = [i for i in range(first, first + RACK) if i != victim]
+    t0 = sim.now
+    for i in rack:
+        sim.kill(i)
+    keys = {sim.key(i) for i in rack}
+    sim.run_until(t0 + 1.0)
+    out["rack_known_in_1s"] = _fewest_known(sim, keys)
+    sim.run_while(lambda: _dead_known(sim, keys, t0)[0] is None, 90.0, step=1.0)
+    out["rack_s"], out["rack_missing"] = _dead_known(sim, keys, t0)
+
+    if partition:
+        hosts = max(1, round(n * 0.01 / 8))
+        start = n - 8 * hosts  # the last hosts by address: none of them dead yet
+        cut = set(range(start, n))
+        rest = {s.index for s in sim.nodes if s.alive and s.index not in cut}
+        t0 = sim.now
+        sim.partition(cut, rest)
+        keys = {sim.key(i) for i in cut}
+        sim.run_until(t0 + sim.timers.dead * 0.9)  # nothing is declared before the dead limit: no checks before it
+        sim.run_while(lambda: _dead_known(sim, keys, t0)[0] is None, 100.0, step=1.0)
+        out["partition_nodes"] = len(cut)
+        out["partition_s"], out["partition_missing"] = _dead_known(sim, keys, t0)
+    out["run_cpu_s"] = round(time.process_time() - cpu0, 1)
+    out["simulated_s"] = round(sim.now, 1)
+    return out
+
+
+def node_state_bytes(sim: Simulation, i: int) -> int:
+    """One node's connections and links at rest: the sizes of their objects, without the peer table and its entries
+    (shared by the simulator's nodes; measured on their own by ``table_memory``)."""
+    node = sim.nodes[i].node
+    skip = (PeerInfo, PeerTable, Addr, PeerKey, type(node))
+    seen: set[int] = set()
+
+    def size(o: object) -> int:
+        if id(o) in seen or isinstance(o, skip) or callable(o):
+            return 0
+        seen.add(id(o))
+        total = sys.getsizeof(o)
+        if isinstance(o, dict):
+            total += sum(size(k) + size(v) for k, v in o.items())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            total += sum(size(v) for v in o)
+        elif hasattr(o, "__dict__"):
+            total += size(vars(o))
+        elif hasattr(o, "__slots__"):
+            total += sum(size(getattr(o, a)) for a in o.__slots__ if hasattr(o, a))
+        return total
+
+    rooms = [node.connections, node.links]
+    return sum(size({k: v for k, v in vars(r).items() if k != "world"}) for r in rooms)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Start-up through the store
+
+
+def startup(n: int, service: float, rtt: float, limit: float = 60.0) -> dict[str, Any]:
+    sim = Simulation(n, seed=n + 1, record=frozenset({Kind.PEER_DEAD}))
+    store = StoreModel(service=service, rtt=rtt)
+    decoded = _count_entries(sim)
+    cpu0 = time.process_time()
+    sim.start_through(store)
+    complete = None
+    while sim.now < limit:
+        sim.run_until(sim.now + 0.05)
+        if all(len(s.node.table) == n for s in sim.nodes):
+            complete = sim.now
+            break
+    return {
+        "nodes": n,
+        "complete_s": None if complete is None else round(complete, 3),
+        "store_busy_until_s": round(store.free_at, 3),
+        "store_ops_per_process": round(store.ops / n, 2),
+        "msgs_per_node": round(sim.messages_sent / n, 1),
+        "bytes_per_node": round(sim.bytes_sent / n),
+        "entries_per_node": round(decoded[0] / n),
+        "entries_per_node_over_n": round(decoded[0] / n / n, 2),
+        "cpu_s": round(time.process_time() - cpu0, 1),
+    }
+
+
+def _count_entries(sim: Simulation) -> list[int]:
+    """Counts the table entries every node receives (in diffs and whole tables), by wrapping the simulator's
+    delivery: a PEERSUPDATE's entry count is its first field after the flag."""
+    count = [0]
+    deliver = sim._deliver
+
+    def counting(pipe: Any, data: bytes, extra: float = 0.0) -> None:
+        if len(data) > 11 and data[5] == wire.MsgType.PEERSUPDATE:
+            count[0] += int.from_bytes(data[7:11], "big")
+        deliver(pipe, data, extra)
+
+    sim._deliver = counting  # type: ignore[method-assign]
+    return count
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Memory
+
+
+def _entries(n: int) -> list[PeerInfo]:
+    """``n`` processes as a real job lists them: 8 per host, host names of a cluster, one GPU each."""
+    return [
+        PeerInfo(
+            Addr(f"10.{(i // 8) // 65536 % 256}.{(i // 8) // 256 % 256}.{(i // 8) % 256}", 40000 + i % 997),
+            pid=100_000 + i,
+            hostname=f"gpu-node-{i // 8:06d}.cluster.example.com",
+            incarnation=(1_800_000_000_000 << 22) + i,
+            devices=(i % 8,),
+            rank=i,
+        )
+        for i in range(n)
+    ]
+
+
+def table_memory(n: int) -> dict[str, float]:
+    """The peer table of ``n`` entries as a node holds it: decoded from a whole-table frame, merged, and encoded
+    once (a node sends its table to a peer that differs), with the wire's caches, by tracemalloc."""
+    frame = wire.encode(wire.PeersUpdate(tuple(_entries(n)), (), (), full=True))
+    wire._PEERS.clear()
+    wire._PEER_BYTES.clear()
+    bound, wire.PEER_CACHE_MAX = wire.PEER_CACHE_MAX, REAL_CACHE_MAX
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    msg = next(wire.FrameReader(wire.MAX_FRAME).feed(frame))
+    assert isinstance(msg, wire.PeersUpdate)
+    table = PeerTable()
+    table.merge(msg.peers)
+    del msg
+    gc.collect()
+    table_only = tracemalloc.get_traced_memory()[0] - base
+    wire.encode(wire.PeersUpdate(tuple(table.all_entries()), (), (), full=True))
+    gc.collect()
+    with_encode = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    wire._PEERS.clear()
+    wire._PEER_BYTES.clear()
+    wire.PEER_CACHE_MAX = bound
+    return {
+        "entries": n,
+        "table_mb": round(table_only / 1e6, 2),
+        "with_caches_mb": round(with_encode / 1e6, 2),
+        "bytes_per_entry": round(with_encode / n, 1),
+    }
+
+
+def decode_cost(n: int = 16_384) -> dict[str, float]:
+    """CPU per entry of a whole table received: decoding it (the first time, and again with the entries cached) and
+    merging it into a table that has them all (what a node does with the second and later copies)."""
+    frame = wire.encode(wire.PeersUpdate(tuple(_entries(n)), (), (), full=True))
+    wire._PEERS.clear()
+    t0 = time.process_time()
+    msg = next(wire.FrameReader(wire.MAX_FRAME).feed(frame))
+    first = time.process_time() - t0
+    table = PeerTable()
+    assert isinstance(msg, wire.PeersUpdate)
+    table.merge(msg.peers)
+    t0 = time.process_time()
+    again = next(wire.FrameReader(wire.MAX_FRAME).feed(frame))
+    assert isinstance(again, wire.PeersUpdate)
+    table.merge(again.peers)
+    cached = time.process_time() - t0
+    wire._PEERS.clear()
+    wire._PEER_BYTES.clear()
+    return {"first_us": round(first / n * 1e6, 2), "again_us": round(cached / n * 1e6, 2)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model
+
+
+def _fit_sqrt(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares of y = a + b * sqrt(n) through the points."""
+    xs = [math.sqrt(n) for n, _ in points]
+    ys = [y for _, y in points]
+    if len(points) < 2:
+        return 0.0, ys[0] / xs[0]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def model(runs: dict[int, dict[str, Any]], starts: dict[int, dict[str, Any]], inputs: dict[str, Any]) -> dict[str, Any]:
+    """Every figure at ``MODEL_N`` (and at each measured size, to check it) from costs measured in this run.
+
+    * a flood and a gather cross about sqrt(N) hops (skip links at stride sqrt(N), docs/architecture.md §2.3): the
+      death time and the gather time are fitted as a + b*sqrt(N) on the two smaller sizes;
+    * STATUS adds the root's report, linear in N (``bench/report_cost.py``'s cost per process);
+    * memory: bytes per entry measured at 100,000 times N, plus one node's connection state;
+    * start-up: the store serves ``OPS_PER_PROCESS`` operations per process one at a time (N x 6 x the time per
+      operation), then the mesh completes the tables; each node receives about k*N entries (k measured), each
+      decoded or looked up at the measured cost per entry, on the RAS thread."""
+    sizes = sorted(runs)
+    fit_on = [n for n in sizes if n < 16_384] or sizes[:1]
+    out: dict[str, Any] = {}
+    death = _fit_sqrt([(n, runs[n]["death_s"]) for n in fit_on if runs[n].get("death_s") is not None])
+    gather = _fit_sqrt([(n, runs[n]["status_gather_s"]) for n in fit_on])
+    report_us = inputs["report_us_per_process"]
+    per_entry = inputs["bytes_per_entry"]
+    service = inputs["store_service_s"]
+    etcd = inputs["etcd_service_s"]
+    decode_us = inputs["decode_again_us"]
+    k = max((s["entries_per_node_over_n"] for s in starts.values()), default=10.0)
+    mesh_s = max((s["complete_s"] - s["store_busy_until_s"] for s in starts.values() if s["complete_s"]), default=1.0)
+
+    def predict(n: int) -> dict[str, float]:
+        return {
+            "death_s": round(death[0] + death[1] * math.sqrt(n), 4),
+            "status_s": round(gather[0] + gather[1] * math.sqrt(n) + report_us * n / 1e6, 3),
+            "memory_mb": round((per_entry * n + inputs["conn_state_bytes"]) / 1e6, 1),
+            "startup_s": round(n * OPS_PER_PROCESS * service + max(0.0, mesh_s) + k * n * decode_us / 1e6, 2),
+            "startup_etcd_s": round(n * OPS_PER_PROCESS * etcd + max(0.0, mesh_s) + k * n * decode_us / 1e6, 1),
+            "rest_msgs_per_node_s": inputs["rest_msgs_per_node_s"],
+        }
+
+    for n in [*sizes, MODEL_N]:
+        out[str(n)] = predict(n)
+    out["parameters"] = {
+        "death_a_s": round(death[0], 5),
+        "death_b_s_per_sqrt_n": round(death[1], 7),
+        "gather_a_s": round(gather[0], 5),
+        "gather_b_s_per_sqrt_n": round(gather[1], 7),
+        "report_us_per_process": report_us,
+        "bytes_per_entry": per_entry,
+        "store_service_s": service,
+        "etcd_service_s": etcd,
+        "entries_received_per_node_over_n": k,
+        "mesh_after_store_s": round(mesh_s, 3),
+        "decode_again_us_per_entry": decode_us,
+        "fitted_on": fit_on,
+    }
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _report_cost(n: int) -> float:
+    """The root's CPU per process for a STATUS report at ``n`` processes (decoding the answers, the snapshot, the
+    report, the text: ``bench/report_cost.py``'s total), in microseconds."""
+    import report_cost
+
+    return float(report_cost.measure([n], 1)[n]["total"]) / n * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scale.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sizes", default="1024,4096,16384")
+    parser.add_argument("--startup", default="1024,2048")
+    parser.add_argument("--store", default="tcpstore", choices=("tcpstore", "etcd"))
+    parser.add_argument(
+        "--partition-max", type=int, default=4096, help="the 1 %% partition at these sizes and below (it runs 60 s+)"
+    )
+    args = parser.parse_args(argv)
+    sizes = [256, 1024] if args.quick else [int(x) for x in args.sizes.split(",")]
+    start_sizes = [256] if args.quick else [int(x) for x in args.startup.split(",")]
+    began = time.monotonic()
+
+    sys.path.insert(0, str(HERE))
+    import query
+    import store_rate
+
+    stores = store_rate.measure(quick=args.quick)
+    hop = query.measured_hop_cost()
+    memory = {n: table_memory(n) for n in (16_384, MODEL_N)}
+    decode = decode_cost()
+    report_us = _report_cost(1_024 if args.quick else MODEL_N)
+    runs = {n: at_scale(n, hop, partition=not args.quick and n <= args.partition_max) for n in sizes}
+    service = float(stores[args.store]["cpu_s_per_op"])
+    starts = {n: startup(n, service, max(float(stores[args.store]["rtt_s"]), 2e-4)) for n in start_sizes}
+    inputs = {
+        "report_us_per_process": report_us,
+        "bytes_per_entry": memory[MODEL_N]["bytes_per_entry"],
+        "store_service_s": service,
+        "etcd_service_s": float(stores["etcd"]["cpu_s_per_op"]),
+        "decode_again_us": decode["again_us"],
+        "conn_state_bytes": max(r["conn_state_bytes"] for r in runs.values()),
+        "rest_msgs_per_node_s": max(r["rest_msgs_per_node_s"] for r in runs.values()),
+    }
+    predicted = model(runs, starts, inputs)
+    _print(runs, starts, memory, predicted, hop, stores, args.store, decode)
+    figures: dict[str, Any] = {
+        "hop_cost_s": hop,
+        "runs": runs,
+        "startup": starts,
+        "memory": memory,
+        "decode_us_per_entry": decode,
+        "store": {k: stores[k] for k in ("tcpstore", "etcd") if k in stores},
+        "model": predicted,
+        "wall_s": round(time.monotonic() - began),
+    }
+    print(json.dumps(figures, default=str))
+    return 0
+
+
+def _print(
+    runs: dict[int, dict[str, Any]],
+    starts: dict[int, dict[str, Any]],
+    memory: dict[int, dict[str, float]],
+    predicted: dict[str, Any],
+    hop: float,
+    stores: dict[str, Any],
+    store: str,
+    decode: dict[str, float],
+) -> None:
+    sizes = sorted(runs)
+    print(f"hop cost {hop * 1e6:.0f} us; store {store}: {stores[store]['cpu_s_per_op'] * 1e6:.1f} us per operation")
+    head = f"{'figure':<44}" + "".join(f"{n:>12,}" for n in sizes) + f"{'model 100k':>14}"
+    print(head)
+    rows = [
+        ("messages per node per s at rest", "rest_msgs_per_node_s", "rest_msgs_per_node_s", "{:.2f}"),
+        ("bytes per node per s at rest", "rest_bytes_per_node_s", None, "{:.0f}"),
+        ("STATUS gather, simulated (s)", "status_gather_s", None, "{:.3f}"),
+        ("STATUS with the root's report (s)", None, "status_s", "{:.3f}"),
+        ("one death known by all (s)", "death_s", "death_s", "{:.4f}"),
+        ("a rack of 64: fewest known by a survivor at 1 s", "rack_known_in_1s", None, "{:.0f}"),
+        ("a rack of 64 known by all (s)", "rack_s", None, "{:.3f}"),
+        ("1 % partition: all dead at the larger side (s)", "partition_s", None, "{:.1f}"),
+        ("simulator CPU s per simulated s", "sim_cpu_per_sim_s", None, "{:.2f}"),
+        ("connection and link state of a node (bytes)", "conn_state_bytes", None, "{:.0f}"),
+    ]
+    for label, measured, modelled, fmt in rows:
+        line = f"{label:<44}"
+        for n in sizes:
+            v = runs[n].get(measured) if measured else predicted[str(n)].get(modelled or "")
+            line += f"{fmt.format(v) if v is not None else '-':>12}"
+        v = predicted[str(MODEL_N)].get(modelled) if modelled else None
+        line += f"{fmt.format(v) if v is not None else '':>14}"
+        print(line)
+    print("model at the measured sizes (check):")
+    for n in sizes:
+        p = predicted[str(n)]
+        print(f"  {n:>7,}: death {p['death_s']:.4f} s, STATUS {p['status_s']:.3f} s, start-up {p['startup_s']:.2f} s")
+    p = predicted[str(MODEL_N)]
+    print(
+        f"model at 100,000: STATUS {p['status_s']:.2f} s, death {p['death_s']:.3f} s, table memory "
+        f"{p['memory_mb']:.1f} MB, start-up {p['startup_s']:.1f} s"
+    )
+    for n, m in memory.items():
+        print(
+            f"table of {n:,}: {m['table_mb']:.1f} MB, {m['with_caches_mb']:.1f} MB with the wire's caches "
+            f"({m['bytes_per_entry']:.0f} B per entry)"
+        )
+    first, again = decode["first_us"], decode["again_us"]
+    print(f"a whole table received: {first:.2f} us per entry the first time, {again:.2f} after")
+    for n, s in starts.items():
+        print(
+            f"start-up of {n:,} through the store: complete tables at {s['complete_s']} s (store busy until "
+            f"{s['store_busy_until_s']} s), {s['msgs_per_node']} messages, {s['bytes_per_node'] / 1e6:.2f} MB and "
+            f"{s['entries_per_node']:,} entries ({s['entries_per_node_over_n']} N) per node; {s['cpu_s']} CPU s"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

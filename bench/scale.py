@@ -246,18 +246,10 @@ def _count_entries(sim: Simulation) -> list[int]:
 
 
 def _entries(n: int) -> list[PeerInfo]:
-    """``n`` processes as a real job lists them: 8 per host, host names of a cluster, one GPU each."""
-    return [
-        PeerInfo(
-            Addr(f"10.{(i // 8) // 65536 % 256}.{(i // 8) // 256 % 256}.{(i // 8) % 256}", 40000 + i % 997),
-            pid=100_000 + i,
-            hostname=f"gpu-node-{i // 8:06d}.cluster.example.com",
-            incarnation=(1_800_000_000_000 << 22) + i,
-            devices=(i % 8,),
-            rank=i,
-        )
-        for i in range(n)
-    ]
+    """``n`` processes as a real job lists them (``store_rate.peer``: 8 per host, one GPU each)."""
+    import store_rate
+
+    return [store_rate.peer(i) for i in range(n)]
 
 
 def table_memory(n: int) -> dict[str, float]:

@@ -260,10 +260,6 @@ class PeerTable:
             return None
         return self._position(addr.sort_key())
 
-    def entries(self) -> Sequence[PeerInfo]:
-        """The current entries in table order, without a copy (read only: the table owns it)."""
-        return self._sorted
-
     def addresses(self) -> Sequence[Addr]:
         """The current entries' addresses in table order: a view, without a copy."""
         return _Addresses(self._sorted)

@@ -74,7 +74,10 @@ def test_the_mesh_answers_status_after_the_store_host_is_gone(tmp_path):
 
             socket.create_connection(("127.0.0.1", store_port), 2).close()
         gone = f"Process {members[0].pid} on node 127.0.0.1 managing CPU"
-        report = status(client_port, time.monotonic() + 60, lambda report: gone in report)
+        # A query that starts in the moment after the kill lists the process as missing before its death is known:
+        # wait for the report that names it dead (the assertion below says what it must hold).
+        dead = "1 job process is considered dead"
+        report = status(client_port, time.monotonic() + 60, lambda report: gone in report and dead in report)
         assert "1 job process is considered dead" in report and THREE_PROCESSES in report, report
         assert all(member.poll() is None for member in members[1:])
     finally:

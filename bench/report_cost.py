@@ -46,8 +46,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rasd.core import wire
+from rasd.core import gather, wire
 from rasd.core.comms import OP_TYPES, CommRecord, ProcessData, RankRecord
+from rasd.core.fold import RankState, States
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot, merge_communicators
 from rasd.report.json_format import render_json
@@ -141,38 +142,41 @@ def make_job(n: int, seed: int = 30) -> Job:
     names = ["world", *(f"tp{h}" for h in range(-(-n // PER_HOST))), *(f"dp{j}" for j in range(PER_HOST))]
     hashes = {name: rng.getrandbits(64) for name in names}
     root = table[0].addr
-    entries = [wire.encode_entry(p.addr, process_data(n, hashes, p.rank, rng)) for p in table]
+    data = [process_data(n, hashes, p.rank, rng) for p in table]
     reads: list[list[bytes]] = []
     for leg in range(LEGS):
-        part = entries[leg::LEGS]
-        frame = wire.encode(wire.CollResp(root, 1, 0, len(part), b"".join(part)))
+        # What the leg's relays fold on the way up (wire.Fold), as one fold: the same bytes.
+        fold = wire.Fold()
+        for i in range(leg * n // LEGS, (leg + 1) * n // LEGS):
+            fold.add(table[i].addr, data[i])
+        frame = wire.encode(wire.CollResp(root, 1, 0, fold.count, fold.encode()))
         reads.append([frame[k : k + READ_BYTES] for k in range(0, len(frame), READ_BYTES)])
     return Job(n, table, root, reads)
 
 
-def decode(job: Job) -> list[tuple[Addr, ProcessData]]:
-    """The root's reading of every reply: frames reassembled read by read, entries decoded."""
-    entries: list[tuple[Addr, ProcessData]] = []
+def decode(job: Job) -> tuple[dict[Addr, ProcessData], States]:
+    """The root's reading of every reply: frames reassembled read by read, each leg's fold decoded as it arrives
+    (``Gathering.on_collresp``), then the parts put together into responses and states (``gather.responses_of``)."""
+    parts: list[wire.Decoded] = []
+    known: dict[bytes, RankState] = {}
     for reads in job.reads:
         reader = wire.FrameReader(wire.MAX_FRAME)
         for data in reads:
             for msg in reader.feed(data):
                 assert isinstance(msg, wire.CollResp)
-                entries.extend(msg.entries)
-    return entries
+                parts.append(msg.fold.decoded(known))
+    return gather.responses_of(parts)
 
 
-def snapshot(job: Job, entries: list[tuple[Addr, ProcessData]]) -> JobSnapshot:
+def snapshot(job: Job, decoded: tuple[dict[Addr, ProcessData], States]) -> JobSnapshot:
     """The snapshot the root makes of a gather that every process answered (``Gathering._snapshot``'s steps)."""
-    responses: dict[Addr, ProcessData] = {}
-    for addr, data in entries:
-        responses.setdefault(addr, data)
-    return JobSnapshot(peers=job.peers, responses=responses, collection_time=0.25, in_flight_grace=2.0)
+    responses, states = decoded
+    return JobSnapshot(peers=job.peers, responses=responses, states=states, collection_time=0.25, in_flight_grace=2.0)
 
 
 def text(snap: JobSnapshot, report: Report, verbose: bool) -> str:
     """What the client port writes for a text STATUS: the head (from the peer table) and the tail."""
-    summary = build_job_summary(snap.peers, snap.left)
+    summary = build_job_summary(snap.peers, snap.left, ordered=True)  # the client port's: from its ordered table
     head = render_head(summary, version_line=VERSION_LINE, runtime_line=RUNTIME_LINE, verbose=verbose)
     return head + render_tail(report, verbose=verbose)
 
@@ -194,9 +198,9 @@ def measure_one(n: int, repeats: int) -> dict[str, float]:
     """Each stage's median CPU seconds for a job of ``n`` processes (see the module's docstring)."""
     job = make_job(n)
     out: dict[str, float] = {}
-    out["decode"], entries = _cpu(lambda: decode(job), repeats)
-    assert isinstance(entries, list) and len(entries) == n
-    out["snapshot"], snap = _cpu(lambda: snapshot(job, entries), repeats)
+    out["decode"], decoded = _cpu(lambda: decode(job), repeats)
+    assert isinstance(decoded, tuple) and len(decoded[0]) == n
+    out["snapshot"], snap = _cpu(lambda: snapshot(job, decoded), repeats)
     assert isinstance(snap, JobSnapshot)
     out["merge"], merged = _cpu(lambda: merge_communicators(snap), repeats)
     assert isinstance(merged, list) and len(merged) == 1 + -(-n // PER_HOST) + PER_HOST

@@ -15,6 +15,7 @@ relay keeps the entries it passes on encoded (``wire.CollResp``): only the root 
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from . import wire
 from .comms import ProcessData
 from .connections import Conn, ConnState
 from .effects import Effects, GatherFinished, Say, SayFrame
+from .fold import Members, RankState, States, fold_into
 from .peers import Addr
 from .recent import Recent
 from .snapshot import JobSnapshot
@@ -49,11 +51,14 @@ class Gather:
     timeout: float | None
     pending: set[int]
     ask: wire.Ask = wire.Ask.STATUS
-    #: At the root: every entry, decoded as it arrives.
-    entries: list[tuple[Addr, ProcessData]] = field(default_factory=list)
-    #: At the root of a gather other than STATUS: every answer, as it arrives.
+    #: At a relay of a STATUS or SWEEP gather: the entries to pass back, its own first, folded (``wire.Fold``).
+    fold: wire.Fold = field(default_factory=wire.Fold)
+    #: At the root of one: its own entry and each leg's, decoded as they arrive, and the states decoded so far.
+    parts: list[wire.Decoded] = field(default_factory=list)
+    known: dict[bytes, RankState] = field(default_factory=dict)
+    #: At the root of any other gather: every answer, as it arrives.
     answers: list[tuple[Addr, bytes]] = field(default_factory=list)
-    #: At a relay: the entries to pass back, still encoded (its own first), and how many they are.
+    #: At a relay of any other gather: the answers to pass back, still encoded (its own first), and how many.
     raw: list[bytes] = field(default_factory=list)
     count: int = 0
     size: int = 0  # bytes in ``raw``
@@ -62,6 +67,57 @@ class Gather:
     @property
     def key(self) -> tuple[Addr, int]:
         return (self.root, self.coll_id)
+
+
+def responses_of(parts: list[wire.Decoded]) -> tuple[dict[Addr, ProcessData], States]:
+    """What a root gathered, one response per address, the members of the states indexing ``responses``: the parts
+    (its own entry, then each leg's answer) one after the other. A process that answered twice is taken from its
+    first answer (its ranks from the second are left out). The parts' columns are taken over, not copied."""
+    addrs: list[Addr] = []
+    datas: list[ProcessData] = []
+    states: States = {}
+    for part_addrs, part_datas, part_states in parts:
+        offset = len(addrs)
+        addrs += part_addrs
+        datas += part_datas
+        for state, members in part_states.items():
+            procs = members.procs if not offset else array(members.procs.typecode, map(offset.__add__, members.procs))
+            mine = states.get(state)
+            if mine is None:  # the part's columns, taken over
+                states[state] = Members(procs, members.comm_ranks, members.devices, members.idle_ms)
+                continue
+            for column, more in zip(
+                (mine.procs, mine.comm_ranks, mine.devices, mine.idle_ms),
+                (procs, members.comm_ranks, members.devices, members.idle_ms),
+                strict=True,
+            ):
+                column.extend(more if more.typecode == column.typecode else iter(more))
+    responses: dict[Addr, ProcessData] = {}
+    for addr, data in zip(addrs, datas, strict=True):
+        responses.setdefault(addr, data)
+    if len(responses) == len(addrs):
+        return responses, states
+    index = {addr: i for i, addr in enumerate(responses)}
+    first: dict[Addr, int] = {}
+    for proc, addr in enumerate(addrs):
+        first.setdefault(addr, proc)
+    renamed: States = {}
+    for state, members in states.items():
+        kept = Members()
+        for proc, comm_rank, device, idle_ms in members.rows():
+            addr = addrs[proc]
+            if first[addr] == proc:
+                kept.add(index[addr], comm_rank, device, idle_ms)
+        if len(kept):
+            renamed[state] = kept
+    return responses, renamed
+
+
+def own_part(addr: Addr, data: ProcessData) -> wire.Decoded:
+    """The root's own entry, as a decoded part."""
+    states: States = {}
+    fold_into(states, 0, data)
+    return [addr], [dataclasses.replace(data, comms=()) if data.comms else data], states
 
 
 class Gathering:
@@ -122,7 +178,7 @@ class Gathering:
             ask=ask,
         )
         if ask in PROCESS_DATA:
-            g.entries.append((world.me.addr, self.contribution(ask)))
+            g.parts.append(own_part(world.me.addr, self.contribution(ask)))
         else:
             g.answers.append((world.me.addr, world.answer(ask)))
         # The wire carries a u32 of milliseconds (49.7 days): a longer client TIMEOUT is clamped, never raised.
@@ -154,22 +210,29 @@ class Gathering:
             timeout=None if msg.timeout_ms == 0 else msg.timeout_ms / 1000,
             pending=set(),
             ask=msg.ask,
-            count=1,
         )
-        g.raw.append(self.encoded_contribution(msg.ask))
-        g.size = len(g.raw[0])
+        if msg.ask in PROCESS_DATA:
+            g.fold.add(self.world.me.addr, self.contribution(msg.ask))
+        else:
+            g.raw.append(self.encoded_contribution(msg.ask))
+            g.count, g.size = 1, len(g.raw[0])
         return self._open(g, msg, now)
 
     def on_collresp(self, conn: Conn, msg: wire.CollResp, now: float) -> Effects:
         g = self.gathers.get((msg.root, msg.coll_id))
         if g is None or conn.id not in g.pending:
             return []
-        if g.from_conn is None:
-            # Decoded here, at the root, once (a ProtocolError drops the leg).
-            if g.ask in PROCESS_DATA:
-                g.entries.extend(msg.entries)
-            else:
-                g.answers.extend(msg.answers)
+        if g.ask in PROCESS_DATA:
+            if msg.count:
+                fold = msg.fold  # a ProtocolError drops the leg, here and at the root
+                if g.from_conn is None:
+                    g.parts.append(fold.decoded(g.known))  # decoded here, at the root, once
+                elif g.fold.size + fold.size > RELAY_BYTES:
+                    g.leg_timeouts += 1  # more than one frame may carry: this leg's processes go missing at the root
+                else:
+                    g.fold.merge(fold)  # neither a process nor a state decoded
+        elif g.from_conn is None:
+            g.answers.extend(msg.answers)  # decoded here, at the root, once (a ProtocolError drops the leg)
         elif msg.count and g.size + len(msg.raw) > RELAY_BYTES:
             g.leg_timeouts += 1  # more than one frame may carry: this leg's processes go missing at the root
         elif msg.count:
@@ -191,7 +254,11 @@ class Gathering:
             return [GatherFinished(g.query_id, self._snapshot(g, now))]
         back = self.world.conn(g.from_conn)
         if back is not None and back.state is ConnState.READY:
-            return [Say(back.id, wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.count, b"".join(g.raw)))]
+            if g.ask in PROCESS_DATA:
+                reply = wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.fold.count, g.fold.encode())
+            else:
+                reply = wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.count, b"".join(g.raw))
+            return [Say(back.id, reply)]
         return []
 
     def _snapshot(self, g: Gather, now: float) -> JobSnapshot:
@@ -199,8 +266,9 @@ class Gathering:
         world = self.world
         table = world.table
         responses: dict[Addr, ProcessData] = {}
-        for addr, data in g.entries:
-            responses.setdefault(addr, data)
+        states: States = {}
+        if g.ask in PROCESS_DATA:
+            responses, states = responses_of(g.parts)
         answers: dict[Addr, bytes] = {}
         for addr, answer in g.answers:
             answers.setdefault(addr, answer)
@@ -214,6 +282,7 @@ class Gathering:
             former_dead=tuple(p for p in former if p.key in dead),
             former_left=tuple(p for p in former if p.key in left and p.key not in dead),
             responses=responses,
+            states=states,
             timeouts=g.leg_timeouts,
             collection_time=now - g.started,
             stuck=world.standing_stuck(),

@@ -57,6 +57,7 @@ class Addr(NamedTuple):
 _NOT_AN_IP = 99
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a report sorts by it, a job's hosts recur: each is parsed once
 def host_order(host: str) -> tuple[int, bytes]:
     """The order of hosts in reports: IPv4, then IPv6, then anything else (by its text); within a family, by address
     bytes. Unlike ``Addr.sort_key`` it accepts any text, so a malformed entry can never make a report raise."""

@@ -19,12 +19,14 @@ process the table does not know). A record with size <= 0 or a rank outside [0, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .comms import CommRecord, ProcessData, RankRecord
+from .comms import ProcessData, RankRecord
+from .fold import Members, RankState, States, fold_into, unfold
 from .peers import Addr, PeerInfo, host_order
 from .stuck_verdict import StuckVerdict
 
@@ -46,8 +48,13 @@ class JobSnapshot:
     #: back): each is dead, or departed if it left cleanly. They are not in ``peers`` (docs/architecture.md 2.6).
     former_dead: tuple[PeerInfo, ...] = ()
     former_left: tuple[PeerInfo, ...] = ()
-    #: What each responding process contributed, by address. The root itself is always among them.
+    #: What each responding process contributed, by address, less its communicators: those are in ``states``. The
+    #: root itself is always among them. Communicators given here are folded into ``states`` when the snapshot is
+    #: made (a snapshot built by hand); the gather gives them folded.
     responses: dict[Addr, ProcessData] = field(default_factory=dict)
+    #: The responders' communicator ranks, folded (fold.py): each member's process is an index into ``responders``
+    #: (the order of ``responses``).
+    states: States = field(default_factory=dict)
     #: Legs of the gather that went quiet or were cut (NCCL's nLegTimeouts).
     timeouts: int = 0
     #: Seconds from the start of the gather to its end.
@@ -63,8 +70,30 @@ class JobSnapshot:
     answers: dict[Addr, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Frozen: these are set once, here.
         if not self.dead.isdisjoint(self.left):
-            object.__setattr__(self, "dead", self.dead - self.left)  # frozen: set once, here
+            object.__setattr__(self, "dead", self.dead - self.left)
+        if any(data.comms for data in self.responses.values()):
+            states = {state: _copy(members) for state, members in self.states.items()}
+            responses = {}
+            for proc, (addr, data) in enumerate(self.responses.items()):
+                fold_into(states, proc, data)
+                responses[addr] = dataclasses.replace(data, comms=()) if data.comms else data
+            object.__setattr__(self, "states", states)
+            object.__setattr__(self, "responses", responses)
+
+    @functools.cached_property
+    def responders(self) -> tuple[Addr, ...]:
+        """The responding addresses in the order of ``responses``: what the members of ``states`` index."""
+        return tuple(self.responses)
+
+    def contributions(self) -> dict[Addr, ProcessData]:
+        """What each responder contributed, its communicators unfolded from ``states`` (``fold.unfold``)."""
+        comms = unfold(self.states, len(self.responses))
+        return {
+            addr: dataclasses.replace(data, comms=held) if held else data
+            for (addr, data), held in zip(self.responses.items(), comms, strict=True)
+        }
 
     def expected(self) -> list[PeerInfo]:
         """The peers the gather expected an answer from: the table less the dead and the departed."""
@@ -87,6 +116,23 @@ class JobSnapshot:
         """Each address of the table -> its position in ``table_order``."""
         return {p.addr: i for i, p in enumerate(self.table_order)}
 
+    @functools.cached_property
+    def process_ranks(self) -> list[int]:
+        """Each responder (by its index in ``responders``) -> a number that sorts it in process order (its position
+        in the table; after the table, one the table does not know, by address)."""
+        positions = self.positions
+        places = [positions.get(addr, -1) for addr in self.responders]
+        if -1 in places:
+            after = len(self.table_order)
+            unknown = sorted((a for a, p in zip(self.responders, places, strict=True) if p < 0), key=addr_order_memo())
+            extra = {a: after + i for i, a in enumerate(unknown)}
+            places = [p if p >= 0 else extra[a] for a, p in zip(self.responders, places, strict=True)]
+        return places
+
+
+def _copy(members: Members) -> Members:
+    return Members(members.procs[:], members.comm_ranks[:], members.devices[:], members.idle_ms[:])
+
 
 def addr_order_memo() -> Callable[[Addr], tuple[int, bytes, int]]:
     """``peers.addr_order`` (host, then port, for any address), each host's part worked out once per key function
@@ -103,9 +149,12 @@ def addr_order_memo() -> Callable[[Addr], tuple[int, bytes, int]]:
 
 
 def by_address(peers: Iterable[PeerInfo]) -> list[PeerInfo]:
-    """``peers`` in table order: sorted by ``addr_order`` of their addresses."""
-    key = addr_order_memo()
-    return sorted(peers, key=lambda p: key(p.addr))
+    """``peers`` in table order: sorted by ``addr_order`` of their addresses. The hosts are sorted first, then the
+    peers by an integer (the host's place, then the port): no key tuple per peer (a table of 100,000)."""
+    listed = list(peers)
+    hosts = sorted({p.addr.host for p in listed}, key=host_order)
+    place = {host: i << 32 for i, host in enumerate(hosts)}  # ports are 16-bit: any below 2**32 sorts exactly
+    return sorted(listed, key=lambda p: place[p.addr.host] + p.addr.port)
 
 
 #: The sort key of a process in process order: (0, its position in the table) for a known address, (1, its
@@ -148,44 +197,144 @@ class ReportedRank(NamedTuple):
 
 @dataclass
 class MergedCommunicator:
-    """One communicator of the job, merged across the processes that hold its ranks."""
+    """One communicator of the job, merged across the processes that hold its ranks: its ranks folded by state
+    (fold.py), each rank once (the first report of it in process order), every one in ``[0, size)``."""
 
     comm_hash: int
     size: int
-    #: Communicator rank -> the first report of it in process order; in the order they were first reported, which
-    #: is process order.
-    ranks: dict[int, ReportedRank] = field(default_factory=dict)
-    #: Each distinct rank map (communicator rank -> global rank) -> the first record that carries it, in process
-    #: order. The processes of a communicator mostly report one map: looking a rank up reads each map once, not
-    #: every process's copy of it.
-    mapped: dict[tuple[tuple[int, int, int], ...], CommRecord] = field(default_factory=dict)
+    #: Its states and their ranks, in the order the snapshot lists them; no state is empty.
+    states: list[tuple[RankState, Members]]
+    #: The snapshot's responders (what members index) and each one's place in process order.
+    responders: tuple[Addr, ...] = ()
+    process_ranks: list[int] = field(default_factory=list)
+    #: States whose ranks were all out of range, by the process-order place of their first process: their ranks are
+    #: left out, their rank maps are not (``mapped``).
+    maps_only: list[tuple[int, RankState]] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        """How many ranks some process reported (each once, by the merge)."""
+        return sum(len(members) for _, members in self.states)
+
+    @functools.cached_property
+    def present(self) -> frozenset[int]:
+        """The communicator ranks some process reported."""
+        out: set[int] = set()
+        for _, members in self.states:
+            out.update(members.comm_ranks)
+        return frozenset(out)
+
+    def rows(self) -> Iterable[tuple[RankState, int, int, int, int]]:
+        """(state, process, communicator rank, device, idle ms) of each rank, state by state."""
+        for state, members in self.states:
+            for proc, comm_rank, device, idle_ms in members.rows():
+                yield state, proc, comm_rank, device, idle_ms
+
+    @functools.cached_property
+    def ranks(self) -> dict[int, ReportedRank]:
+        """Communicator rank -> its report, in process order (then rank order). Made on first use: the report
+        classifies states, and reads single ranks only to print them."""
+        order, responders = self.process_ranks, self.responders
+        rows = sorted(self.rows(), key=lambda row: (order[row[1]], row[2]))
+        return {
+            comm_rank: ReportedRank(responders[proc], state.record(comm_rank, device, idle_ms))
+            for state, proc, comm_rank, device, idle_ms in rows
+        }
+
+    def first(self) -> tuple[int, ReportedRank]:
+        """The rank the others are compared with: the first in (process, rank) order, and its report."""
+        order = self.process_ranks
+        best: tuple[int, int, int] | None = None  # (process place, communicator rank, state)
+        row = 0
+        for s, (_, members) in enumerate(self.states):
+            place, comm_rank, at = min(
+                zip(map(order.__getitem__, members.procs), members.comm_ranks, range(len(members)), strict=True)
+            )
+            if best is None or (place, comm_rank) < best[:2]:
+                best, row = (place, comm_rank, s), at
+        assert best is not None  # a merged communicator holds a rank
+        _, comm_rank, s = best
+        state, members = self.states[s]
+        record = state.record(comm_rank, members.devices[row], members.idle_ms[row])
+        return comm_rank, ReportedRank(self.responders[members.procs[row]], record)
+
+    @functools.cached_property
+    def mapped(self) -> dict[tuple[tuple[int, int, int], ...], RankState]:
+        """Each distinct rank map (communicator rank -> global rank) -> a state that carries it, in process order of
+        the first rank carrying it. Looking a rank up reads each map once."""
+        order = self.process_ranks
+        first: dict[tuple[tuple[int, int, int], ...], tuple[int, RankState]] = {}
+        placed = [(min(map(order.__getitem__, members.procs)), state) for state, members in self.states]
+        for place, state in placed + self.maps_only:
+            if not state.rank_map:
+                continue
+            held = first.get(state.rank_map)
+            if held is None or place < held[0]:
+                first[state.rank_map] = (place, state)
+        return {m: state for m, (_, state) in sorted(first.items(), key=lambda item: item[1][0])}
 
     def global_rank(self, comm_rank: int) -> int | None:
         """The global rank of a communicator rank, where some rank map tells (the first that does, in process
         order)."""
-        return next((g for g in (r.global_rank(comm_rank) for r in self.mapped.values()) if g is not None), None)
+        return next((g for g in (s.global_rank(comm_rank) for s in self.mapped.values()) if g is not None), None)
 
 
 def merge_communicators(snapshot: JobSnapshot) -> list[MergedCommunicator]:
-    """Every communicator of the snapshot that some process holds a valid rank of, in (hash, size) order. Each one's
-    ``ranks`` are in the order they were first reported: in process order."""
-    merged: dict[tuple[int, int], MergedCommunicator] = {}
-    responses = snapshot.responses
-    for addr in in_process_order(snapshot):
-        for comm in responses[addr].comms:
-            size = comm.size
-            if size <= 0:
+    """Every communicator of the snapshot that some process holds a valid rank of, in (hash, size) order.
+
+    Linear in the ranks with a small constant, at C speed where the ranks are well formed and reported once: a
+    communicator's states are put together by (hash, size), a rank outside ``[0, size)`` is dropped, and a rank
+    reported by several processes is kept from the first of them in process order."""
+    by_key: dict[tuple[int, int], list[tuple[RankState, Members]]] = {}
+    maps_only: dict[tuple[int, int], list[tuple[int, RankState]]] = {}  # rank maps of records of invalid ranks only
+    order = snapshot.process_ranks
+    for state, members in snapshot.states.items():
+        size = state.size
+        if size <= 0 or not len(members):
+            continue
+        key = (state.comm_hash & HASH_MASK, size)
+        if min(members.comm_ranks) < 0 or max(members.comm_ranks) >= size:
+            valid = members.only(i for i, r in enumerate(members.comm_ranks) if 0 <= r < size)
+            if not len(valid):
+                # Malformed records: the communicator cannot hold them, but their rank map still tells.
+                if state.rank_map:
+                    maps_only.setdefault(key, []).append((min(map(order.__getitem__, members.procs)), state))
                 continue
-            key = (comm.comm_hash & HASH_MASK, size)
-            entry = merged.get(key)
-            for rank in comm.ranks:
-                comm_rank = rank.comm_rank
-                if not 0 <= comm_rank < size:
-                    continue  # a malformed record; the communicator cannot hold it
-                if entry is None:
-                    entry = merged[key] = MergedCommunicator(*key)
-                if comm_rank not in entry.ranks:
-                    entry.ranks[comm_rank] = ReportedRank(addr, rank)
-            if comm.rank_map and entry is not None and comm.rank_map not in entry.mapped:
-                entry.mapped[comm.rank_map] = comm
-    return [merged[key] for key in sorted(merged)]
+            members = valid
+        by_key.setdefault(key, []).append((state, members))
+    out = []
+    for key in sorted(by_key):
+        # A malformed record's rank map counts once the communicator holds a valid rank from that process or an
+        # earlier one in process order (as a merge record by record finds it).
+        start = min(min(map(order.__getitem__, members.procs)) for _, members in by_key[key])
+        only = [(place, state) for place, state in maps_only.get(key, []) if place >= start]
+        states = _first_reports(by_key[key], order, only)
+        out.append(MergedCommunicator(*key, states, snapshot.responders, order, only))
+    return out
+
+
+def _first_reports(
+    states: list[tuple[RankState, Members]], order: list[int], maps_only: list[tuple[int, RankState]]
+) -> list[tuple[RankState, Members]]:
+    """``states`` with each communicator rank kept once: from the first process in process order (then the first
+    state, then the first row). A state left with none goes to ``maps_only``, with its first process's place."""
+    seen: set[int] = set()
+    total = 0
+    for _, members in states:
+        seen.update(members.comm_ranks)
+        total += len(members)
+    if len(seen) == total:
+        return states  # every rank reported once: the common case
+    best: dict[int, tuple[int, int, int]] = {}  # rank -> (process place, state, row)
+    for s, (_, members) in enumerate(states):
+        for row, (proc, comm_rank) in enumerate(zip(members.procs, members.comm_ranks, strict=True)):
+            candidate = (order[proc], s, row)
+            if comm_rank not in best or candidate < best[comm_rank]:
+                best[comm_rank] = candidate
+    keep: dict[int, list[int]] = {}
+    for _, s, row in best.values():
+        keep.setdefault(s, []).append(row)
+    for s, (state, members) in enumerate(states):
+        if s not in keep and state.rank_map:  # every rank of it reported first elsewhere: its rank map still tells
+            maps_only.append((min(map(order.__getitem__, members.procs)), state))
+    return [(state, members.only(sorted(keep[s]))) for s, (state, members) in enumerate(states) if s in keep]

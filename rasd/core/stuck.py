@@ -18,6 +18,7 @@ from here too.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .comms import OP_TYPES
@@ -31,24 +32,26 @@ def attribute(comm: MergedCommunicator) -> StuckVerdict | None:
 
     The ranks are judged on totals over all op types: a total is exact where a split by type may be an estimate
     (collectives that torch issues beneath the Python hooks are typed from the Flight Recorder, rasd.torch.records),
-    so a split that differs between ranks alone never makes a verdict."""
-    records = [comm.ranks[k].record for k in sorted(comm.ranks)]
-    totals = [sum(r.launched) for r in records]
-    top_total = max(totals)
-    behind = tuple(r.comm_rank for r, t in zip(records, totals, strict=True) if t < top_total)
-    inside = tuple(r.comm_rank for r, t in zip(records, totals, strict=True) if t > sum(r.completed))
+    so a split that differs between ranks alone never makes a verdict. Read per state (fold.py): the ranks of a
+    state share their counters."""
+    states = [state for state, _ in comm.states]
+    top_total = max(sum(s.launched) for s in states)
+    behind = sorted(r for s, m in comm.states if sum(s.launched) < top_total for r in m.comm_ranks)
+    inside = sorted(r for s, m in comm.states if sum(s.launched) > sum(s.completed) for r in m.comm_ranks)
     if not behind and not inside:
         return None
     op = next(
         (
             op
             for op in range(len(OP_TYPES))
-            if len({r.launched[op] for r in records}) > 1 or any(r.launched[op] > r.completed[op] for r in records)
+            if len({s.launched[op] for s in states}) > 1 or any(s.launched[op] > s.completed[op] for s in states)
         ),
         len(OP_TYPES) - 1,
     )
-    top = max(r.launched[op] for r in records)
-    return StuckVerdict(comm.comm_hash, op, top, behind, inside, _global(comm, behind), _global(comm, inside))
+    top = max(s.launched[op] for s in states)
+    return StuckVerdict(
+        comm.comm_hash, op, top, tuple(behind), tuple(inside), _global(comm, behind), _global(comm, inside)
+    )
 
 
 def located(verdict: StuckVerdict | None, comm: MergedCommunicator, snapshot: JobSnapshot) -> StuckVerdict | None:
@@ -56,21 +59,33 @@ def located(verdict: StuckVerdict | None, comm: MergedCommunicator, snapshot: Jo
     The verdict keeps them while it stands: they say where the ranks were when it was made."""
     if verdict is None:
         return None
+    behind = set(verdict.behind)
+    held = {r: p for _, m in comm.states for p, r in zip(m.procs, m.comm_ranks, strict=True) if r in behind}
     positions = []
     for rank in verdict.behind:
-        data = snapshot.responses.get(comm.ranks[rank].addr)
+        data = snapshot.responses.get(snapshot.responders[held[rank]])
         if data is not None and data.where:
             positions.append((rank, data.where))
     return dataclasses.replace(verdict, positions=tuple(positions)) if positions else verdict
 
 
-def _global(comm: MergedCommunicator, ranks: tuple[int, ...]) -> tuple[int, ...]:
+def _global(comm: MergedCommunicator, ranks: Iterable[int]) -> tuple[int, ...]:
     """Communicator ranks as global ranks, where the rank map tells."""
     return tuple(g for g in (comm.global_rank(r) for r in ranks) if g is not None)
 
 
-#: What a sweep saw of one communicator: (comm rank, launched, completed) of each present rank.
-Signature = tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+#: What a sweep saw of one communicator: each distinct (launched, completed) and the communicator ranks that hold
+#: it, in order of the counters.
+Signature = tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]
+
+
+def signature(comm: MergedCommunicator) -> Signature:
+    """What changes when any rank's counters move, and only then: the ranks holding each distinct pair of counters
+    (states that differ in something else share an entry)."""
+    by_counts: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+    for state, members in comm.states:
+        by_counts.setdefault((state.launched, state.completed), []).extend(members.comm_ranks)
+    return tuple(sorted((launched, completed, tuple(sorted(r))) for (launched, completed), r in by_counts.items()))
 
 
 @dataclass
@@ -94,16 +109,16 @@ class StuckDetector:
         for comm in merge_communicators(snapshot):
             key = (comm.comm_hash, comm.size)
             seen.add(key)
-            signature = tuple((k, r.record.launched, r.record.completed) for k, r in sorted(comm.ranks.items()))
+            seen_now = signature(comm)
             watch = self._watches.get(key)
-            if watch is None or watch.signature != signature:
+            if watch is None or watch.signature != seen_now:
                 if watch is not None and watch.verdict is not None:
                     cleared.append(watch.verdict)
                 # The counters took these values when the most recently moved rank last moved: its idle time dates
                 # the change to within the ranks' own resolution, not to this sweep (up to a sweep later).
-                idle = min(r.record.idle_ms for r in comm.ranks.values()) / 1000.0
+                idle = min(min(members.idle_ms) for _, members in comm.states) / 1000.0
                 previous = watch.since if watch is not None else float("-inf")
-                self._watches[key] = _Watch(signature, max(now - idle, previous), attribute(comm) is not None)
+                self._watches[key] = _Watch(seen_now, max(now - idle, previous), attribute(comm) is not None)
                 continue
             if watch.verdict is None and now - watch.since >= self.limit:
                 watch.verdict = located(attribute(comm), comm, snapshot)

@@ -12,17 +12,20 @@ Nothing here does I/O; ``FrameReader`` is fed bytes and yields messages.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import ipaddress
 import math
 import struct
 import sys
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord
+from .fold import Members, RankState, States, unfold
 from .frames import POSITION_FRAMES, Frame, Position, Positions
 from .peers import Addr, PeerInfo, PeerKey
 from .stuck import StuckVerdict
@@ -33,8 +36,8 @@ from .stuck import StuckVerdict
 #: nack; the HEARD flood. 6: what a gather asks for (``Ask``) and the answers of the asks other than STATUS; a
 #: process's position in its process data and the positions of the ranks behind in a communicator verdict. 7: the
 #: table and dead-set hashes in keepalives are sums of per-entry digests (``peers.table_hash``), kept up to date in
-#: O(1) per change.
-VERSION = 7
+#: O(1) per change. 8: a STATUS or SWEEP gather's entries are folded (``Fold``: ranks by state, in columns).
+VERSION = 8
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -174,9 +177,10 @@ class CollReq:
 
 @dataclass(frozen=True)
 class CollResp:
-    """A gather's answer from one leg: ``count`` entries (address, process data), kept encoded as they arrived.
-    A relay passes them on as bytes (``raw``), adding its own; only the root decodes them (``entries``), once. So no
-    relay decodes or re-encodes what it only forwards, and each entry is encoded once, by the process it describes."""
+    """A gather's answer from one leg: ``count`` entries, as bytes (``raw``). A STATUS or SWEEP gather's are a
+    ``Fold``: the processes' own records, kept encoded, and their communicator ranks folded by state; a relay
+    merges its legs' folds into its own without decoding a process or a rank, and only the root decodes them, once.
+    Any other gather's are answers (address, bytes), which a relay passes on as they came."""
 
     root: Addr
     coll_id: int
@@ -185,10 +189,14 @@ class CollResp:
     raw: bytes
 
     @property
+    def fold(self) -> Fold:
+        """The entries of a STATUS or SWEEP gather: a ``Fold`` (a ``ProtocolError`` if it is malformed)."""
+        return Fold.decode(self.count, self.raw)
+
+    @property
     def entries(self) -> tuple[tuple[Addr, ProcessData], ...]:
-        """The entries of a STATUS gather, decoded (a ``ProtocolError`` if any is malformed or there are more bytes
-        than entries)."""
-        return decode_entries(self.count, self.raw)
+        """The entries of a STATUS or SWEEP gather, each process's data whole (its communicators unfolded)."""
+        return self.fold.entries()
 
     @property
     def answers(self) -> tuple[tuple[Addr, bytes], ...]:
@@ -199,8 +207,11 @@ class CollResp:
 def collresp(
     root: Addr, coll_id: int, leg_timeouts: int, entries: tuple[tuple[Addr, ProcessData], ...] = ()
 ) -> CollResp:
-    """A ``CollResp`` from decoded entries."""
-    return CollResp(root, coll_id, leg_timeouts, len(entries), b"".join(encode_entry(a, d) for a, d in entries))
+    """A STATUS gather's ``CollResp`` from decoded entries."""
+    fold = Fold()
+    for addr, data in entries:
+        fold.add(addr, data)
+    return CollResp(root, coll_id, leg_timeouts, fold.count, fold.encode())
 
 
 @dataclass(frozen=True)
@@ -805,12 +816,247 @@ def decode_answers(count: int, raw: bytes) -> tuple[tuple[Addr, bytes], ...]:
     return tuple(out)
 
 
-def decode_entries(count: int, raw: bytes) -> tuple[tuple[Addr, ProcessData], ...]:
-    """``count`` gather entries from ``raw``, which must hold exactly them."""
+# ----------------------------------------------------------------------------------------------------------------
+# Folds: a STATUS or SWEEP gather's entries (fold.py)
+#
+#     u32 length of the processes' records, then ``count`` records: the address and the process's data less its
+#         communicators (what ``_put_process_data`` writes of a process holding none)
+#     u32 states, then each: u16 length and the state (``_put_state``), u32 rows, and four columns of that many
+#         little-endian integers: u32 process (an index into this fold's records), u32 communicator rank,
+#         i16 device, u32 idle ms
+#
+# Columns, not rows: a relay merges a leg's fold into its own by adding an offset to one column, and the root reads
+# each column in one call (``array.frombytes``).
+
+#: The columns' array type codes, their widths on the wire fixed whatever the platform's.
+_COLUMNS = (("I", 4), ("I", 4), ("h", 2), ("I", 4))
+_ROW_BYTES = sum(width for _, width in _COLUMNS)
+_SWAP = sys.byteorder == "big"  # the columns are little-endian
+_STATE_HEAD = struct.Struct("!QIH")
+_STATE_FLAGS = struct.Struct("!BBBB")
+
+
+def _columns_ok() -> bool:
+    return all(array(code).itemsize == width for code, width in _COLUMNS)
+
+
+if not _columns_ok():  # pragma: no cover - every platform CPython runs on has 2- and 4-byte C ints
+    raise ImportError("rasd.core.wire needs 2-byte shorts and 4-byte ints")
+
+
+def _put_state(state: RankState) -> bytes:
+    w = _Writer()
+    w.raw(_STATE_HEAD.pack(state.comm_hash, state.size, len(state.rank_map)))
+    for first, count, step in state.rank_map:
+        w.fmt("iIi", first, count, step)
+    flags = int(state.finalize_called) | int(state.destroy_flag) << 1 | int(state.abort_flag) << 2
+    w.raw(_STATE_FLAGS.pack(state.init_state, state.async_error, flags, len(state.launched)))
+    w.raw(_COUNTS.pack(*state.launched))
+    w.raw(_COUNTS.pack(*state.completed))
+    return w.getvalue()
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _get_state(raw: bytes) -> RankState:
+    # A job's ranks share few states, and every gather brings the same ones again: decoded once each.
     r = _Reader(raw)
-    entries = tuple((r.addr(), _get_process_data(r)) for _ in range(count))
+    comm_hash, size, nruns = r.fmt("QIH")
+    runs = tuple(r.fmt("iIi") for _ in range(nruns))
+    init_state, async_error, flags, nops = r.fmt("BBBB")
+    if nops != N_OPS or flags > 7:
+        raise ProtocolError("bad rank state")
+    launched = _counts(r.raw(_COUNTS_BYTES))
+    completed = _counts(r.raw(_COUNTS_BYTES))
     r.done()
-    return entries
+    return RankState(
+        comm_hash,
+        size,
+        runs,
+        init_state,
+        async_error,
+        bool(flags & 1),
+        bool(flags & 2),
+        bool(flags & 4),
+        launched,
+        completed,
+    )
+
+
+def _state_bytes(state: RankState) -> bytes:
+    if len(state.launched) != N_OPS or len(state.completed) != N_OPS:
+        raise ValueError(f"a rank's counters are {N_OPS} per op type")
+    return _put_state(state)
+
+
+#: A fold decoded (``Fold.decoded``): each process's address, and its data less its communicators, and its ranks by
+#: state, each member's process an index into those lists.
+Decoded = tuple[list[Addr], list[ProcessData], States]
+
+
+def _new_columns() -> list[array[int]]:
+    return [array(code) for code, _ in _COLUMNS]
+
+
+class Fold:
+    """A STATUS or SWEEP gather's entries, as a relay gathers them and the root decodes them (fold.py): the
+    processes' records kept encoded, and their ranks by encoded state, in columns. ``add`` a process, ``merge`` a
+    leg's fold, ``encode`` for the way back; the root turns it into a snapshot's values with ``decoded``."""
+
+    __slots__ = ("count", "processes", "states", "size")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.processes: list[bytes] = []
+        self.states: dict[bytes, list[array[int]]] = {}
+        self.size = 8  # bytes ``encode`` gives
+
+    def add(self, addr: Addr, data: ProcessData) -> None:
+        """One process's entry: its record, and its ranks folded in under its index."""
+        proc = self.count
+        record = encode_entry(addr, dataclasses.replace(data, comms=()) if data.comms else data)
+        self.processes.append(record)
+        self.count += 1
+        self.size += len(record)
+        for comm in data.comms:
+            for rank in comm.ranks:
+                key = _state_bytes(RankState.of(comm, rank))
+                procs, comm_ranks, devices, idle_ms = self._columns(key)
+                procs.append(proc)
+                comm_ranks.append(rank.comm_rank)
+                devices.append(rank.device)
+                idle_ms.append(min(rank.idle_ms, 0xFFFFFFFF))
+                self.size += _ROW_BYTES
+
+    def _columns(self, key: bytes) -> list[array[int]]:
+        columns = self.states.get(key)
+        if columns is None:
+            columns = self.states[key] = _new_columns()
+            self.size += 6 + len(key)
+        return columns
+
+    def merge(self, other: Fold) -> None:
+        """Add ``other``'s entries after this one's: its process indices move up by this fold's count."""
+        offset = self.count
+        self.processes += other.processes
+        self.count += other.count
+        self.size += other.size - 8
+        for key, theirs in other.states.items():
+            mine = self.states.get(key)
+            if mine is None:
+                self.size -= 6 + len(key)  # counted in ``other.size`` and again by ``_columns``
+            columns = self._columns(key)
+            procs = theirs[0] if not offset else array("I", map(offset.__add__, theirs[0]))
+            for column, added in zip(columns, (procs, *theirs[1:]), strict=True):
+                column.extend(added)
+
+    def encode(self) -> bytes:
+        if not self.count:
+            return b""  # nothing gathered (a duplicate's answer)
+        parts = [_U32.pack(sum(map(len, self.processes))), *self.processes, _U32.pack(len(self.states))]
+        for key, columns in self.states.items():
+            parts.append(struct.pack("!H", len(key)) + key + _U32.pack(len(columns[0])))
+            for column in columns:
+                if _SWAP:
+                    column = array(column.typecode, column)
+                    column.byteswap()
+                parts.append(column.tobytes())
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, count: int, raw: bytes) -> Fold:
+        """A fold of ``count`` processes from ``raw``, checked as far as a relay needs: its structure and its process
+        indices. The processes' records and the states are checked by the root, which decodes them (``decoded``)."""
+        fold = cls()
+        if not count:
+            if raw:
+                raise ProtocolError(f"{len(raw)} trailing bytes")
+            return fold  # a duplicate's empty answer
+        view = memoryview(raw)
+        end = len(raw)
+        try:
+            (length,) = _U32.unpack_from(raw, 0)
+            pos = 4 + length
+            records = raw[4:pos]
+            (nstates,) = _U32.unpack_from(raw, pos)
+            pos += 4
+            if pos > end or nstates * 7 > end - pos:
+                raise ProtocolError("message truncated")
+            total = 0
+            for _ in range(nstates):
+                (key_length,) = _U16.unpack_from(raw, pos)
+                key = raw[pos + 2 : pos + 2 + key_length]
+                (rows,) = _U32.unpack_from(raw, pos + 2 + key_length)
+                pos += 6 + key_length
+                if not rows or key in fold.states or pos + rows * _ROW_BYTES > end:
+                    raise ProtocolError("a state twice, none of its ranks, or truncated")
+                columns = _new_columns()
+                for column, (_, width) in zip(columns, _COLUMNS, strict=True):
+                    column.frombytes(view[pos : pos + rows * width])
+                    pos += rows * width
+                    if _SWAP:
+                        column.byteswap()
+                if max(columns[0]) >= count:
+                    raise ProtocolError("a rank of a process the fold does not hold")
+                fold.states[key] = columns
+                total += 6 + key_length + rows * _ROW_BYTES
+        except struct.error as e:
+            raise ProtocolError("message truncated") from e
+        if pos != end:
+            raise ProtocolError(f"{end - pos} trailing bytes" if pos < end else "message truncated")
+        fold.processes = [records]
+        fold.count = count
+        fold.size = 8 + len(records) + total
+        return fold
+
+    def decoded(self, known: dict[bytes, RankState] | None = None) -> Decoded:
+        """Each process's address and data (without communicators), and the ranks by state, their process an index
+        into those lists (a ``ProtocolError`` if a record or a state is malformed). ``known``: the states decoded
+        so far (by encoded state), used and added to: a gather's legs bring the same states. The members' columns
+        are this fold's own arrays, typed as on the wire."""
+        buf = b"".join(self.processes)
+        r = _Reader(buf)
+        addrs: list[Addr] = []
+        datas: list[ProcessData] = []
+        bare, ip_text, new_addr, end = _BARE_DATA.get, _ip_text, tuple.__new__, len(buf)
+        for _ in range(self.count):
+            # ``_Reader.addr`` and ``_get_process_data`` inlined for what most processes send, an address and no
+            # restart or position (the root reads one per process of the job: docs/architecture.md §11).
+            pos = r.pos
+            n = buf[pos] if pos < end else 0
+            if n not in (4, 16) or pos + n + 3 > end:
+                addrs.append(r.addr())  # raises ProtocolError, as the reader does
+            else:
+                addrs.append(
+                    new_addr(Addr, (ip_text(buf[pos + 1 : pos + 1 + n]), buf[pos + 1 + n] << 8 | buf[pos + 2 + n]))
+                )
+                r.pos = pos + n + 3
+            data = bare(buf[r.pos : r.pos + 7])
+            if data is None:
+                data = _get_process_data(r)
+                if data.comms:
+                    raise ProtocolError("communicators outside the fold")
+            else:
+                r.pos += 7
+            datas.append(data)
+        r.done()
+        states: States = {}
+        if known is None:
+            known = {}
+        for key, columns in self.states.items():
+            state = known.get(key)
+            if state is None:
+                state = known[key] = _get_state(key)
+            states[state] = Members(*columns)
+        return addrs, datas, states
+
+    def entries(self) -> tuple[tuple[Addr, ProcessData], ...]:
+        """Each process's address and whole data, its communicators unfolded (``fold.unfold``)."""
+        addrs, datas, states = self.decoded()
+        comms = unfold(states, len(addrs))
+        return tuple(
+            (addr, dataclasses.replace(data, comms=held) if held else data)
+            for addr, data, held in zip(addrs, datas, comms, strict=True)
+        )
 
 
 class FrameReader:

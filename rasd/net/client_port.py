@@ -330,7 +330,7 @@ class ClientPort:
             except Exception:  # a version line is not worth a failed report
                 log.debug("rasd: the counting line failed", exc_info=True)
         if req.format is Format.TEXT:
-            summary = build_job_summary(node.table, node.left_addresses())
+            summary = build_job_summary(node.table, node.left_addresses(), ordered=True)  # a table is ordered
             client.write(
                 render_head(summary, version_line=version_line, runtime_line=runtime_line, verbose=req.verbose)
             )

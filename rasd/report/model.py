@@ -40,14 +40,15 @@ rank shared by several peers (a restarted process and its dead predecessor) name
 
 from __future__ import annotations
 
-import bisect
 import enum
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from rasd.core.comms import N_OPS, RESULT_IN_PROGRESS, RESULT_SUCCESS, RankRecord
+from rasd.core.fold import Members, RankState
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import (  # HASH_MASK: re-exported, the renderers print hashes with it
     HASH_MASK as HASH_MASK,
@@ -98,7 +99,12 @@ ERRORS_TEXT: tuple[str, ...] = (
 
 def highest_status(bits: Status) -> Status:
     """The status a communicator shows: the highest bit set (NOCOMM when none is)."""
-    return Status(1 << (int(bits).bit_length() - 1)) if bits else Status.NOCOMM
+    return _HIGHEST[int(bits) & 31]
+
+
+#: ``highest_status`` of every combination of the five bits, worked out once (the report asks it per communicator,
+#: and an enum made from an int is slow).
+_HIGHEST: tuple[Status, ...] = tuple(Status(1 << (b.bit_length() - 1)) if b else Status.NOCOMM for b in range(32))
 
 
 def rank_status(record: RankRecord) -> Status:
@@ -171,8 +177,8 @@ class MissingRank:
 class Communicator:
     comm_hash: int
     size: int
-    #: Present and missing ranks, in communicator-rank order.
-    ranks: tuple[PresentRank, ...]
+    #: How many ranks some process reported (``ranks`` lists them).
+    present: int
     missing: tuple[MissingRank, ...]
     #: The rank the others are compared with: the first in (process, rank) order.
     reference: PresentRank
@@ -185,6 +191,24 @@ class Communicator:
     mismatched_ops: tuple[int, ...]
     group: int = -1
     index_in_group: int = -1
+    #: The merged communicator this classifies: its ranks, folded (``rasd.core.fold``), and their processes.
+    merged: MergedCommunicator | None = field(default=None, compare=False, repr=False)
+    #: Each responder's peer-table entry (by its index in the snapshot's responders; None where the table lacks it).
+    processes: tuple[PeerInfo | None, ...] = field(default=(), compare=False, repr=False)
+
+    @functools.cached_property
+    def ranks(self) -> tuple[PresentRank, ...]:
+        """Present ranks, in communicator-rank order: made on first use (the JSON, a section that lists ranks),
+        one object per rank, from the folded states the report was classified on."""
+        if self.merged is None:
+            return ()
+        processes, responders = self.processes, self.merged.responders
+        present = [
+            PresentRank(comm_rank, state.record(comm_rank, device, idle_ms), responders[proc], processes[proc])
+            for state, proc, comm_rank, device, idle_ms in self.merged.rows()
+        ]
+        present.sort(key=_comm_rank)
+        return tuple(present)
 
     @property
     def status(self) -> Status:
@@ -285,6 +309,9 @@ class _Context:
     order: Callable[[Addr], ProcessOrder]
     peers_by_global_rank: dict[int, tuple[PeerInfo, ...]]
     everyone_answered: bool
+    #: Each responder's table entry and host, by its index in the snapshot's responders (what fold members index).
+    processes: tuple[PeerInfo | None, ...]
+    hosts: list[str]
 
 
 def _process_of(comm: MergedCommunicator, comm_rank: int, context: _Context) -> tuple[int | None, PeerInfo | None]:
@@ -325,11 +352,15 @@ def _missing_rank(comm: MergedCommunicator, comm_rank: int, context: _Context) -
     return MissingRank(comm_rank, global_rank, process, reason, dead=dead, left=left)
 
 
-def _in_flight(ranks: tuple[PresentRank, ...], op: int, grace: float, window: float = 0.0) -> bool:
+def _in_flight(states: list[tuple[int, int, int]], grace: float, window: float = 0.0) -> bool:
     """Launch counts that differ only because some ranks already entered the next operation, moments ago::
 
         rank 0: launched 42, completed 41, counters moved 3 ms ago    (inside operation 42, waiting)
         rank 1: launched 41, completed 41                             (not there yet)
+
+    ``states``: (launched, completed, idle ms) of one op type (or all of them), one per state of the communicator,
+    the idle time the longest of the state's ranks. Every condition below holds for an idle time if it holds for a
+    longer one, so a state's ranks all pass when its longest idle one does.
 
     A skipped operation or a hang looks the same in one snapshot; it differs in time: the leading ranks stay
     inside, and past ``grace`` it is a MISMATCH (and, later, COMM_STUCK). Without a gather window (a snapshot
@@ -345,10 +376,9 @@ def _in_flight(ranks: tuple[PresentRank, ...], op: int, grace: float, window: fl
     leaders do not move during (then as MISMATCH), or as COMM_STUCK when the job blocks."""
     if grace <= 0:
         return False
-    low = min(r.launched(op) for r in ranks)
-    top = max(r.launched(op) for r in ranks)
-    for r in ranks:
-        launched, completed, idle_ms = r.launched(op), r.completed(op), r.record.idle_ms
+    low = min(launched for launched, _, _ in states)
+    top = max(launched for launched, _, _ in states)
+    for launched, completed, idle_ms in states:
         recent = idle_ms <= grace * 1000
         if launched == low:
             if not (completed == low or (window > 0 and completed == low - 1 and recent)):
@@ -361,91 +391,98 @@ def _in_flight(ranks: tuple[PresentRank, ...], op: int, grace: float, window: fl
     return top > low
 
 
-def _reference(comm: MergedCommunicator, order: Callable[[Addr], ProcessOrder]) -> int:
-    """The communicator rank the others are compared with: the first in (process, rank) order. The merge lists a
-    communicator's ranks in process order, so only the first process's ranks are read, not every rank."""
-    first_key: ProcessOrder | None = None
-    best = -1
-    for comm_rank, reported in comm.ranks.items():
-        key = order(reported.addr)
-        if first_key is None:
-            first_key, best = key, comm_rank
-        elif key != first_key:
-            break  # a later process: every rank from here on comes after
-        elif comm_rank < best:
-            best = comm_rank
-    return best
+def _count(counts: tuple[int, ...], op: int) -> int:
+    """Operations of type ``op`` in ``counts``; ``ALL_OPS``: of every type."""
+    if op == ALL_OPS:
+        return sum(counts)
+    return counts[op] if op < len(counts) else 0
 
 
-def _status_bits(records: list[RankRecord]) -> Status:
-    """The union of the ranks' statuses, read from the distinct flag combinations (a job's ranks share few)."""
-    bits = Status(0)
-    for flags in {(r.abort_flag, r.finalize_called or r.destroy_flag, r.init_state) for r in records}:
-        bits |= _status(*flags)
-    return bits
+def _state_status(state: RankState) -> int:
+    """A state's status bit, as an int."""
+    return int(_status(state.abort_flag, state.finalize_called or state.destroy_flag, state.init_state))
 
 
 def _classify(comm: MergedCommunicator, context: _Context) -> Communicator:
-    """One merged communicator of the snapshot, each present rank with its process's table entry.
+    """One merged communicator of the snapshot, classified on its states (``rasd.core.fold``): what is compared
+    across ranks (statuses, error codes, launch counts, idle times) is read once per state, and per rank only its
+    process's host (the ranks per node) and its communicator rank (which are missing), at C speed. The report
+    classifies every rank of the job, and a job has a communicator per tensor-parallel group (12,500 at 100,000
+    processes): bits are ints until the end, and a communicator whose ranks share one state is not compared."""
+    states = comm.states
+    hosts = context.hosts
+    count = comm.count
+    missing: tuple[MissingRank, ...] = ()
+    if count < comm.size:
+        present = comm.present
+        missing = tuple(_missing_rank(comm, r, context) for r in range(comm.size) if r not in present)
+    comm_rank, first = comm.first()
+    reference = PresentRank(comm_rank, first.record, first.addr, context.table.get(first.addr))
 
-    Linear in the communicator's ranks with a small constant: the report classifies every rank of the job. What
-    is compared across ranks (statuses, error codes, launch totals) is read as the set of distinct values first,
-    and the reference rank from the first process only (``_reference``)."""
-    table = context.table
-    reported = comm.ranks
-    present = []
-    for comm_rank in sorted(reported):  # the ranks alone: no (rank, report) pair per rank to sort and collect
-        entry = reported[comm_rank]
-        present.append(PresentRank(comm_rank, entry.record, entry.addr, table.get(entry.addr)))
-    ranks = tuple(present)
-    missing = (
-        ()
-        if len(reported) == comm.size
-        else tuple(_missing_rank(comm, r, context) for r in range(comm.size) if r not in reported)
-    )
-    reference = ranks[bisect.bisect_left(ranks, _reference(comm, context.order), key=_comm_rank)]
-    records = [r.record for r in ranks]
+    if len(states) == 1:
+        per_node = Counter(map(hosts.__getitem__, states[0][1].procs))
+    else:
+        per_node = Counter()
+        for _, members in states:
+            per_node.update(map(hosts.__getitem__, members.procs))
 
-    per_node = Counter(r.addr.host for r in ranks)
+    status_bits = 0
+    for state, _ in states:
+        status_bits |= _state_status(state)
+    if missing and any(m.reason is MissingReason.NOCOMM for m in missing):
+        status_bits |= Status.NOCOMM.value
 
-    status_bits = _status_bits(records)
-    if any(m.reason is MissingReason.NOCOMM for m in missing):
-        status_bits |= Status.NOCOMM
-
-    # Totals first: they are exact, where a split by type may be an estimate (collectives torch issues beneath
-    # the Python hooks are typed from the Flight Recorder, read now and then: rasd/torch/records.py). Ranks whose
-    # totals agree, or differ only in flight, are no MISMATCH whatever their split says. The gather's own duration
-    # (its collection time) is the window within which the processes' data were taken.
-    grace, window = context.snapshot.in_flight_grace, context.snapshot.collection_time
-    totals_differ = len({sum(r.launched) for r in records}) > 1 and not _in_flight(ranks, ALL_OPS, grace, window)
-    mismatched = []
-    if totals_differ:
-        for op in range(N_OPS):
-            expected = reference.launched(op)
-            if any(r.launched(op) != expected for r in ranks) and not _in_flight(ranks, op, grace, window):
-                mismatched.append(op)
-    mismatched_ops = tuple(mismatched)
-    errors = CommErrors(0)
-    if mismatched_ops or bin(int(status_bits)).count("1") > 1:
-        errors |= CommErrors.MISMATCH
-    codes = {r.init_state for r in records} | {r.async_error for r in records}
-    if any(is_error_code(code) for code in codes):
-        errors |= CommErrors.ERROR
-    if any(m.reason is MissingReason.INCOMPLETE for m in missing):
-        errors |= CommErrors.INCOMPLETE
+    mismatched_ops = _mismatched_ops(states, reference, context.snapshot) if len(states) > 1 else ()
+    errors = 0
+    if mismatched_ops or status_bits & (status_bits - 1):  # more than one status bit
+        errors |= CommErrors.MISMATCH.value
+    if any(is_error_code(s.init_state) or is_error_code(s.async_error) for s, _ in states):
+        errors |= CommErrors.ERROR.value
+    if missing and any(m.reason is MissingReason.INCOMPLETE for m in missing):
+        errors |= CommErrors.INCOMPLETE.value
 
     return Communicator(
         comm_hash=comm.comm_hash,
         size=comm.size,
-        ranks=ranks,
+        present=count,
         missing=missing,
         reference=reference,
         node_count=len(per_node),
         ranks_per_node_min=min(per_node.values()),
         ranks_per_node_max=max(per_node.values()),
-        status_bits=status_bits,
-        errors=errors,
+        status_bits=Status(status_bits),
+        errors=CommErrors(errors),
         mismatched_ops=mismatched_ops,
+        merged=comm,
+        processes=context.processes,
+    )
+
+
+def _mismatched_ops(
+    states: list[tuple[RankState, Members]], reference: PresentRank, snapshot: JobSnapshot
+) -> tuple[int, ...]:
+    """The op types whose launch counts differ between the states, none when they differ only in flight.
+
+    Totals first: they are exact, where a split by type may be an estimate (collectives torch issues beneath the
+    Python hooks are typed from the Flight Recorder, read now and then: rasd/torch/records.py). Ranks whose totals
+    agree, or differ only in flight, are no MISMATCH whatever their split says. The gather's own duration (its
+    collection time) is the window within which the processes' data were taken."""
+    grace, window = snapshot.in_flight_grace, snapshot.collection_time
+    longest = [max(members.idle_ms) for _, members in states]  # per state, the longest idle time of its ranks
+
+    def counts(op: int) -> list[tuple[int, int, int]]:
+        return [
+            (_count(s.launched, op), _count(s.completed, op), idle)
+            for (s, _), idle in zip(states, longest, strict=True)
+        ]
+
+    if len({sum(s.launched) for s, _ in states}) <= 1 or _in_flight(counts(ALL_OPS), grace, window):
+        return ()
+    return tuple(
+        op
+        for op in range(N_OPS)
+        if any(_count(s.launched, op) != reference.launched(op) for s, _ in states)
+        and not _in_flight(counts(op), grace, window)
     )
 
 
@@ -459,7 +496,7 @@ def _table_order(comm: Communicator) -> tuple:
         -comm.node_count,
         -int(comm.status),
         -int(comm.errors),
-        len(comm.ranks),
+        comm.present,
         comm.comm_hash,
         comm.size,
     )
@@ -478,19 +515,39 @@ def _group(communicators: list[Communicator]) -> tuple[CommGroup, ...]:
             runs.append([comm])
     groups = []
     for number, run in enumerate(runs):
-        named = tuple(replace(c, group=number, index_in_group=i) for i, c in enumerate(run))
-        # (host, port, device) counts as (address, device) does, without hashing an address object per rank.
-        devices = {(r.addr.host, r.addr.port, r.record.device) for c in named for r in c.ranks}
+        for i, c in enumerate(run):
+            # Each was made by ``_classify`` for this report alone: named in place (frozen, so set once, here), not
+            # copied (a report holds one per communicator: 12,500 at 100,000 processes).
+            object.__setattr__(c, "group", number)
+            object.__setattr__(c, "index_in_group", i)
+        named = tuple(run)
         groups.append(
             CommGroup(
                 number=number,
                 communicators=named,
                 ranks_per_node_min=min(c.ranks_per_node_min for c in named),
                 ranks_per_node_max=max(c.ranks_per_node_max for c in named),
-                ranks_in_group=len(devices),
+                ranks_in_group=_devices(named),
             )
         )
     return tuple(groups)
+
+
+def _devices(named: tuple[Communicator, ...]) -> int:
+    """Distinct (process, device) pairs over the present ranks of ``named``: the number of ranks where no process
+    holds two of them (the common case, read without a pair per rank), else counted pair by pair."""
+    columns = [members for c in named if c.merged is not None for _, members in c.merged.states]
+    procs: set[int] = set()
+    total = 0
+    for members in columns:
+        procs.update(members.procs)
+        total += len(members)
+    if len(procs) == total:
+        return total
+    pairs: set[tuple[int, int]] = set()
+    for members in columns:
+        pairs.update(zip(members.procs, members.devices, strict=True))
+    return len(pairs)
 
 
 def build_report(snapshot: JobSnapshot) -> Report:
@@ -511,13 +568,16 @@ def build_report(snapshot: JobSnapshot) -> Report:
         order=process_order(snapshot),
         peers_by_global_rank={g: tuple(peers) for g, peers in by_global_rank.items()},
         everyone_answered=not missing_processes and not dead,
+        # By the place process order gives each responder: its table position, or past the table's end.
+        processes=tuple(table_order[i] if i < len(table_order) else None for i in snapshot.process_ranks),
+        hosts=[addr.host for addr in snapshot.responders],
     )
     by_id = [_classify(comm, context) for comm in merge_communicators(snapshot)]
     groups = _group(by_id)
     named = {(c.comm_hash, c.size): c for g in groups for c in g.communicators}
 
     return Report(
-        summary=build_job_summary(snapshot.peers, left),
+        summary=build_job_summary(table_order, left, ordered=True),
         groups=groups,
         communicators_by_id=tuple(named[(c.comm_hash, c.size)] for c in by_id),
         missing_processes=missing_processes,

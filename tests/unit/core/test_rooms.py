@@ -49,6 +49,7 @@ ALLOWED_IMPORTS = frozenset(
         "stuck",
         "auth",
         "frames",
+        "fold",  # folded communicator ranks: values
     }
 )
 #: Records of a concept's own state that it hands to its own private helpers.

@@ -248,13 +248,13 @@ def test_wrong_magic_is_a_protocol_error():
         decode_fully(b)
 
 
-def test_a_rank_record_with_the_wrong_op_count_or_flags_is_a_protocol_error():
+def test_a_rank_state_with_the_wrong_op_count_or_flags_is_a_protocol_error():
     good = body(wire.collresp(V4.addr, 1, 0, ((V4.addr, DATA),)))
-    # The first rank record's head: find it by encoding its fields.
-    head = struct.pack("!IBBBhB", 0, 0, 7, 0b101, 3, N_OPS)
+    # The first rank state's flags: find them by encoding their fields (init state, async error, flags, op count).
+    head = struct.pack("!BBBB", 0, 7, 0b101, N_OPS)
     at = good.index(head)
-    for patch in (struct.pack("!IBBBhB", 0, 0, 7, 0b101, 3, N_OPS - 1), struct.pack("!IBBBhB", 0, 0, 7, 8, 3, N_OPS)):
-        with pytest.raises(wire.ProtocolError, match="rank record"):
+    for patch in (struct.pack("!BBBB", 0, 7, 0b101, N_OPS - 1), struct.pack("!BBBB", 0, 7, 8, N_OPS)):
+        with pytest.raises(wire.ProtocolError, match="rank state"):
             decode_fully(good[:at] + patch + good[at + len(head) :])
 
 

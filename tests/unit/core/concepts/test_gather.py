@@ -9,7 +9,7 @@ from rasd.core.comms import CommRecord, ProcessData, RankRecord, RestartRecord
 from rasd.core.connections import ConnState
 from rasd.core.effects import GatherFinished, Say, SayFrame
 from rasd.core.frames import Frame
-from rasd.core.gather import Gathering
+from rasd.core.gather import Gathering, own_part
 from rasd.core.snapshot import JobSnapshot
 from rasd.core.stuck import StuckVerdict
 
@@ -53,13 +53,13 @@ def test_a_root_sends_its_request_on_every_usable_connection_once_encoded():
         {2, 3, 8},
         5.0,
     )
-    assert gather.entries == [(ME.addr, MINE)]
+    assert gather.parts == [own_part(ME.addr, MINE)]
 
 
 def test_a_silent_connection_is_no_leg():
     world, g = _gathering(2)
     snap = _finished(g.start(1, world.timers.unresponsive + 0.1, None))
-    assert snap.responses == {ME.addr: MINE} and snap.timeouts == 0
+    assert snap.contributions() == {ME.addr: MINE} and snap.timeouts == 0
 
 
 def test_a_gather_with_nobody_to_wait_on_ends_at_once_with_our_own_entry():
@@ -93,7 +93,7 @@ def test_the_root_decodes_the_answers_and_ends_when_every_leg_answered():
     )
     assert g.on_collresp(world.conns[2], wire.collresp(ME.addr, 1, 0, ((P2.addr, MINE),)), 2.0) == []  # answered
     snap = _finished(g.on_collresp(world.conns[3], wire.collresp(ME.addr, 1, 0, ((P3.addr, theirs),)), 2.5))
-    assert snap.responses == {ME.addr: MINE, P2.addr: theirs, P4.addr: theirs, P3.addr: theirs}
+    assert snap.contributions() == {ME.addr: MINE, P2.addr: theirs, P4.addr: theirs, P3.addr: theirs}
     assert (snap.timeouts, snap.collection_time) == (1, 1.5)
 
 
@@ -104,21 +104,28 @@ def test_the_root_raises_on_an_entry_it_cannot_decode():
         g.on_collresp(world.conns[2], wire.CollResp(ME.addr, 1, 0, 1, b"\xff\x00"), 2.0)
 
 
-def test_a_relay_forwards_the_request_and_passes_the_entries_back_still_encoded():
+def test_a_relay_forwards_the_request_and_folds_the_entries_into_its_own():
     world, g = _gathering(2, 3, 4)
     root = P2.addr
     req = wire.CollReq(root, 5, 3000)
     frame = wire.encode(req)
     assert g.on_collreq(world.conns[2], req, 1.0) == [SayFrame(3, frame), SayFrame(4, frame)]
     (gather,) = g.gathers.values()
-    assert (gather.from_conn, gather.timeout, gather.count) == (2, 3.0, 1)
-    # The relay never decodes: these bytes are not a valid entry, and pass through as they are.
-    opaque = b"\xde\xad\xbe\xef"
-    assert g.on_collresp(world.conns[3], wire.CollResp(root, 5, 2, 3, opaque), 1.5) == []
-    assert g.on_collresp(world.conns[4], wire.CollResp(root, 5, 0, 0, b""), 1.6) == [
-        Say(2, wire.CollResp(root, 5, 2, 4, wire.encode_entry(ME.addr, MINE) + opaque))
-    ]
+    assert (gather.from_conn, gather.timeout, gather.fold.count) == (2, 3.0, 1)
+    theirs = ((P3.addr, MINE), (P4.addr, ProcessData(waiting=True)))
+    assert g.on_collresp(world.conns[3], wire.collresp(root, 5, 2, theirs), 1.5) == []
+    (back,) = g.on_collresp(world.conns[4], wire.CollResp(root, 5, 0, 0, b""), 1.6)
+    # One reply: its own entry first, then the leg's, the ranks of MINE's one state folded together.
+    assert back == Say(2, wire.collresp(root, 5, 2, ((ME.addr, MINE), *theirs)))
+    assert isinstance(back.msg, wire.CollResp) and len(back.msg.fold.states) == 1
     assert g.gathers == {}
+
+
+def test_a_relay_refuses_a_leg_it_cannot_fold():
+    world, g = _gathering(2, 3)
+    g.on_collreq(world.conns[2], wire.CollReq(P2.addr, 5, 3000), 1.0)
+    with pytest.raises(wire.ProtocolError):
+        g.on_collresp(world.conns[3], wire.CollResp(P2.addr, 5, 0, 1, b"\xde\xad\xbe\xef"), 1.5)
 
 
 def test_duplicates_are_answered_empty_while_the_gather_runs_and_after():
@@ -238,7 +245,7 @@ def test_a_status_gather_never_asks_the_providers():
     world, g = _gathering()
     world.answers[DIAG] = b"not asked"
     snap = _finished(g.start(1, 1.0, None))
-    assert snap.ask == wire.Ask.STATUS and snap.answers == {} and snap.responses == {ME.addr: MINE}
+    assert snap.ask == wire.Ask.STATUS and snap.answers == {} and snap.contributions() == {ME.addr: MINE}
 
 
 def test_the_root_rejects_answers_it_cannot_decode():
@@ -265,7 +272,7 @@ def test_a_sweep_rooted_here_and_a_sweep_relayed_here_carry_the_position():
     world, g = _gathering(2)
     world.where = HERE
     g.start(3, 1.0, None, wire.Ask.SWEEP)
-    assert g.gathers[(ME.addr, 1)].entries == [(ME.addr, dataclasses.replace(MINE, where=HERE))]
+    assert g.gathers[(ME.addr, 1)].parts == [own_part(ME.addr, dataclasses.replace(MINE, where=HERE))]
     relay_world, relay = _gathering(2)
     relay_world.where = HERE
     # A relay with no other leg answers at once, with its own entry.

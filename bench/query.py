@@ -309,12 +309,17 @@ def _at_depth(depth: int, fn: Callable[[], Any]) -> Any:
     return fn() if depth <= 0 else _at_depth(depth - 1, fn)
 
 
-def relay_time(ask: wire.Ask, entries: int, rounds: int) -> tuple[float, int]:
+def relay_time(
+    ask: wire.Ask, entries: int, rounds: int, data: Callable[[int], ProcessData] | None = None
+) -> tuple[float, int]:
     """Seconds a relay spends on one gather of ``ask`` (the request, then the reply of each leg it forwarded to, each
     reply carrying ``entries`` entries), and the bytes of one reply. The frames are encoded beforehand: only the
     relay's work is timed (decoding, its own answer, joining, encoding its reply). Its own STACKS answer comes from
-    the real provider (``rasd.net.stacks``) reading the main thread's stack, run ``STACK_DEPTH`` frames deep."""
-    sim = Simulation(3, seed=1, local_data=lambda i: _process_data(3, i))
+    the real provider (``rasd.net.stacks``) reading the main thread's stack, run ``STACK_DEPTH`` frames deep.
+    ``data``: what the relay (1) and the replies' entries (2, 3, ...) contribute to a STATUS gather, by index; by
+    default one communicator of 3 ranks, every entry alike."""
+    contribution = data or (lambda i: _process_data(3, min(i, 2)))
+    sim = Simulation(3, seed=1, local_data=contribution)
     sim.start()
     sim.run_until(2.0)
     a, b = sim.nodes[0].node, sim.nodes[1].node
@@ -322,7 +327,10 @@ def relay_time(ask: wire.Ask, entries: int, rounds: int) -> tuple[float, int]:
     (cid,) = [c.id for c in b.conns.values() if c.peer == a.me.addr and c.state is core.ConnState.READY]
     addrs = [Addr("10.9.9.9", j + 1) for j in range(entries)]
     if ask is wire.Ask.STATUS:
-        raw = b"".join(wire.encode_entry(x, _process_data(3, 2)) for x in addrs)
+        fold = wire.Fold()  # what the leg's relays folded (wire 8)
+        for j, x in enumerate(addrs):
+            fold.add(x, contribution(2 + j))
+        raw = fold.encode()
     else:
         answer = synthetic_answer(sim.nodes[2].node.me)()
         raw = b"".join(wire.encode_answer(x, answer) for x in addrs)

@@ -5,24 +5,29 @@ The job is a DDP + tensor-parallel job of N processes, 8 per host (host h is ``1
 ports 29500..29507, each one GPU, global rank = 8 h + local index). Every process holds three communicators, as
 torch's DDP + TP jobs do: the world group (size N), its host's tensor-parallel group (size 8) and its data-parallel
 group (the processes with its local index on every host, size N / 8), each with its rank map, launch and completion
-counts of a training step (all ranks agree: a healthy job) and an idle time. Each process's entry is encoded as the
-process itself encodes it (``wire.encode_entry``) and the entries reach the root in ``LEGS`` replies (``CollResp``
-frames, one per leg, as its connections fold them back), each arriving in 256 KiB reads (asyncio's read size).
+counts of a training step (all ranks agree: a healthy job) and an idle time. The entries reach the root in ``LEGS``
+replies (``CollResp`` frames, one per leg), each a fold (``wire.Fold``: ranks by state, as the leg's relays fold
+them) of a contiguous range of the table, each arriving in 256 KiB reads (asyncio's read size). Contiguous: a gather's
+legs are regions of the ring (ring neighbours relay their neighbours), so a host's tensor-parallel group mostly
+arrives in one leg; in the simulator at 4,096 nodes, the root's 4 legs brought 578 states of the 521 distinct ones.
 
 Measured per N, process CPU time (``time.process_time``), the median of ``repeats`` runs of each stage; before each
 timed stage a full collection runs (not timed), and the collector stays on while it runs, as in a rasd process:
 
-* ``decode``: the root reads the reply frames off its connections (``FrameReader.feed``, read by read) and decodes
-  every entry (``CollResp.entries``), as ``Gathering.on_collresp`` does;
-* ``snapshot``: the root turns the entries into a ``JobSnapshot`` (one response per address, as
-  ``Gathering._snapshot`` does: that method needs a live node, so its steps are repeated here), then the one merge of
+* ``decode``: the root reads the reply frames off its connections (``FrameReader.feed``, read by read), decodes each
+  leg's fold (``Fold.decoded``) as ``Gathering.on_collresp`` does, and puts the parts together into one response per
+  address and the states (``gather.responses_of``, as ``Gathering._snapshot`` does);
+* ``snapshot``: the root makes the ``JobSnapshot`` of them, then the one merge of
   its communicators (``merge_communicators``) on its own. The merge runs again inside ``build_report``: it is part
   of that figure too, and the total counts it once, there;
 * ``build``: ``build_report(snapshot)``;
 * ``text``: what the client port writes for ``status``: the job summary and head (``build_job_summary``,
   ``render_head``) and ``render_tail``; ``text_verbose``: the same for ``verbose status``;
 * ``json``: ``render_json`` (``status json``);
-* ``total``: one text STATUS at the root: decode + the snapshot's assembly + build + text.
+* ``stuck``: the sweeper's stuck detector on the snapshot (``StuckDetector.observe``: the merge and each
+  communicator's signature), after a first sweep of the same counters;
+* ``total``: one text STATUS at the root: decode + the snapshot's assembly + build + text;
+* ``sweep``: what the sweeper's root spends on each sweep: decode + the snapshot's assembly + stuck.
 
 Prints per N the seconds and microseconds per process of each stage, the linearity check (microseconds per process
 at the largest N over those at the smallest) and, last, one JSON object of the figures.
@@ -51,6 +56,7 @@ from rasd.core.comms import OP_TYPES, CommRecord, ProcessData, RankRecord
 from rasd.core.fold import RankState, States
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot, merge_communicators
+from rasd.core.stuck import StuckDetector
 from rasd.report.json_format import render_json
 from rasd.report.model import Report, build_report
 from rasd.report.summary import build_job_summary
@@ -63,7 +69,7 @@ PER_HOST = 8
 LEGS = 8
 #: Bytes per read off a connection (asyncio's selector transports read at most this much at a time).
 READ_BYTES = 256 * 1024
-STAGES = ("decode", "snapshot", "merge", "build", "text", "text_verbose", "json")
+STAGES = ("decode", "snapshot", "merge", "build", "text", "text_verbose", "json", "stuck")
 #: Issue 30's budget for the root's CPU per STATUS at 100,000 processes ("well under" the 2 s of the whole query).
 GOAL_S = 1.0
 VERSION_LINE = "torchras version 0.1.0 with torch 2.13.0+cpu"
@@ -209,7 +215,11 @@ def measure_one(n: int, repeats: int) -> dict[str, float]:
     out["text"], _ = _cpu(lambda: text(snap, report, False), repeats)
     out["text_verbose"], _ = _cpu(lambda: text(snap, report, True), repeats)
     out["json"], _ = _cpu(lambda: render_json(report, timestamp=0.0, torchras_version="0", torch_version="0"), repeats)
+    detector = StuckDetector(limit=60.0)
+    detector.observe(snap, 0.0)  # the previous sweep: the one timed compares with it
+    out["stuck"], _ = _cpu(lambda: detector.observe(snap, 5.0), repeats)
     out["total"] = out["decode"] + out["snapshot"] + out["build"] + out["text"]
+    out["sweep"] = out["decode"] + out["snapshot"] + out["stuck"]
     return out
 
 
@@ -227,7 +237,7 @@ def figures(results: dict[int, dict[str, float]]) -> dict[str, float]:
             out[f"{stage}_s_{n}"] = round(seconds, 4)
             out[f"{stage}_us_per_process_{n}"] = round(seconds / n * 1e6, 3)
     small, large = min(results), max(results)
-    for stage in (*STAGES, "total"):
+    for stage in (*STAGES, "total", "sweep"):
         per_small = results[small][stage] / small
         out[f"{stage}_linearity_{large}_vs_{small}"] = round((results[large][stage] / large) / per_small, 2)
     return out
@@ -244,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, dict[str, float]] = {}
     for n in sizes:
         results[n] = measure_one(n, repeats)
-        cells = "  ".join(f"{s} {results[n][s]:.3f}" for s in (*STAGES, "total"))
+        cells = "  ".join(f"{s} {results[n][s]:.3f}" for s in (*STAGES, "total", "sweep"))
         print(f"{n} processes: {cells} (CPU s)", flush=True)
-    columns = (*STAGES, "total")
+    columns = (*STAGES, "total", "sweep")
     print(f"\nrun started {started}; median of {repeats}; CPU seconds, then microseconds per process")
     print(f"{'processes':>9}  " + "  ".join(f"{c:>12}" for c in columns))
     for n, stages in results.items():

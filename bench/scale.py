@@ -3,11 +3,14 @@
 What each figure is (issue 30; docs/architecture.md §11 describes the model):
 
 * **In the simulator** (``rasd.sim``: the real ``rasd.core`` on a virtual network, 0.1-0.5 ms per message, default
-  timers), for each size, one run from a shared table (``start("quiet")``):
-  - *traffic at rest*: messages and bytes per node per second over 10 simulated seconds (keepalives, the sweeper);
-  - *STATUS*: three gathers from random roots with every hop charged the processing time measured here for one
-    request and one response (``bench/query.py``'s ``measured_hop_cost``), plus the root's CPU for the report at that
-    size (``bench/report_cost.py``: decoding the answers, the snapshot, the report, the text);
+  timers), for each size, one run from a shared table (``start("quiet")``), every node holding the communicators of
+  a DDP + tensor-parallel job (``job_data``: the world, its host's TP group of 8, its DP group), so that the sweeper
+  sweeps and gathers carry what a training job's do:
+  - *traffic at rest*: messages and bytes per node per second over 10 simulated seconds (keepalives, the sweeper's
+    gathers);
+  - *STATUS*: three gathers from random roots, every relay charged what a relay was measured to spend here
+    (``relay_costs``: per hop, and per byte of the folded replies it merges), plus the root's report measured on what
+    it gathered (``root_cpu``: CPU time of decoding each leg's fold, the report and its text);
   - *one death*: kill -9 of one process until every survivor has recorded PEER_DEAD;
   - *a rack*: 64 processes (8 hosts of 8) killed at once until every survivor has all 64 dead;
   - *a 1 % partition*: the hosts holding 1 % of the processes cut off until every process of the larger side holds
@@ -46,9 +49,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from rasd.core import wire  # noqa: E402
+from rasd.core import gather, wire  # noqa: E402
+from rasd.core.comms import ProcessData  # noqa: E402
 from rasd.core.events import Kind  # noqa: E402
 from rasd.core.peers import Addr, PeerInfo, PeerKey, PeerTable  # noqa: E402
+from rasd.core.snapshot import JobSnapshot  # noqa: E402
+from rasd.report.model import build_report  # noqa: E402
+from rasd.report.summary import build_job_summary  # noqa: E402
+from rasd.report.text import render_head, render_tail  # noqa: E402
 from rasd.sim import Simulation  # noqa: E402
 from rasd.sim.store import OPS_PER_PROCESS, StoreModel  # noqa: E402
 
@@ -93,6 +101,45 @@ def _dead_known(sim: Simulation, victims: set[PeerKey], since: float) -> tuple[f
     return (None if missing else last - since), missing
 
 
+class _DeadWatch:
+    """When every survivor has recorded every victim dead, read as the simulation runs: each ``check`` scans only the
+    PEER_DEAD events recorded since the last one, and drops them (a 1 % partition of 16,384 nodes is 3.7 million
+    events; keeping them all and rescanning them every check was what stopped the run at 16,384 before)."""
+
+    def __init__(self, sim: Simulation, victims: set[PeerKey], since: float) -> None:
+        addrs = {k.addr for k in victims}
+        self.victims, self.since = victims, since
+        # survivor -> the victims it has recorded dead so far
+        self.seen: dict[int, set[PeerKey]] = {
+            s.index: set() for s in sim.nodes if s.alive and s.node.me.addr not in addrs and not s.node.expelled
+        }
+        self.done_at: dict[int, float] = {}
+
+    def check(self, sim: Simulation) -> bool:
+        victims = self.victims
+        for i in list(self.seen):
+            s = sim.nodes[i]
+            if not s.alive or s.node.expelled:
+                del self.seen[i]
+                continue
+            seen = self.seen[i]
+            for t, e in s.events:
+                if e.kind is Kind.PEER_DEAD and e.peer is not None and e.peer.key in victims and e.peer.key not in seen:
+                    seen.add(e.peer.key)
+                    if len(seen) == len(victims):
+                        self.done_at[i] = t
+            s.events.clear()
+            if i in self.done_at:
+                del self.seen[i]
+        return not self.seen
+
+    def result(self) -> tuple[float | None, int]:
+        """As ``_dead_known``: seconds after ``since`` when the last survivor knew, or None and how many did not."""
+        if self.seen:
+            return None, len(self.seen)
+        return max(self.done_at.values(), default=self.since) - self.since, 0
+
+
 def _fewest_known(sim: Simulation, victims: set[PeerKey]) -> int:
     """The fewest of the victims any survivor has recorded dead so far."""
     addrs = {k.addr for k in victims}
@@ -104,21 +151,84 @@ def _fewest_known(sim: Simulation, victims: set[PeerKey]) -> int:
     return fewest
 
 
-def _gather_time(sim: Simulation, root: int, query: int, hop: float) -> float:
-    sim.hop_cost = hop
+def job_data(n: int) -> list[ProcessData]:
+    """What each process of a DDP + tensor-parallel job of ``n`` contributes to a gather, by rank (= simulated node
+    index): the world group, its host's TP group of 8 and its DP group, as ``bench/report_cost.py`` builds them."""
+    import report_cost
+
+    rng = random.Random(30)
+    hosts = -(-n // report_cost.PER_HOST)
+    names = ["world", *(f"tp{h}" for h in range(hosts)), *(f"dp{j}" for j in range(report_cost.PER_HOST))]
+    hashes = {name: rng.getrandbits(64) for name in names}
+    return [report_cost.process_data(n, hashes, i, rng) for i in range(n)]
+
+
+def relay_costs(rounds: int = 200) -> dict[str, float]:
+    """What a relay spends on a STATUS gather of the DDP + TP job (``bench/query.py``'s ``relay_time``: the request,
+    its own answer folded, each leg's reply merged into its fold, its reply encoded): per hop with replies of one
+    process, and per byte received (the slope to replies of 1,024 processes, about 130 communicator states)."""
+
+    import query
+
+    data = job_data(4096)
+    hop, small = query.relay_time(wire.Ask.STATUS, 1, rounds, data.__getitem__)
+    big_time, big = query.relay_time(wire.Ask.STATUS, 1024, max(10, rounds // 10), data.__getitem__)
+    return {"hop_s": hop, "byte_s": max(0.0, (big_time - hop) / (big - small)), "reply_bytes_1024": big}
+
+
+def root_cpu(parts: list[wire.CollResp], own: wire.Decoded, snapshot: JobSnapshot) -> float:
+    """The root's CPU for one text STATUS on what it gathered: each leg's fold decoded (``Fold.decoded``), the parts
+    put together (``gather.responses_of``), the report built and rendered (the head from its ordered table, as the
+    client port writes it). The simulation's heap is frozen out of the collector meanwhile: a rasd process holds one
+    node, not thousands (the collector's share at a process's scale is ``bench/report_cost.py``'s)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        t0 = time.process_time()
+        known: dict[bytes, Any] = {}
+        decoded = [own, *(m.fold.decoded(known) for m in parts if m.count)]
+        responses, states = gather.responses_of(decoded)
+        assert len(responses) == len(snapshot.responses) and len(states) == len(snapshot.states)
+        report = build_report(snapshot)
+        summary = build_job_summary(snapshot.peers, snapshot.left, ordered=True)
+        render_head(summary, version_line="v", runtime_line="r", verbose=False)
+        render_tail(report, verbose=False)
+        return time.process_time() - t0
+    finally:
+        gc.unfreeze()
+
+
+def _gather(sim: Simulation, root: int, query: int, costs: dict[str, float]) -> tuple[float, float, int]:
+    """One STATUS gather from ``root`` with every hop charged the relay's costs: its simulated time, the root's CPU
+    for the report (``root_cpu``) and how many legs answered the root."""
+    node = sim.nodes[root].node
+    legs: list[wire.CollResp] = []
+    on_collresp = node.gathering.on_collresp
+
+    def spy(conn: Any, msg: wire.CollResp, now: float) -> Any:
+        if msg.root == node.me.addr:
+            legs.append(msg)
+        return on_collresp(conn, msg, now)
+
+    node.gathering.on_collresp = spy  # type: ignore[method-assign]
+    own = gather.own_part(node.me.addr, node.gathering.contribution())
+    sim.hop_cost, sim.byte_cost = costs["hop_s"], costs["byte_s"]
     t0 = sim.now
     sim.gather(root, query)
     sim.run_while(lambda: (root, query) not in sim.gathers_done, 30.0, step=0.002)
-    sim.hop_cost = 0.0
+    sim.hop_cost = sim.byte_cost = 0.0
+    del node.gathering.on_collresp
     done_at, done = sim.gathers_done[(root, query)]
     assert not done.snapshot.missing(), "a gather at rest left processes out"
-    return done_at - t0
+    return done_at - t0, root_cpu(legs, own, done.snapshot), len(legs)
 
 
-def at_scale(n: int, hop: float, partition: bool = True) -> dict[str, Any]:
-    """One run at ``n`` nodes: traffic at rest, STATUS gathers, one death, a rack of 64, a 1 % partition."""
+def at_scale(n: int, costs: dict[str, float], partition: bool = True) -> dict[str, Any]:
+    """One run at ``n`` nodes, each holding the communicators of a DDP + TP job (``job_data``): traffic at rest (the
+    sweeper's gathers included), STATUS gathers, one death, a rack of 64, a 1 % partition."""
     rng = random.Random(n)
-    sim = Simulation(n, seed=n, record=frozenset({Kind.PEER_DEAD}))
+    data = job_data(n)
+    sim = Simulation(n, seed=n, record=frozenset({Kind.PEER_DEAD}), local_data=data.__getitem__)
     cpu0 = time.process_time()
     sim.start("quiet")
     sim.run_until(4.0)
@@ -133,8 +243,11 @@ def at_scale(n: int, hop: float, partition: bool = True) -> dict[str, Any]:
     out["sim_node_s_per_cpu_s"] = round(n * 10.0 / rest_cpu, 1)
     out["conn_state_bytes"] = node_state_bytes(sim, rng.randrange(n))
 
-    gathers = [_gather_time(sim, rng.randrange(n), q, hop) for q in range(3)]
-    out["status_gather_s"] = round(statistics.median(gathers), 4)
+    gathers = [_gather(sim, rng.randrange(n), q, costs) for q in range(3)]
+    out["status_gather_s"] = round(statistics.median(g for g, _, _ in gathers), 4)
+    out["status_root_cpu_s"] = round(statistics.median(c for _, c, _ in gathers), 4)
+    out["status_s"] = round(statistics.median(g + c for g, c, _ in gathers), 4)
+    out["status_legs"] = [legs for _, _, legs in gathers]
     sim.run_until(sim.now + 1.0)
 
     victim = rng.randrange(n)
@@ -159,13 +272,16 @@ def at_scale(n: int, hop: float, partition: bool = True) -> dict[str, Any]:
         start = n - 8 * hosts  # the last hosts by address: none of them dead yet
         cut = set(range(start, n))
         rest = {s.index for s in sim.nodes if s.alive and s.index not in cut}
+        for s in sim.nodes:
+            s.events.clear()  # the earlier faults' events, read already
         t0 = sim.now
         sim.partition(cut, rest)
         keys = {sim.key(i) for i in cut}
+        watch = _DeadWatch(sim, keys, t0)
         sim.run_until(t0 + sim.timers.dead * 0.9)  # nothing is declared before the dead limit: no checks before it
-        sim.run_while(lambda: _dead_known(sim, keys, t0)[0] is None, 100.0, step=1.0)
+        sim.run_while(lambda: not watch.check(sim), 100.0, step=0.5)
         out["partition_nodes"] = len(cut)
-        out["partition_s"], out["partition_missing"] = _dead_known(sim, keys, t0)
+        out["partition_s"], out["partition_missing"] = watch.result()
     out["run_cpu_s"] = round(time.process_time() - cpu0, 1)
     out["simulated_s"] = round(sim.now, 1)
     return out
@@ -390,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup", default="1024,2048")
     parser.add_argument("--store", default="tcpstore", choices=("tcpstore", "etcd"))
     parser.add_argument(
-        "--partition-max", type=int, default=4096, help="the 1 %% partition at these sizes and below (it runs 60 s+)"
+        "--partition-max", type=int, default=16_384, help="the 1 %% partition at these sizes and below (it runs 60 s+)"
     )
     args = parser.parse_args(argv)
     sizes = [256, 1024] if args.quick else [int(x) for x in args.sizes.split(",")]
@@ -398,15 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
 
     sys.path.insert(0, str(HERE))
-    import query
     import store_rate
 
     stores = store_rate.measure(quick=args.quick)
-    hop = query.measured_hop_cost()
+    costs = relay_costs(50 if args.quick else 200)
     memory = {n: table_memory(n) for n in (16_384, MODEL_N)}
     decode = decode_cost()
     report_us = _report_cost(1_024 if args.quick else MODEL_N)
-    runs = {n: at_scale(n, hop, partition=not args.quick and n <= args.partition_max) for n in sizes}
+    runs = {n: at_scale(n, costs, partition=not args.quick and n <= args.partition_max) for n in sizes}
     service = float(stores[args.store]["cpu_s_per_op"])
     starts = {n: startup(n, service, max(float(stores[args.store]["rtt_s"]), 2e-4)) for n in start_sizes}
     inputs = {
@@ -419,9 +534,9 @@ def main(argv: list[str] | None = None) -> int:
         "rest_msgs_per_node_s": max(r["rest_msgs_per_node_s"] for r in runs.values()),
     }
     predicted = model(runs, starts, inputs)
-    _print(runs, starts, memory, predicted, hop, stores, args.store, decode)
+    _print(runs, starts, memory, predicted, costs, stores, args.store, decode)
     figures: dict[str, Any] = {
-        "hop_cost_s": hop,
+        "relay_costs": costs,
         "runs": runs,
         "startup": starts,
         "memory": memory,
@@ -439,20 +554,24 @@ def _print(
     starts: dict[int, dict[str, Any]],
     memory: dict[int, dict[str, float]],
     predicted: dict[str, Any],
-    hop: float,
+    costs: dict[str, float],
     stores: dict[str, Any],
     store: str,
     decode: dict[str, float],
 ) -> None:
     sizes = sorted(runs)
-    print(f"hop cost {hop * 1e6:.0f} us; store {store}: {stores[store]['cpu_s_per_op'] * 1e6:.1f} us per operation")
+    print(
+        f"relay: {costs['hop_s'] * 1e6:.0f} us per hop, {costs['byte_s'] * 1e9:.2f} ns per byte received; "
+        f"store {store}: {stores[store]['cpu_s_per_op'] * 1e6:.1f} us per operation"
+    )
     head = f"{'figure':<44}" + "".join(f"{n:>12,}" for n in sizes) + f"{'model 100k':>14}"
     print(head)
     rows = [
         ("messages per node per s at rest", "rest_msgs_per_node_s", "rest_msgs_per_node_s", "{:.2f}"),
         ("bytes per node per s at rest", "rest_bytes_per_node_s", None, "{:.0f}"),
         ("STATUS gather, simulated (s)", "status_gather_s", None, "{:.3f}"),
-        ("STATUS with the root's report (s)", None, "status_s", "{:.3f}"),
+        ("the root's report, CPU measured (s)", "status_root_cpu_s", None, "{:.3f}"),
+        ("STATUS: gather + the root's report (s)", "status_s", "status_s", "{:.3f}"),
         ("one death known by all (s)", "death_s", "death_s", "{:.4f}"),
         ("a rack of 64: fewest known by a survivor at 1 s", "rack_known_in_1s", None, "{:.0f}"),
         ("a rack of 64 known by all (s)", "rack_s", None, "{:.3f}"),

@@ -153,12 +153,10 @@ class Gathering:
                 g.pending.add(c.id)
         return out + self._maybe_finish(g, now)
 
-    def encoded_contribution(self, ask: wire.Ask) -> bytes:
-        """This process's entry in a gather of ``ask``, encoded as a relay passes it on."""
-        me = self.world.me.addr
-        if ask in PROCESS_DATA:
-            return wire.encode_entry(me, self.contribution(ask))
-        return wire.encode_answer(me, self.world.answer(ask))
+    def encoded_answer(self, ask: wire.Ask) -> bytes:
+        """This process's entry in a gather of ``ask`` (not STATUS or SWEEP, whose entries are folded), encoded as a
+        relay passes it on."""
+        return wire.encode_answer(self.world.me.addr, self.world.answer(ask))
 
     def start(self, query_id: int, now: float, timeout: float | None, ask: wire.Ask = wire.Ask.STATUS) -> Effects:
         """A gather rooted here. ``timeout``: None for the default, ``inf`` for none."""
@@ -214,7 +212,7 @@ class Gathering:
         if msg.ask in PROCESS_DATA:
             g.fold.add(self.world.me.addr, self.contribution(msg.ask))
         else:
-            g.raw.append(self.encoded_contribution(msg.ask))
+            g.raw.append(self.encoded_answer(msg.ask))
             g.count, g.size = 1, len(g.raw[0])
         return self._open(g, msg, now)
 

@@ -207,9 +207,9 @@ class MergedCommunicator:
     #: The snapshot's responders (what members index) and each one's place in process order.
     responders: tuple[Addr, ...] = ()
     process_ranks: list[int] = field(default_factory=list)
-    #: States whose ranks were all out of range, by the process-order place of their first process: their ranks are
-    #: left out, their rank maps are not (``mapped``).
-    maps_only: list[tuple[int, RankState]] = field(default_factory=list)
+    #: The states that carry a rank map, each with the place in process order from which its map counts
+    #: (``merge_communicators``), those whose ranks were all left out included.
+    maps: list[tuple[int, RankState]] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -262,12 +262,8 @@ class MergedCommunicator:
     def mapped(self) -> dict[tuple[tuple[int, int, int], ...], RankState]:
         """Each distinct rank map (communicator rank -> global rank) -> a state that carries it, in process order of
         the first rank carrying it. Looking a rank up reads each map once."""
-        order = self.process_ranks
         first: dict[tuple[tuple[int, int, int], ...], tuple[int, RankState]] = {}
-        placed = [(min(map(order.__getitem__, members.procs)), state) for state, members in self.states]
-        for place, state in placed + self.maps_only:
-            if not state.rank_map:
-                continue
+        for place, state in self.maps:
             held = first.get(state.rank_map)
             if held is None or place < held[0]:
                 first[state.rank_map] = (place, state)
@@ -284,40 +280,51 @@ def merge_communicators(snapshot: JobSnapshot) -> list[MergedCommunicator]:
 
     Linear in the ranks with a small constant, at C speed where the ranks are well formed and reported once: a
     communicator's states are put together by (hash, size), a rank outside ``[0, size)`` is dropped, and a rank
-    reported by several processes is kept from the first of them in process order."""
+    reported by several processes is kept from the first of them in process order (within one process, from the
+    state first in ``_state_order``: a process reports each rank once, and the order of its records is not kept).
+
+    Rank maps are read as a merge record by record reads them: a record's map counts from its process's place in
+    process order, once some process at or before that place holds a valid rank of the communicator (an out-of-range
+    rank's record included, a rank kept from another process's report included)."""
     by_key: dict[tuple[int, int], list[tuple[RankState, Members]]] = {}
-    maps_only: dict[tuple[int, int], list[tuple[int, RankState]]] = {}  # rank maps of records of invalid ranks only
+    carriers: dict[tuple[int, int], list[tuple[RankState, Members]]] = {}  # every state with a rank map, whole
     order = snapshot.process_ranks
     for state, members in snapshot.states.items():
         size = state.size
         if size <= 0 or not len(members):
             continue
         key = (state.comm_hash & HASH_MASK, size)
+        if state.rank_map:
+            carriers.setdefault(key, []).append((state, members))
         if min(members.comm_ranks) < 0 or max(members.comm_ranks) >= size:
-            valid = members.only(i for i, r in enumerate(members.comm_ranks) if 0 <= r < size)
-            if not len(valid):
-                # Malformed records: the communicator cannot hold them, but their rank map still tells.
-                if state.rank_map:
-                    maps_only.setdefault(key, []).append((min(map(order.__getitem__, members.procs)), state))
-                continue
-            members = valid
+            members = members.only(i for i, r in enumerate(members.comm_ranks) if 0 <= r < size)
+            if not len(members):
+                continue  # malformed records: the communicator cannot hold them
         by_key.setdefault(key, []).append((state, members))
     out = []
     for key in sorted(by_key):
-        # A malformed record's rank map counts once the communicator holds a valid rank from that process or an
-        # earlier one in process order (as a merge record by record finds it).
-        start = min(min(map(order.__getitem__, members.procs)) for _, members in by_key[key])
-        only = [(place, state) for place, state in maps_only.get(key, []) if place >= start]
-        states = _first_reports(by_key[key], order, only)
-        out.append(MergedCommunicator(*key, states, snapshot.responders, order, only))
+        states = sorted(by_key[key], key=_state_order)
+        start = min(min(map(order.__getitem__, members.procs)) for _, members in states)
+        maps = []
+        for state, members in sorted(carriers.get(key, []), key=_state_order):
+            places = [place for place in map(order.__getitem__, members.procs) if place >= start]
+            if places:
+                maps.append((min(places), state))
+        maps.sort(key=lambda item: item[0])  # stable: at one place, in state order
+        out.append(MergedCommunicator(*key, _first_reports(states, order), snapshot.responders, order, maps))
     return out
 
 
-def _first_reports(
-    states: list[tuple[RankState, Members]], order: list[int], maps_only: list[tuple[int, RankState]]
-) -> list[tuple[RankState, Members]]:
+def _state_order(item: tuple[RankState, Members]) -> tuple[object, ...]:
+    """A communicator's states in an order of their own values, whatever order the gather's legs brought them in."""
+    s = item[0]
+    flags = (s.finalize_called, s.destroy_flag, s.abort_flag)
+    return (s.comm_hash, s.rank_map, s.init_state, s.async_error, flags, s.launched, s.completed)
+
+
+def _first_reports(states: list[tuple[RankState, Members]], order: list[int]) -> list[tuple[RankState, Members]]:
     """``states`` with each communicator rank kept once: from the first process in process order (then the first
-    state, then the first row). A state left with none goes to ``maps_only``, with its first process's place."""
+    state, then the first row); a state left with none is dropped."""
     seen: set[int] = set()
     total = 0
     for _, members in states:
@@ -334,7 +341,4 @@ def _first_reports(
     keep: dict[int, list[int]] = {}
     for _, s, row in best.values():
         keep.setdefault(s, []).append(row)
-    for s, (state, members) in enumerate(states):
-        if s not in keep and state.rank_map:  # every rank of it reported first elsewhere: its rank map still tells
-            maps_only.append((min(map(order.__getitem__, members.procs)), state))
     return [(state, members.only(sorted(keep[s]))) for s, (state, members) in enumerate(states) if s in keep]

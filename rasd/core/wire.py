@@ -941,9 +941,7 @@ class Fold:
         self.count += other.count
         self.size += other.size - 8
         for key, theirs in other.states.items():
-            mine = self.states.get(key)
-            if mine is None:
-                self.size -= 6 + len(key)  # counted in ``other.size`` and again by ``_columns``
+            self.size -= 6 + len(key)  # counted in ``other.size``; a state is written once (``_columns`` counts it)
             columns = self._columns(key)
             procs = theirs[0] if not offset else array("I", map(offset.__add__, theirs[0]))
             for column, added in zip(columns, (procs, *theirs[1:]), strict=True):

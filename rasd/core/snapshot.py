@@ -287,35 +287,47 @@ def merge_communicators(snapshot: JobSnapshot) -> list[MergedCommunicator]:
     process order, once some process at or before that place holds a valid rank of the communicator (an out-of-range
     rank's record included, a rank kept from another process's report included)."""
     by_key: dict[tuple[int, int], list[tuple[RankState, Members]]] = {}
-    carriers: dict[tuple[int, int], list[tuple[RankState, Members]]] = {}  # every state with a rank map, whole
+    starts: dict[tuple[int, int], int] = {}  # the first place in process order of a valid rank
+    # Every state with a rank map, with its first place in process order, and for one whose ranks are not all in
+    # range, its members (its first place may come before any valid rank: ``start`` below).
+    carriers: dict[tuple[int, int], list[tuple[RankState, int, Members | None]]] = {}
     order = snapshot.process_ranks
     for state, members in snapshot.states.items():
         size = state.size
         if size <= 0 or not len(members):
             continue
         key = (state.comm_hash & HASH_MASK, size)
-        if state.rank_map:
-            carriers.setdefault(key, []).append((state, members))
+        first = min(map(order.__getitem__, members.procs))
         if min(members.comm_ranks) < 0 or max(members.comm_ranks) >= size:
+            if state.rank_map:
+                carriers.setdefault(key, []).append((state, first, members))
             members = members.only(i for i, r in enumerate(members.comm_ranks) if 0 <= r < size)
             if not len(members):
                 continue  # malformed records: the communicator cannot hold them
+            first = min(map(order.__getitem__, members.procs))
+        elif state.rank_map:
+            carriers.setdefault(key, []).append((state, first, None))
         by_key.setdefault(key, []).append((state, members))
+        starts[key] = min(starts.get(key, first), first)
     out = []
     for key in sorted(by_key):
-        states = sorted(by_key[key], key=_state_order)
-        start = min(min(map(order.__getitem__, members.procs)) for _, members in states)
+        states = by_key[key]
+        if len(states) > 1:
+            states.sort(key=_state_order)
+        start = starts[key]
         maps = []
-        for state, members in sorted(carriers.get(key, []), key=_state_order):
-            places = [place for place in map(order.__getitem__, members.procs) if place >= start]
-            if places:
-                maps.append((min(places), state))
-        maps.sort(key=lambda item: item[0])  # stable: at one place, in state order
+        for state, first, whole in carriers.get(key, ()):
+            if whole is not None and first < start:  # out-of-range ranks before any valid one: from ``start`` on
+                first = min((p for p in map(order.__getitem__, whole.procs) if p >= start), default=-1)
+            if first >= 0:
+                maps.append((first, state))
+        if len(maps) > 1:
+            maps.sort(key=lambda item: (item[0], _state_order((item[1], None))))
         out.append(MergedCommunicator(*key, _first_reports(states, order), snapshot.responders, order, maps))
     return out
 
 
-def _state_order(item: tuple[RankState, Members]) -> tuple[object, ...]:
+def _state_order(item: tuple[RankState, Members | None]) -> tuple[object, ...]:
     """A communicator's states in an order of their own values, whatever order the gather's legs brought them in."""
     s = item[0]
     flags = (s.finalize_called, s.destroy_flag, s.abort_flag)

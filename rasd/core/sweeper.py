@@ -1,11 +1,12 @@
 """The stuck sweeper: one node gathers every process's counters every sweep and floods COMM_STUCK verdicts.
 
 Belongs here: who sweeps (the live process with the lowest address that this node does not know to be silent),
-when (every ``Timers.sweep``), what it does with the snapshot (``stuck.StuckDetector``), and the communicator
-verdicts every node holds with when each was last confirmed. The sweeper re-floods standing verdicts every sweep;
-a node drops a verdict nobody confirms for ``3 × sweep + leg_timeout + gather_extra``, and the sweeper floods a
-clear as soon as the counters move or agree again (docs/architecture.md section 4). Deciding *whether* a
-communicator is stuck, and whom to blame, is ``stuck.py``; the gather itself is ``gather.py``.
+when (every ``Timers.sweep``, longer in jobs of more than ``SWEEP_FLAT`` processes), what it does with the
+snapshot (``stuck.StuckDetector``), and the communicator verdicts every node holds with when each was last
+confirmed. The sweeper re-floods standing verdicts every sweep; a node drops a verdict nobody confirms for
+``3 × interval + leg_timeout + gather_extra``, and the sweeper floods a clear as soon as the counters move or agree
+again (docs/architecture.md section 4). Deciding *whether* a communicator is stuck, and whom to blame, is
+``stuck.py``; the gather itself is ``gather.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ if TYPE_CHECKING:
     from .view import World
 
 
+#: Up to this many processes the sweeper sweeps every ``Timers.sweep``; beyond, the interval grows in proportion
+#: to the job, so that the sweeping root's CPU per second stays what it is at this size: its root decodes every
+#: process's answer, 0.06 s per sweep at 16,384 processes and about 0.6 s at 100,000 (bench/report_cost.py's
+#: ``sweep``; docs/architecture.md §11), 12 % of a core every 5 s, taken from the training thread it shares the GIL
+#: with. At 100,000 processes: a sweep every 30.5 s.
+SWEEP_FLAT = 16_384
+
+
 class Sweeper:
     def __init__(self, world: World) -> None:
         self.world = world
@@ -38,7 +47,13 @@ class Sweeper:
         self.positions: dict[Addr, tuple[Position, float]] = {}
 
     def start(self, now: float) -> None:
-        self._next_sweep = now + self.world.timers.sweep
+        self._next_sweep = now + self.interval()
+
+    def interval(self) -> float:
+        """Seconds between sweeps: ``Timers.sweep``, stretched in proportion to the job beyond ``SWEEP_FLAT``
+        processes. Every node reads it from its own table, so the sweeper and the nodes that expire its verdicts
+        agree (their tables agree but while processes join or leave)."""
+        return self.world.timers.sweep * max(1.0, len(self.world.table) / SWEEP_FLAT)
 
     def is_sweeper(self) -> bool:
         """The lowest-address live peer that this node does not know to be silent sweeps the job."""
@@ -55,7 +70,7 @@ class Sweeper:
         world = self.world
         if self._sweeping or now < self._next_sweep or not self.is_sweeper():
             return []
-        self._next_sweep = now + world.timers.sweep
+        self._next_sweep = now + self.interval()
         if not world.local_data().comms:
             return []  # a sweeper that holds no communicator has none to watch (every rank holds the world group)
         self._sweeping = True
@@ -113,7 +128,7 @@ class Sweeper:
         t = self.world.timers
         out: Effects = []
         for comm_hash, (_, confirmed) in list(self.stuck.items()):
-            if now - confirmed > 3 * t.sweep + t.leg_timeout + t.gather_extra:
+            if now - confirmed > 3 * self.interval() + t.leg_timeout + t.gather_extra:
                 out += self.release(comm_hash, now, "verdict no longer confirmed")
         return out
 
@@ -127,7 +142,7 @@ class Sweeper:
         missed its last sweep (a position older than one and a half sweeps), or are unresponsive or hung. What a
         STACKS answer adds for the processes that cannot answer for themselves (docs/protocol.md §2.6)."""
         world = self.world
-        stale = 1.5 * world.timers.sweep
+        stale = 1.5 * self.interval()
         out = []
         for addr, (position, at) in self.positions.items():
             peer = world.table.get(addr)

@@ -11,7 +11,7 @@ from rasd.core.events import Event, Kind
 from rasd.core.frames import Frame, Position
 from rasd.core.snapshot import JobSnapshot, merge_communicators
 from rasd.core.stuck import StuckVerdict, attribute, located
-from rasd.core.sweeper import Sweeper
+from rasd.core.sweeper import SWEEP_FLAT, Sweeper
 
 from .world import FakeWorld, peer
 
@@ -141,6 +141,22 @@ def test_a_verdict_nobody_confirms_expires():
             )
         )
     ]
+
+
+def test_beyond_sweep_flat_processes_sweeps_and_their_verdicts_last_in_proportion_to_the_job():
+    world, s = _sweeper(P1)
+    t = world.timers
+    assert s.interval() == t.sweep  # 3 processes
+    # A job of twice SWEEP_FLAT processes (8 per host): a sweep every 2 sweeps, verdicts held 3 of those.
+    world.table.merge([peer(i % 8, host=f"10.1.{i // 8 // 256}.{i // 8 % 256}") for i in range(2 * SWEEP_FLAT - 3)])
+    assert len(world.table) == 2 * SWEEP_FLAT and s.interval() == 2 * t.sweep
+    s.start(0.0)
+    assert s.tick(2 * t.sweep - 0.1) == []
+    assert s.tick(2 * t.sweep) == [StartGather(SWEEP_QUERY, ask=wire.Ask.SWEEP)]
+    limit = 3 * 2 * t.sweep + t.leg_timeout + t.gather_extra
+    s.hold(V, 0.0)
+    assert s.expire(limit) == []
+    assert [e.event.kind for e in s.expire(limit + 0.1) if isinstance(e, Emit)] == [Kind.COMM_RECOVERED]
 
 
 # --- positions: where each process's main thread was in a sweep (ProcessData.where, frames.py) --------------------

@@ -65,12 +65,17 @@ class CommRecord:
     rank_map: tuple[tuple[int, int, int], ...] = ()
 
     def global_rank(self, comm_rank: int) -> int | None:
-        r = comm_rank
-        for first, count, step in self.rank_map:
-            if r < count:
-                return first + r * step
-            r -= count
-        return None
+        return mapped_rank(self.rank_map, comm_rank)
+
+
+def mapped_rank(rank_map: tuple[tuple[int, int, int], ...], comm_rank: int) -> int | None:
+    """The global rank of ``comm_rank`` by ``rank_map`` (runs ``(first_global, count, step)``); None past its end."""
+    r = comm_rank
+    for first, count, step in rank_map:
+        if r < count:
+            return first + r * step
+        r -= count
+    return None
 
 
 @dataclass(frozen=True, slots=True)

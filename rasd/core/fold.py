@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .comms import CommRecord, ProcessData, RankRecord
+from .comms import CommRecord, ProcessData, RankRecord, mapped_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +69,8 @@ class RankState:
         )
 
     def global_rank(self, comm_rank: int) -> int | None:
-        """The global rank of ``comm_rank`` by this state's rank map (``CommRecord.global_rank``)."""
-        r = comm_rank
-        for first, count, step in self.rank_map:
-            if r < count:
-                return first + r * step
-            r -= count
-        return None
+        """The global rank of ``comm_rank`` by this state's rank map."""
+        return mapped_rank(self.rank_map, comm_rank)
 
 
 def _column() -> array[int]:

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rasd.core import gather, wire
-from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord, RestartRecord
+from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord, RestartRecord, mapped_rank
 from rasd.core.fold import RankState
 from rasd.core.frames import POSITION_FRAMES, Frame
 from rasd.core.peers import Addr, PeerInfo
@@ -642,13 +642,8 @@ class Reference:
     maps: list[tuple[tuple[int, int, int], ...]] = field(default_factory=list)
 
     def global_rank(self, comm_rank: int) -> int | None:
-        for rank_map in self.maps:
-            r = comm_rank
-            for first, count, step in rank_map:
-                if r < count:
-                    return first + r * step
-                r -= count
-        return None
+        """The first map that tells (the maps' arithmetic is ``comms.mapped_rank``'s; their order is what is checked)."""
+        return next((g for g in (mapped_rank(m, comm_rank) for m in self.maps) if g is not None), None)
 
 
 def rank_bit(record: RankRecord) -> int:

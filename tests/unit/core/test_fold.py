@@ -642,7 +642,7 @@ class Reference:
     maps: list[tuple[tuple[int, int, int], ...]] = field(default_factory=list)
 
     def global_rank(self, comm_rank: int) -> int | None:
-        """The first map that tells (the maps' arithmetic is ``comms.mapped_rank``'s; their order is what is checked)."""
+        """The first map that tells (the arithmetic is ``comms.mapped_rank``'s; their order is what is checked)."""
         return next((g for g in (mapped_rank(m, comm_rank) for m in self.maps) if g is not None), None)
 
 

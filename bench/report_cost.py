@@ -12,7 +12,9 @@ legs are regions of the ring (ring neighbours relay their neighbours), so a host
 arrives in one leg; in the simulator at 4,096 nodes, the root's 4 legs brought 578 states of the 521 distinct ones.
 
 Measured per N, process CPU time (``time.process_time``), the median of ``repeats`` runs of each stage; before each
-timed stage a full collection runs (not timed), and the collector stays on while it runs, as in a rasd process:
+timed stage a full collection runs (not timed). The collector runs as in a rasd process: on while the root decodes
+and while the sweeper's stuck detector reads a sweep, paused while the client port builds and renders the report
+(``rasd/net/collector.py``: build, text, text_verbose and json below):
 
 * ``decode``: the root reads the reply frames off its connections (``FrameReader.feed``, read by read), decodes each
   leg's fold (``Fold.decoded``) as ``Gathering.on_collresp`` does, and puts the parts together into one response per
@@ -57,6 +59,7 @@ from rasd.core.fold import RankState, States
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot, merge_communicators
 from rasd.core.stuck import StuckDetector
+from rasd.net.collector import collector_paused
 from rasd.report.json_format import render_json
 from rasd.report.model import Report, build_report
 from rasd.report.summary import build_job_summary
@@ -187,15 +190,20 @@ def text(snap: JobSnapshot, report: Report, verbose: bool) -> str:
     return head + render_tail(report, verbose=verbose)
 
 
-def _cpu(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
-    """The median process CPU time of ``repeats`` calls of ``fn``, and the last call's result."""
+def _cpu(fn: Callable[[], object], repeats: int, paused: bool = False) -> tuple[float, object]:
+    """The median process CPU time of ``repeats`` calls of ``fn``, and the last call's result. ``paused``: with the
+    collector paused, as the client port builds and renders a report (``rasd.net.collector``)."""
     times = []
     result: object = None
     for _ in range(repeats):
         result = None
         gc.collect()
         t0 = time.process_time()
-        result = fn()
+        if paused:
+            with collector_paused():
+                result = fn()
+        else:
+            result = fn()
         times.append(time.process_time() - t0)
     return statistics.median(times), result
 
@@ -210,11 +218,12 @@ def measure_one(n: int, repeats: int) -> dict[str, float]:
     assert isinstance(snap, JobSnapshot)
     out["merge"], merged = _cpu(lambda: merge_communicators(snap), repeats)
     assert isinstance(merged, list) and len(merged) == 1 + -(-n // PER_HOST) + PER_HOST
-    out["build"], report = _cpu(lambda: build_report(snap), repeats)
+    out["build"], report = _cpu(lambda: build_report(snap), repeats, paused=True)
     assert isinstance(report, Report)
-    out["text"], _ = _cpu(lambda: text(snap, report, False), repeats)
-    out["text_verbose"], _ = _cpu(lambda: text(snap, report, True), repeats)
-    out["json"], _ = _cpu(lambda: render_json(report, timestamp=0.0, torchras_version="0", torch_version="0"), repeats)
+    out["text"], _ = _cpu(lambda: text(snap, report, False), repeats, paused=True)
+    out["text_verbose"], _ = _cpu(lambda: text(snap, report, True), repeats, paused=True)
+    json_text = lambda: render_json(report, timestamp=0.0, torchras_version="0", torch_version="0")  # noqa: E731
+    out["json"], _ = _cpu(json_text, repeats, paused=True)
     detector = StuckDetector(limit=60.0)
     detector.observe(snap, 0.0)  # the previous sweep: the one timed compares with it
     out["stuck"], _ = _cpu(lambda: detector.observe(snap, 5.0), repeats)

@@ -41,6 +41,7 @@ from rasd.core.client_session import (
 )
 from rasd.core.events import Event, Kind
 from rasd.core.snapshot import JobSnapshot
+from rasd.net.collector import collector_paused
 from rasd.report import diagnostics, stacks
 from rasd.report.events import format_event_json, format_event_text
 from rasd.report.json_format import render_json
@@ -339,18 +340,19 @@ class ClientPort:
             if client.session.closed:
                 return
             try:
-                report = build_report(snapshot)
-                if req.format is Format.TEXT:
-                    client.write(render_tail(report, verbose=req.verbose))
-                else:
-                    client.write(
-                        render_json(
+                with collector_paused():  # one burst of short-lived objects (rasd/net/collector.py)
+                    report = build_report(snapshot)
+                    if req.format is Format.TEXT:
+                        text = render_tail(report, verbose=req.verbose)
+                    else:
+                        text = render_json(
                             report,
                             timestamp=time.time(),
                             torchras_version=version_line.split()[2],
                             torch_version=version_line.split()[-1],
                         )
-                    )
+                    del report
+                client.write(text)
             except Exception:
                 log.exception("rasd: could not render the report")
                 client.write("ERROR: internal error while building the report\n")

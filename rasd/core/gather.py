@@ -15,7 +15,6 @@ relay keeps the entries it passes on encoded (``wire.CollResp``): only the root 
 from __future__ import annotations
 
 import dataclasses
-from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,7 @@ from . import wire
 from .comms import ProcessData
 from .connections import Conn, ConnState
 from .effects import Effects, GatherFinished, Say, SayFrame
-from .fold import Members, RankState, States, fold_into
+from .fold import Members, RankState, States, fold_into, raised_column
 from .peers import Addr
 from .recent import Recent
 from .snapshot import JobSnapshot
@@ -81,7 +80,7 @@ def responses_of(parts: list[wire.Decoded]) -> tuple[dict[Addr, ProcessData], St
         addrs += part_addrs
         datas += part_datas
         for state, members in part_states.items():
-            procs = members.procs if not offset else array(members.procs.typecode, map(offset.__add__, members.procs))
+            procs = raised_column(members.procs, offset)
             mine = states.get(state)
             if mine is None:  # the part's columns, taken over
                 states[state] = Members(procs, members.comm_ranks, members.devices, members.idle_ms)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord
-from .fold import Members, RankState, States, unfold
+from .fold import Members, RankState, States, raised, unfold
 from .frames import POSITION_FRAMES, Frame, Position, Positions
 from .peers import Addr, PeerInfo, PeerKey
 from .stuck import StuckVerdict
@@ -825,8 +825,9 @@ def decode_answers(count: int, raw: bytes) -> tuple[tuple[Addr, bytes], ...]:
 #         little-endian integers: u32 process (an index into this fold's records), u32 communicator rank,
 #         i16 device, u32 idle ms
 #
-# Columns, not rows: a relay merges a leg's fold into its own by adding an offset to one column, and the root reads
-# each column in one call (``array.frombytes``).
+# Columns, not rows: a relay merges a leg's fold into its own by adding an offset to one column (one integer
+# addition for the whole column: ``fold.raised``) and copying the rest as it came, without reading a row; the root
+# reads each column in one call (``array.frombytes``).
 
 #: The columns' array type codes, their widths on the wire fixed whatever the platform's.
 _COLUMNS = (("I", 4), ("I", 4), ("h", 2), ("I", 4))
@@ -897,17 +898,49 @@ def _new_columns() -> list[array[int]]:
     return [array(code) for code, _ in _COLUMNS]
 
 
+def _block(columns: list[array[int]]) -> bytes:
+    """Rows as the wire carries them: each column's little-endian integers, one column after the other."""
+    if _SWAP:
+        columns = [array(c.typecode, c) for c in columns]
+        for c in columns:
+            c.byteswap()
+    return b"".join(c.tobytes() for c in columns)
+
+
+def _joined(blocks: list[bytes]) -> bytes:
+    """One block of the rows of ``blocks``, in their order: each column of every block, then the next column."""
+    if len(blocks) == 1:
+        return blocks[0]
+    rows = [len(b) // _ROW_BYTES for b in blocks]
+    parts: list[bytes] = []
+    start = 0
+    for _, width in _COLUMNS:
+        parts += [b[r * start : r * (start + width)] for b, r in zip(blocks, rows, strict=True)]
+        start += width
+    return b"".join(parts)
+
+
+def _rebased(block: bytes, offset: int) -> bytes:
+    """``block`` with ``offset`` added to each row's process index (``fold.raised``, on the little-endian column)."""
+    end = 4 * (len(block) // _ROW_BYTES)
+    return raised(block[:end], offset, "little") + block[end:]
+
+
 class Fold:
     """A STATUS or SWEEP gather's entries, as a relay gathers them and the root decodes them (fold.py): the
-    processes' records kept encoded, and their ranks by encoded state, in columns. ``add`` a process, ``merge`` a
-    leg's fold, ``encode`` for the way back; the root turns it into a snapshot's values with ``decoded``."""
+    processes' records kept encoded, and their ranks by encoded state, in blocks of rows as the wire carries them.
+    ``add`` a process, ``merge`` a leg's fold, ``encode`` for the way back; the root turns it into a snapshot's values
+    with ``decoded``. A relay never decodes a process, a state or a row: a merge moves a leg's blocks over, their
+    process indices raised by one integer addition per block (``_rebased``), so that it costs per state and per byte
+    copied, not per rank (docs/architecture.md §4.1)."""
 
     __slots__ = ("count", "processes", "states", "size")
 
     def __init__(self) -> None:
         self.count = 0
         self.processes: list[bytes] = []
-        self.states: dict[bytes, list[array[int]]] = {}
+        #: encoded state -> its blocks of rows (``_block``), process indices into this fold's records
+        self.states: dict[bytes, list[bytes]] = {}
         self.size = 8  # bytes ``encode`` gives
 
     def add(self, addr: Addr, data: ProcessData) -> None:
@@ -917,47 +950,46 @@ class Fold:
         self.processes.append(record)
         self.count += 1
         self.size += len(record)
+        rows: dict[bytes, list[array[int]]] = {}
         for comm in data.comms:
             for rank in comm.ranks:
                 key = _state_bytes(RankState.of(comm, rank))
-                procs, comm_ranks, devices, idle_ms = self._columns(key)
-                procs.append(proc)
-                comm_ranks.append(rank.comm_rank)
-                devices.append(rank.device)
-                idle_ms.append(min(rank.idle_ms, 0xFFFFFFFF))
-                self.size += _ROW_BYTES
+                columns = rows.get(key)
+                if columns is None:
+                    columns = rows[key] = _new_columns()
+                for column, value in zip(
+                    columns, (proc, rank.comm_rank, rank.device, min(rank.idle_ms, 0xFFFFFFFF)), strict=True
+                ):
+                    column.append(value)
+        for key, columns in rows.items():
+            self._put(key, [_block(columns)])
 
-    def _columns(self, key: bytes) -> list[array[int]]:
-        columns = self.states.get(key)
-        if columns is None:
-            columns = self.states[key] = _new_columns()
+    def _put(self, key: bytes, blocks: list[bytes]) -> None:
+        """Add rows under ``key``, their process indices this fold's already."""
+        held = self.states.get(key)
+        if held is None:
+            self.states[key] = held = []
             self.size += 6 + len(key)
-        return columns
+        held += blocks
+        self.size += sum(map(len, blocks))
 
     def merge(self, other: Fold) -> None:
         """Add ``other``'s entries after this one's: its process indices move up by this fold's count."""
         offset = self.count
         self.processes += other.processes
         self.count += other.count
-        self.size += other.size - 8
-        for key, theirs in other.states.items():
-            self.size -= 6 + len(key)  # counted in ``other.size``; a state is written once (``_columns`` counts it)
-            columns = self._columns(key)
-            procs = theirs[0] if not offset else array("I", map(offset.__add__, theirs[0]))
-            for column, added in zip(columns, (procs, *theirs[1:]), strict=True):
-                column.extend(added)
+        self.size += sum(map(len, other.processes))
+        put = self._put
+        for key, blocks in other.states.items():
+            put(key, [_rebased(b, offset) for b in blocks] if offset else blocks)
 
     def encode(self) -> bytes:
         if not self.count:
             return b""  # nothing gathered (a duplicate's answer)
         parts = [_U32.pack(sum(map(len, self.processes))), *self.processes, _U32.pack(len(self.states))]
-        for key, columns in self.states.items():
-            parts.append(struct.pack("!H", len(key)) + key + _U32.pack(len(columns[0])))
-            for column in columns:
-                if _SWAP:
-                    column = array(column.typecode, column)
-                    column.byteswap()
-                parts.append(column.tobytes())
+        for key, blocks in self.states.items():
+            block = _joined(blocks)
+            parts += (_U16.pack(len(key)), key, _U32.pack(len(block) // _ROW_BYTES), block)
         return b"".join(parts)
 
     @classmethod
@@ -969,8 +1001,8 @@ class Fold:
             if raw:
                 raise ProtocolError(f"{len(raw)} trailing bytes")
             return fold  # a duplicate's empty answer
-        view = memoryview(raw)
         end = len(raw)
+        states = fold.states
         try:
             (length,) = _U32.unpack_from(raw, 0)
             pos = 4 + length
@@ -979,31 +1011,29 @@ class Fold:
             pos += 4
             if pos > end or nstates * 7 > end - pos:
                 raise ProtocolError("message truncated")
-            total = 0
             for _ in range(nstates):
                 (key_length,) = _U16.unpack_from(raw, pos)
                 key = raw[pos + 2 : pos + 2 + key_length]
                 (rows,) = _U32.unpack_from(raw, pos + 2 + key_length)
                 pos += 6 + key_length
-                if not rows or key in fold.states or pos + rows * _ROW_BYTES > end:
+                stop = pos + rows * _ROW_BYTES
+                if not rows or key in states or stop > end:
                     raise ProtocolError("a state twice, none of its ranks, or truncated")
-                columns = _new_columns()
-                for column, (_, width) in zip(columns, _COLUMNS, strict=True):
-                    column.frombytes(view[pos : pos + rows * width])
-                    pos += rows * width
-                    if _SWAP:
-                        column.byteswap()
-                if max(columns[0]) >= count:
+                procs = array("I")
+                procs.frombytes(raw[pos : pos + 4 * rows])
+                if _SWAP:
+                    procs.byteswap()
+                if max(procs) >= count:
                     raise ProtocolError("a rank of a process the fold does not hold")
-                fold.states[key] = columns
-                total += 6 + key_length + rows * _ROW_BYTES
+                states[key] = [raw[pos:stop]]
+                pos = stop
         except struct.error as e:
             raise ProtocolError("message truncated") from e
         if pos != end:
             raise ProtocolError(f"{end - pos} trailing bytes" if pos < end else "message truncated")
         fold.processes = [records]
         fold.count = count
-        fold.size = 8 + len(records) + total
+        fold.size = end
         return fold
 
     def decoded(self, known: dict[bytes, RankState] | None = None) -> Decoded:
@@ -1040,10 +1070,19 @@ class Fold:
         states: States = {}
         if known is None:
             known = {}
-        for key, columns in self.states.items():
+        for key, blocks in self.states.items():
             state = known.get(key)
             if state is None:
                 state = known[key] = _get_state(key)
+            block = _joined(blocks)
+            rows = len(block) // _ROW_BYTES
+            columns = _new_columns()
+            start = 0
+            for column, (_, width) in zip(columns, _COLUMNS, strict=True):
+                column.frombytes(block[rows * start : rows * (start + width)])
+                if _SWAP:
+                    column.byteswap()
+                start += width
             states[state] = Members(*columns)
         return addrs, datas, states
 

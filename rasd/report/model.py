@@ -262,7 +262,6 @@ class CommGroup:
 
 @dataclass(frozen=True)
 class Report:
-    summary: JobSummary
     groups: tuple[CommGroup, ...]
     #: The same communicators in merged-id order (hash, then size): the order of the JSON dump.
     communicators_by_id: tuple[Communicator, ...]
@@ -282,6 +281,16 @@ class Report:
     #: Processes that joined the running job and wait to be admitted at its next rendezvous round, in (host, pid)
     #: order: in the mesh and counted in the job summary, not yet training (docs/elastic.md §5).
     waiting_processes: tuple[PeerInfo, ...] = ()
+    #: The snapshot's table (address order) and the addresses that left: what ``summary`` is made of.
+    table_order: tuple[PeerInfo, ...] = field(default=(), repr=False, compare=False)
+    left: frozenset[Addr] = field(default=frozenset(), repr=False, compare=False)
+
+    @functools.cached_property
+    def summary(self) -> JobSummary:
+        """The job summary of the snapshot's table, made when first read: a text STATUS's head is written from the
+        client port's own table before the gather (``render_head``), and its tail and the JSON do not print it, so
+        the client port's report never reads it (one pass over the table less at the root, issue 30)."""
+        return build_job_summary(self.table_order, self.left, ordered=True)
 
     @property
     def collection_seconds(self) -> float:
@@ -577,7 +586,6 @@ def build_report(snapshot: JobSnapshot) -> Report:
     named = {(c.comm_hash, c.size): c for g in groups for c in g.communicators}
 
     return Report(
-        summary=build_job_summary(table_order, left, ordered=True),
         groups=groups,
         communicators_by_id=tuple(named[(c.comm_hash, c.size)] for c in by_id),
         missing_processes=missing_processes,
@@ -591,4 +599,6 @@ def build_report(snapshot: JobSnapshot) -> Report:
         stuck=dict(snapshot.stuck),
         restarts=build_restart_summary(snapshot.responses, table, context.order),
         waiting_processes=processes(table[a] for a, data in snapshot.responses.items() if data.waiting and a in table),
+        table_order=tuple(table_order),
+        left=frozenset(left),
     )

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rasd.core import gather, wire
 from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord, RestartRecord, mapped_rank
-from rasd.core.fold import RankState
+from rasd.core.fold import RankState, raised
 from rasd.core.frames import POSITION_FRAMES, Frame
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import HASH_MASK, JobSnapshot, MergedCommunicator, merge_communicators
@@ -932,3 +932,36 @@ def test_attribution_on_states_is_the_one_rank_by_rank(snapshot):
         77, op, seq, behind, inside, tuple(100 + 2 * r for r in behind), tuple(100 + 2 * r for r in inside)
     )
     assert attribute(comm) == expected
+
+
+@given(
+    st.lists(st.integers(0, 2**31), max_size=300),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["little", "big"]),
+)
+def test_raising_a_column_adds_the_offset_to_each_index_and_to_nothing_else(indices, offset, byteorder):
+    """``fold.raised``, the relays' and the root's one addition per column, is the same as adding index by index
+    (every sum below 2**32, as a fold's are): no lane carries into its neighbour, whatever the byte order."""
+    raw = b"".join(i.to_bytes(4, byteorder) for i in indices)
+    out = raised(raw, offset, byteorder)
+    assert [int.from_bytes(out[k : k + 4], byteorder) for k in range(0, len(out), 4)] == [i + offset for i in indices]
+
+
+def test_a_relay_passes_a_legs_rows_on_with_their_processes_moved_and_nothing_else_changed():
+    """A state in both a relay's own fold and its leg's: the merged fold's rows are the relay's then the leg's, the
+    leg's process indices raised by the relay's count, the other columns as they came."""
+    relay, leg = wire.Fold(), wire.Fold()
+
+    def comm(ranks: list[int]) -> CommRecord:
+        return CommRecord(7, 4, tuple(RankRecord(r, device=r % 2, idle_ms=10 * r) for r in ranks))
+
+    relay.add(Addr("10.0.0.1", 1), ProcessData(comms=(comm([0]),)))
+    relay.add(Addr("10.0.0.1", 2), ProcessData(comms=(comm([1]),)))
+    for port, r in ((3, 2), (4, 3)):
+        leg.add(Addr("10.0.0.2", port), ProcessData(comms=(comm([r]),)))
+    relay.merge(wire.Fold.decode(leg.count, leg.encode()))
+    addrs, _, states = wire.Fold.decode(relay.count, relay.encode()).decoded()
+    ((_, members),) = states.items()
+    assert [addrs[p].port for p in members.procs] == [1, 2, 3, 4]
+    assert list(members.comm_ranks) == [0, 1, 2, 3] and list(members.devices) == [0, 1, 0, 1]
+    assert list(members.idle_ms) == [0, 10, 20, 30] and relay.size == len(relay.encode())

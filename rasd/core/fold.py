@@ -19,6 +19,7 @@ import sys
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .comms import CommRecord, ProcessData, RankRecord, mapped_rank
 
@@ -109,7 +110,7 @@ class Members:
         return out
 
 
-def raised(indices: bytes, offset: int, byteorder: str = sys.byteorder) -> bytes:
+def raised(indices: bytes, offset: int, byteorder: Literal["little", "big"] = sys.byteorder) -> bytes:
     """``indices``, unsigned 32-bit integers in ``byteorder``, each with ``offset`` added: one addition of two
     integers as long as the column (each index a 32-bit lane of it), at C speed where a loop would make an integer
     per row. No lane carries into the next as long as every sum is below 2**32: a fold's or a snapshot's processes

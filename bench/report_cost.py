@@ -12,9 +12,11 @@ legs are regions of the ring (ring neighbours relay their neighbours), so a host
 arrives in one leg; in the simulator at 4,096 nodes, the root's 4 legs brought 578 states of the 521 distinct ones.
 
 Measured per N, process CPU time (``time.process_time``), the median of ``repeats`` runs of each stage; before each
-timed stage a full collection runs (not timed). The collector runs as in a rasd process: on while the root decodes
-and while the sweeper's stuck detector reads a sweep, paused while the client port builds and renders the report
-(``rasd/net/collector.py``: build, text, text_verbose and json below):
+timed stage a full collection runs (not timed). The collector is paused for every stage, as in a rasd process
+(``rasd/net/collector.py``): the node handles what a connection brings with it paused (the decoding of each leg's
+fold, and the sweeper's stuck detector, which runs when a sweep's last leg answers), and the client port builds and
+renders the report with it paused. ``--collector-on`` measures the decode and the stuck detector with it on, as
+they ran before (the figure the collector's pause is measured against):
 
 * ``decode``: the root reads the reply frames off its connections (``FrameReader.feed``, read by read), decodes each
   leg's fold (``Fold.decoded``) as ``Gathering.on_collresp`` does, and puts the parts together into one response per
@@ -208,11 +210,12 @@ def _cpu(fn: Callable[[], object], repeats: int, paused: bool = False) -> tuple[
     return statistics.median(times), result
 
 
-def measure_one(n: int, repeats: int) -> dict[str, float]:
-    """Each stage's median CPU seconds for a job of ``n`` processes (see the module's docstring)."""
+def measure_one(n: int, repeats: int, collector_on: bool = False) -> dict[str, float]:
+    """Each stage's median CPU seconds for a job of ``n`` processes (see the module's docstring). ``collector_on``:
+    the decode and the stuck detector with the collector on."""
     job = make_job(n)
     out: dict[str, float] = {}
-    out["decode"], decoded = _cpu(lambda: decode(job), repeats)
+    out["decode"], decoded = _cpu(lambda: decode(job), repeats, paused=not collector_on)
     assert isinstance(decoded, tuple) and len(decoded[0]) == n
     out["snapshot"], snap = _cpu(lambda: snapshot(job, decoded), repeats)
     assert isinstance(snap, JobSnapshot)
@@ -226,15 +229,15 @@ def measure_one(n: int, repeats: int) -> dict[str, float]:
     out["json"], _ = _cpu(json_text, repeats, paused=True)
     detector = StuckDetector(limit=60.0)
     detector.observe(snap, 0.0)  # the previous sweep: the one timed compares with it
-    out["stuck"], _ = _cpu(lambda: detector.observe(snap, 5.0), repeats)
+    out["stuck"], _ = _cpu(lambda: detector.observe(snap, 5.0), repeats, paused=not collector_on)
     out["total"] = out["decode"] + out["snapshot"] + out["build"] + out["text"]
     out["sweep"] = out["decode"] + out["snapshot"] + out["stuck"]
     return out
 
 
-def measure(sizes: Iterable[int] = SIZES, repeats: int = 3) -> dict[int, dict[str, float]]:
+def measure(sizes: Iterable[int] = SIZES, repeats: int = 3, collector_on: bool = False) -> dict[int, dict[str, float]]:
     """``{N: {stage: median CPU seconds}}`` for each size; stages ``STAGES`` and ``total`` (module docstring)."""
-    return {n: measure_one(n, repeats) for n in sizes}
+    return {n: measure_one(n, repeats, collector_on) for n in sizes}
 
 
 def figures(results: dict[int, dict[str, float]]) -> dict[str, float]:
@@ -256,13 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="sizes up to 16,384, 2 repeats (under a minute)")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each stage (median); default 3, quick 2")
+    parser.add_argument(
+        "--collector-on", action="store_true", help="decode and stuck with the collector on (as before it was paused)"
+    )
     args = parser.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else SIZES
     repeats = args.repeats or (2 if args.quick else 3)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     results: dict[int, dict[str, float]] = {}
     for n in sizes:
-        results[n] = measure_one(n, repeats)
+        results[n] = measure_one(n, repeats, args.collector_on)
         cells = "  ".join(f"{s} {results[n][s]:.3f}" for s in (*STAGES, "total", "sweep"))
         print(f"{n} processes: {cells} (CPU s)", flush=True)
     columns = (*STAGES, "total", "sweep")
@@ -280,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     out["repeats"] = repeats
     out["started"] = started
     out["quick"] = args.quick
+    out["collector_on"] = args.collector_on
     print(json.dumps(out))
     return 0
 

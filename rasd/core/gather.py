@@ -50,8 +50,11 @@ class Gather:
     timeout: float | None
     pending: set[int]
     ask: wire.Ask = wire.Ask.STATUS
-    #: At a relay of a STATUS or SWEEP gather: the entries to pass back, its own first, folded (``wire.Fold``).
+    #: At a relay of a STATUS or SWEEP gather: the entries to pass back, folded (``wire.Fold``): its legs' as they
+    #: answer, then its own (``own``), merged last so that the first leg's rows are taken over as they came, their
+    #: process indices unchanged (``Fold.merge``): along a gather's deep paths most relays have one large leg.
     fold: wire.Fold = field(default_factory=wire.Fold)
+    own: wire.Fold = field(default_factory=wire.Fold)
     #: At the root of one: its own entry and each leg's, decoded as they arrive, and the states decoded so far.
     parts: list[wire.Decoded] = field(default_factory=list)
     known: dict[bytes, RankState] = field(default_factory=dict)
@@ -209,7 +212,7 @@ class Gathering:
             ask=msg.ask,
         )
         if msg.ask in PROCESS_DATA:
-            g.fold.add(self.world.me.addr, self.contribution(msg.ask))
+            g.own.add(self.world.me.addr, self.contribution(msg.ask))
         else:
             g.raw.append(self.encoded_answer(msg.ask))
             g.count, g.size = 1, len(g.raw[0])
@@ -224,7 +227,7 @@ class Gathering:
                 fold = msg.fold  # a ProtocolError drops the leg, here and at the root
                 if g.from_conn is None:
                     g.parts.append(fold.decoded(g.known))  # decoded here, at the root, once
-                elif g.fold.size + fold.size > RELAY_BYTES:
+                elif g.fold.size + g.own.size + fold.size > RELAY_BYTES:
                     g.leg_timeouts += 1  # more than one frame may carry: this leg's processes go missing at the root
                 else:
                     g.fold.merge(fold)  # neither a process nor a state decoded
@@ -252,6 +255,7 @@ class Gathering:
         back = self.world.conn(g.from_conn)
         if back is not None and back.state is ConnState.READY:
             if g.ask in PROCESS_DATA:
+                g.fold.merge(g.own)
                 reply = wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.fold.count, g.fold.encode())
             else:
                 reply = wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.count, b"".join(g.raw))

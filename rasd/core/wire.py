@@ -965,17 +965,25 @@ class Fold:
             self._put(key, [_block(columns)])
 
     def _put(self, key: bytes, blocks: list[bytes]) -> None:
-        """Add rows under ``key``, their process indices this fold's already."""
+        """Add rows under ``key``, their process indices this fold's already. A state's list of blocks is never
+        changed in place: a merge into an empty fold takes the other's lists over."""
         held = self.states.get(key)
         if held is None:
-            self.states[key] = held = []
+            self.states[key] = blocks
             self.size += 6 + len(key)
-        held += blocks
+        else:
+            self.states[key] = held + blocks
         self.size += sum(map(len, blocks))
 
     def merge(self, other: Fold) -> None:
-        """Add ``other``'s entries after this one's: its process indices move up by this fold's count."""
+        """Add ``other``'s entries after this one's: its process indices move up by this fold's count. Into an empty
+        fold, its entries are taken over as they are, a state at a time (a relay's first leg)."""
         offset = self.count
+        if not offset:
+            self.processes = list(other.processes)
+            self.count, self.size = other.count, other.size
+            self.states = dict(other.states)
+            return
         self.processes += other.processes
         self.count += other.count
         self.size += sum(map(len, other.processes))
@@ -1003,6 +1011,7 @@ class Fold:
             return fold  # a duplicate's empty answer
         end = len(raw)
         states = fold.states
+        procs: list[bytes] = []
         try:
             (length,) = _U32.unpack_from(raw, 0)
             pos = 4 + length
@@ -1019,18 +1028,18 @@ class Fold:
                 stop = pos + rows * _ROW_BYTES
                 if not rows or key in states or stop > end:
                     raise ProtocolError("a state twice, none of its ranks, or truncated")
-                procs = array("I")
-                procs.frombytes(raw[pos : pos + 4 * rows])
-                if _SWAP:
-                    procs.byteswap()
-                if max(procs) >= count:
-                    raise ProtocolError("a rank of a process the fold does not hold")
+                procs.append(raw[pos : pos + 4 * rows])
                 states[key] = [raw[pos:stop]]
                 pos = stop
         except struct.error as e:
             raise ProtocolError("message truncated") from e
         if pos != end:
             raise ProtocolError(f"{end - pos} trailing bytes" if pos < end else "message truncated")
+        indices = array("I", b"".join(procs))  # every state's process column, checked in one pass
+        if _SWAP:
+            indices.byteswap()
+        if indices and max(indices) >= count:
+            raise ProtocolError("a rank of a process the fold does not hold")
         fold.processes = [records]
         fold.count = count
         fold.size = end

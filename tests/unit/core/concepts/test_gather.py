@@ -111,12 +111,12 @@ def test_a_relay_forwards_the_request_and_folds_the_entries_into_its_own():
     frame = wire.encode(req)
     assert g.on_collreq(world.conns[2], req, 1.0) == [SayFrame(3, frame), SayFrame(4, frame)]
     (gather,) = g.gathers.values()
-    assert (gather.from_conn, gather.timeout, gather.fold.count) == (2, 3.0, 1)
+    assert (gather.from_conn, gather.timeout, gather.own.count, gather.fold.count) == (2, 3.0, 1, 0)
     theirs = ((P3.addr, MINE), (P4.addr, ProcessData(waiting=True)))
     assert g.on_collresp(world.conns[3], wire.collresp(root, 5, 2, theirs), 1.5) == []
     (back,) = g.on_collresp(world.conns[4], wire.CollResp(root, 5, 0, 0, b""), 1.6)
-    # One reply: its own entry first, then the leg's, the ranks of MINE's one state folded together.
-    assert back == Say(2, wire.collresp(root, 5, 2, ((ME.addr, MINE), *theirs)))
+    # One reply: the leg's entries as they came, then its own, the ranks of MINE's one state folded together.
+    assert back == Say(2, wire.collresp(root, 5, 2, (*theirs, (ME.addr, MINE))))
     assert isinstance(back.msg, wire.CollResp) and len(back.msg.fold.states) == 1
     assert g.gathers == {}
 

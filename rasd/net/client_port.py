@@ -330,13 +330,17 @@ class ClientPort:
                 runtime_line = f"{runtime_line}\n{self.counting()}"
             except Exception:  # a version line is not worth a failed report
                 log.debug("rasd: the counting line failed", exc_info=True)
-        if req.format is Format.TEXT:
-            summary = build_job_summary(node.table, node.left_addresses(), ordered=True)  # a table is ordered
-            client.write(
-                render_head(summary, version_line=version_line, runtime_line=runtime_line, verbose=req.verbose)
-            )
+        # A gather that ends within ``runtime.gather`` (a job of one process) finishes after the head is written.
+        head_written = False
+        ended: list[JobSnapshot] = []
 
         def done(snapshot: JobSnapshot) -> None:
+            if not head_written:
+                ended.append(snapshot)
+            else:
+                finish(snapshot)
+
+        def finish(snapshot: JobSnapshot) -> None:
             if client.session.closed:
                 return
             try:
@@ -362,6 +366,16 @@ class ClientPort:
                 metrics.status_done(time.monotonic() - began)
 
         self.runtime.gather(done, timeout=req.timeout)
+        if req.format is Format.TEXT:
+            # The head is made once the gather's request is out, while the answers travel: at 100,000 processes its
+            # job summary is a pass over the table (docs/architecture.md §11), and the answers wait in the sockets.
+            summary = build_job_summary(node.table, node.left_addresses(), ordered=True)  # a table is ordered
+            client.write(
+                render_head(summary, version_line=version_line, runtime_line=runtime_line, verbose=req.verbose)
+            )
+        head_written = True
+        for snapshot in ended:
+            finish(snapshot)
 
     def start_diagnostics(self, client: _Client, req: StartDiagnostics) -> None:
         """Gather every process's configuration and write the comparison (rasd.report.diagnostics), then close.

@@ -277,3 +277,13 @@ def test_clients_past_the_bound_get_an_error_line(port_env, monkeypatch):
             for s in held:
                 s.close()
         assert "RUNNING" in status(port)
+
+
+def test_a_job_of_one_process_gets_the_head_then_the_report(port_env):
+    """A gather with no one to ask ends as it starts: its report still comes after the head, which the client port
+    writes once the gather's request is out (rasd/net/client_port.py)."""
+    with Swarm(1, env=port_env):
+        port = base_port(port_env)
+        report = wait_for_report(port, lambda r: "Errors\n======" in r, DEADLINE)
+        assert report.startswith("torchras version ")
+        assert report.index("Job summary") < report.index("Communicators...") < report.index("Errors\n======")

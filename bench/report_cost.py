@@ -26,11 +26,15 @@ they ran before (the figure the collector's pause is measured against):
   of that figure too, and the total counts it once, there;
 * ``build``: ``build_report(snapshot)``;
 * ``text``: what the client port writes for ``status``: the job summary and head (``build_job_summary``,
-  ``render_head``) and ``render_tail``; ``text_verbose``: the same for ``verbose status``;
+  ``render_head``) and ``render_tail``; ``text_verbose``: the same for ``verbose status``; ``head`` and ``tail``: the
+  two parts of ``text`` on their own (the client port writes the head once the gather's request is out, while the
+  answers travel; the tail after the last answer);
 * ``json``: ``render_json`` (``status json``);
 * ``stuck``: the sweeper's stuck detector on the snapshot (``StuckDetector.observe``: the merge and each
   communicator's signature), after a first sweep of the same counters;
 * ``total``: one text STATUS at the root: decode + the snapshot's assembly + build + text;
+* ``after``: what of it the root spends once the gather is over, with the head written while it ran: decode +
+  the snapshot's assembly + build + tail (the decode of the legs that answered before the last is counted too);
 * ``sweep``: what the sweeper's root spends on each sweep: decode + the snapshot's assembly + stuck.
 
 Prints per N the seconds and microseconds per process of each stage, the linearity check (microseconds per process
@@ -74,7 +78,7 @@ PER_HOST = 8
 LEGS = 8
 #: Bytes per read off a connection (asyncio's selector transports read at most this much at a time).
 READ_BYTES = 256 * 1024
-STAGES = ("decode", "snapshot", "merge", "build", "text", "text_verbose", "json", "stuck")
+STAGES = ("decode", "snapshot", "merge", "build", "text", "head", "tail", "text_verbose", "json", "stuck")
 #: Issue 30's budget for the root's CPU per STATUS at 100,000 processes ("well under" the 2 s of the whole query).
 GOAL_S = 1.0
 VERSION_LINE = "torchras version 0.1.0 with torch 2.13.0+cpu"
@@ -224,6 +228,9 @@ def measure_one(n: int, repeats: int, collector_on: bool = False) -> dict[str, f
     out["build"], report = _cpu(lambda: build_report(snap), repeats, paused=True)
     assert isinstance(report, Report)
     out["text"], _ = _cpu(lambda: text(snap, report, False), repeats, paused=True)
+    summary = lambda: build_job_summary(snap.peers, snap.left, ordered=True)  # noqa: E731
+    out["head"], _ = _cpu(lambda: render_head(summary(), version_line=VERSION_LINE, runtime_line=RUNTIME_LINE), repeats)
+    out["tail"], _ = _cpu(lambda: render_tail(report, verbose=False), repeats, paused=True)
     out["text_verbose"], _ = _cpu(lambda: text(snap, report, True), repeats, paused=True)
     json_text = lambda: render_json(report, timestamp=0.0, torchras_version="0", torch_version="0")  # noqa: E731
     out["json"], _ = _cpu(json_text, repeats, paused=True)
@@ -231,6 +238,7 @@ def measure_one(n: int, repeats: int, collector_on: bool = False) -> dict[str, f
     detector.observe(snap, 0.0)  # the previous sweep: the one timed compares with it
     out["stuck"], _ = _cpu(lambda: detector.observe(snap, 5.0), repeats, paused=not collector_on)
     out["total"] = out["decode"] + out["snapshot"] + out["build"] + out["text"]
+    out["after"] = out["decode"] + out["snapshot"] + out["build"] + out["tail"]
     out["sweep"] = out["decode"] + out["snapshot"] + out["stuck"]
     return out
 
@@ -249,7 +257,7 @@ def figures(results: dict[int, dict[str, float]]) -> dict[str, float]:
             out[f"{stage}_s_{n}"] = round(seconds, 4)
             out[f"{stage}_us_per_process_{n}"] = round(seconds / n * 1e6, 3)
     small, large = min(results), max(results)
-    for stage in (*STAGES, "total", "sweep"):
+    for stage in (*STAGES, "total", "after", "sweep"):
         per_small = results[small][stage] / small
         out[f"{stage}_linearity_{large}_vs_{small}"] = round((results[large][stage] / large) / per_small, 2)
     return out
@@ -269,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, dict[str, float]] = {}
     for n in sizes:
         results[n] = measure_one(n, repeats, args.collector_on)
-        cells = "  ".join(f"{s} {results[n][s]:.3f}" for s in (*STAGES, "total", "sweep"))
+        cells = "  ".join(f"{s} {results[n][s]:.3f}" for s in (*STAGES, "total", "after", "sweep"))
         print(f"{n} processes: {cells} (CPU s)", flush=True)
-    columns = (*STAGES, "total", "sweep")
+    columns = (*STAGES, "total", "after", "sweep")
     print(f"\nrun started {started}; median of {repeats}; CPU seconds, then microseconds per process")
     print(f"{'processes':>9}  " + "  ".join(f"{c:>12}" for c in columns))
     for n, stages in results.items():

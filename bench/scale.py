@@ -9,8 +9,11 @@ What each figure is (issue 30; docs/architecture.md §11 describes the model):
   - *traffic at rest*: messages and bytes per node per second over 10 simulated seconds (keepalives, the sweeper's
     gathers);
   - *STATUS*: three gathers from random roots, every relay charged what a relay was measured to spend here
-    (``relay_costs``: per hop, and per byte of the folded replies it merges), plus the root's report measured on what
-    it gathered (``root_cpu``: CPU time of decoding each leg's fold, the report and its text);
+    (``relay_costs``: per hop, and per byte of the folded replies it merges), plus the root's CPU after the gather,
+    measured on what it gathered (``root_cpu``: decoding each leg's fold, the report and its tail, the collector
+    paused as a rasd process pauses it); the head, which the client port writes while the gather runs, is measured
+    apart, and STATUS is the longer of the gather and the head, plus the root's CPU after it. The same three gathers
+    again with no relay charged give the network's share;
   - *one death*: kill -9 of one process until every survivor has recorded PEER_DEAD;
   - *a rack*: 64 processes (8 hosts of 8) killed at once until every survivor has all 64 dead;
   - *a 1 % partition*: the hosts holding 1 % of the processes cut off until every process of the larger side holds
@@ -25,7 +28,8 @@ What each figure is (issue 30; docs/architecture.md §11 describes the model):
   (as a node receives it), with the wire's decode and encode caches, by tracemalloc; and one simulated node's
   connection and link state at rest (its objects' sizes, the shared table left out).
 * **The 100,000 model** (``model``): each figure from per-message and per-entry costs measured above, its parameters
-  fitted on 1,024 and 4,096 and checked against 16,384. The baseline for each goal is the issue's number.
+  fitted on 1,024 and 4,096 and checked against 16,384; the root's CPU from ``bench/report_cost.py`` run in this
+  benchmark at every size and at 100,000. The baseline for each goal is the issue's number.
 
 Usage: python bench/scale.py [--quick] [--sizes 1024,4096,16384] [--startup 1024,4096]
 Prints a table and, last, one JSON object of the figures. ``--quick``: 256 / 1,024 nodes, start-up at 256, no partition
@@ -43,6 +47,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +59,7 @@ from rasd.core.comms import ProcessData  # noqa: E402
 from rasd.core.events import Kind  # noqa: E402
 from rasd.core.peers import Addr, PeerInfo, PeerKey, PeerTable  # noqa: E402
 from rasd.core.snapshot import JobSnapshot  # noqa: E402
+from rasd.net.collector import collector_paused  # noqa: E402
 from rasd.report.model import build_report  # noqa: E402
 from rasd.report.summary import build_job_summary  # noqa: E402
 from rasd.report.text import render_head, render_tail  # noqa: E402
@@ -176,31 +182,31 @@ def relay_costs(rounds: int = 200) -> dict[str, float]:
     return {"hop_s": hop, "byte_s": max(0.0, (big_time - hop) / (big - small)), "reply_bytes_1024": big}
 
 
-def root_cpu(parts: list[wire.CollResp], own: wire.Decoded, snapshot: JobSnapshot) -> float:
-    """The root's CPU for one text STATUS on what it gathered: each leg's fold decoded (``Fold.decoded``), the parts
-    put together (``gather.responses_of``), the report built and rendered (the head from its ordered table, as the
-    client port writes it). The simulation's heap is frozen out of the collector meanwhile: a rasd process holds one
-    node, not thousands (the collector's share at a process's scale is ``bench/report_cost.py``'s)."""
+def root_cpu(parts: list[wire.CollResp], own: wire.Decoded, snapshot: JobSnapshot) -> tuple[float, float]:
+    """The root's CPU for one text STATUS on what it gathered: after the gather, each leg's fold decoded
+    (``Fold.decoded``), the parts put together (``gather.responses_of``), the report built and its tail rendered,
+    with the collector paused as a rasd process pauses it (``rasd/net/collector.py``: the RAS thread handles a
+    connection's bytes, and the client port builds and renders, with it paused); and the head (the job summary of its
+    ordered table), which the client port writes while the gather runs. Returns (after the gather, the head)."""
     gc.collect()
-    gc.freeze()
-    try:
+    with collector_paused():
         t0 = time.process_time()
         known: dict[bytes, Any] = {}
         decoded = [own, *(m.fold.decoded(known) for m in parts if m.count)]
         responses, states = gather.responses_of(decoded)
         assert len(responses) == len(snapshot.responses) and len(states) == len(snapshot.states)
         report = build_report(snapshot)
-        summary = build_job_summary(snapshot.peers, snapshot.left, ordered=True)
-        render_head(summary, version_line="v", runtime_line="r", verbose=False)
         render_tail(report, verbose=False)
-        return time.process_time() - t0
-    finally:
-        gc.unfreeze()
+        after = time.process_time() - t0
+    t0 = time.process_time()
+    summary = build_job_summary(snapshot.peers, snapshot.left, ordered=True)
+    render_head(summary, version_line="v", runtime_line="r", verbose=False)
+    return after, time.process_time() - t0
 
 
-def _gather(sim: Simulation, root: int, query: int, costs: dict[str, float]) -> tuple[float, float, int]:
+def _gather(sim: Simulation, root: int, query: int, costs: dict[str, float]) -> tuple[float, float, float, int]:
     """One STATUS gather from ``root`` with every hop charged the relay's costs: its simulated time, the root's CPU
-    for the report (``root_cpu``) and how many legs answered the root."""
+    after it and for the head (``root_cpu``) and how many legs answered the root."""
     node = sim.nodes[root].node
     legs: list[wire.CollResp] = []
     on_collresp = node.gathering.on_collresp
@@ -220,7 +226,8 @@ def _gather(sim: Simulation, root: int, query: int, costs: dict[str, float]) -> 
     del node.gathering.on_collresp
     done_at, done = sim.gathers_done[(root, query)]
     assert not done.snapshot.missing(), "a gather at rest left processes out"
-    return done_at - t0, root_cpu(legs, own, done.snapshot), len(legs)
+    after, head = root_cpu(legs, own, done.snapshot)
+    return done_at - t0, after, head, len(legs)
 
 
 def at_scale(n: int, costs: dict[str, float], partition: bool = True) -> dict[str, Any]:
@@ -243,11 +250,18 @@ def at_scale(n: int, costs: dict[str, float], partition: bool = True) -> dict[st
     out["sim_node_s_per_cpu_s"] = round(n * 10.0 / rest_cpu, 1)
     out["conn_state_bytes"] = node_state_bytes(sim, rng.randrange(n))
 
-    gathers = [_gather(sim, rng.randrange(n), q, costs) for q in range(3)]
-    out["status_gather_s"] = round(statistics.median(g for g, _, _ in gathers), 4)
-    out["status_root_cpu_s"] = round(statistics.median(c for _, c, _ in gathers), 4)
-    out["status_s"] = round(statistics.median(g + c for g, c, _ in gathers), 4)
-    out["status_legs"] = [legs for _, _, legs in gathers]
+    roots = [rng.randrange(n) for _ in range(3)]
+    gathers = [_gather(sim, root, q, costs) for q, root in enumerate(roots)]
+    out["status_gather_s"] = round(statistics.median(g for g, _, _, _ in gathers), 4)
+    out["status_root_cpu_s"] = round(statistics.median(c for _, c, _, _ in gathers), 4)
+    out["status_head_cpu_s"] = round(statistics.median(h for _, _, h, _ in gathers), 4)
+    out["status_s"] = round(statistics.median(max(g, h) + c for g, c, h, _ in gathers), 4)
+    out["status_legs"] = [legs for _, _, _, legs in gathers]
+    # The same gathers with no relay charged: the network's share (the model's sqrt(N) term), the rest the relays'.
+    free = {"hop_s": 0.0, "byte_s": 0.0}
+    out["status_gather_free_s"] = round(
+        statistics.median(_gather(sim, root, 3 + q, free)[0] for q, root in enumerate(roots)), 4
+    )
     sim.run_until(sim.now + 1.0)
 
     victim = rng.randrange(n)
@@ -425,23 +439,35 @@ def decode_cost(n: int = 16_384) -> dict[str, float]:
 # The model
 
 
+def _fit(points: list[tuple[int, float]], f: Callable[[int], float], g: Callable[[int], float]) -> tuple[float, float]:
+    """Least squares of y = a f(n) + b g(n) through the points (exact through two)."""
+    sff = sum(f(n) ** 2 for n, _ in points)
+    sgg = sum(g(n) ** 2 for n, _ in points)
+    sfg = sum(f(n) * g(n) for n, _ in points)
+    sfy = sum(f(n) * y for n, y in points)
+    sgy = sum(g(n) * y for n, y in points)
+    det = sff * sgg - sfg**2
+    if len(points) < 2 or abs(det) < 1e-12 * max(sff * sgg, 1e-300):
+        return sfy / sff, 0.0  # one point: y = a f(n)
+    return (sfy * sgg - sgy * sfg) / det, (sgy * sff - sfy * sfg) / det
+
+
 def _fit_sqrt(points: list[tuple[int, float]]) -> tuple[float, float]:
     """Least squares of y = a + b * sqrt(n) through the points."""
-    xs = [math.sqrt(n) for n, _ in points]
-    ys = [y for _, y in points]
-    if len(points) < 2:
-        return 0.0, ys[0] / xs[0]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
+    return _fit(points, lambda n: 1.0, math.sqrt)
 
 
 def model(runs: dict[int, dict[str, Any]], starts: dict[int, dict[str, Any]], inputs: dict[str, Any]) -> dict[str, Any]:
     """Every figure at ``MODEL_N`` (and at each measured size, to check it) from costs measured in this run.
 
-    * a flood and a gather cross about sqrt(N) hops (skip links at stride sqrt(N), docs/architecture.md §2.3): the
-      death time and the gather time are fitted as a + b*sqrt(N) on the two smaller sizes;
-    * STATUS adds the root's report, linear in N (``bench/report_cost.py``'s cost per process);
+    * a flood crosses about sqrt(N) hops (skip links at stride sqrt(N), docs/architecture.md §2.3): the death time
+      is fitted as a + b*sqrt(N) on the sizes below 16,384;
+    * a STATUS gather is the network's share (the gather with no relay charged: sqrt(N) hops, a + b*sqrt(N)) plus
+      the relays' (each relay on the critical path charged per hop and per byte it receives: the hops grow as
+      sqrt(N), the bytes the relays near the root receive as N: c*sqrt(N) + d*N), each fitted on the same sizes;
+    * then the root's CPU once the gather is over (``bench/report_cost.py``'s ``after`` at that N, measured in this
+      run, times the ratio of what it took in the simulator's process to report_cost's at the fitted sizes: the
+      simulator's heap is larger and its accesses miss the caches more); the head is written while the gather runs;
     * memory: bytes per entry measured at 100,000 times N, plus one node's connection state;
     * start-up: the store serves ``OPS_PER_PROCESS`` operations per process one at a time (N x 6 x the time per
       operation), then the mesh completes the tables; each node receives about k*N entries (k measured), each
@@ -450,8 +476,10 @@ def model(runs: dict[int, dict[str, Any]], starts: dict[int, dict[str, Any]], in
     fit_on = [n for n in sizes if n < 16_384] or sizes[:1]
     out: dict[str, Any] = {}
     death = _fit_sqrt([(n, runs[n]["death_s"]) for n in fit_on if runs[n].get("death_s") is not None])
-    gather = _fit_sqrt([(n, runs[n]["status_gather_s"]) for n in fit_on])
-    report_us = inputs["report_us_per_process"]
+    network = _fit_sqrt([(n, runs[n]["status_gather_free_s"]) for n in fit_on])
+    relays = _fit([(n, runs[n]["status_gather_s"] - runs[n]["status_gather_free_s"]) for n in fit_on], math.sqrt, float)
+    after: dict[int, float] = inputs["report_after_s"]
+    heap = statistics.fmean(runs[n]["status_root_cpu_s"] / after[n] for n in fit_on)
     per_entry = inputs["bytes_per_entry"]
     service = inputs["store_service_s"]
     etcd = inputs["etcd_service_s"]
@@ -460,9 +488,13 @@ def model(runs: dict[int, dict[str, Any]], starts: dict[int, dict[str, Any]], in
     mesh_s = max((s["complete_s"] - s["store_busy_until_s"] for s in starts.values() if s["complete_s"]), default=1.0)
 
     def predict(n: int) -> dict[str, float]:
+        gather_s = network[0] + network[1] * math.sqrt(n) + relays[0] * math.sqrt(n) + relays[1] * n
+        root_s = heap * after[n]
         return {
             "death_s": round(death[0] + death[1] * math.sqrt(n), 4),
-            "status_s": round(gather[0] + gather[1] * math.sqrt(n) + report_us * n / 1e6, 3),
+            "status_gather_s": round(gather_s, 3),
+            "status_root_cpu_s": round(root_s, 3),
+            "status_s": round(gather_s + root_s, 3),
             "memory_mb": round((per_entry * n + inputs["conn_state_bytes"]) / 1e6, 1),
             "startup_s": round(n * OPS_PER_PROCESS * service + max(0.0, mesh_s) + k * n * decode_us / 1e6, 2),
             "startup_etcd_s": round(n * OPS_PER_PROCESS * etcd + max(0.0, mesh_s) + k * n * decode_us / 1e6, 1),
@@ -474,9 +506,12 @@ def model(runs: dict[int, dict[str, Any]], starts: dict[int, dict[str, Any]], in
     out["parameters"] = {
         "death_a_s": round(death[0], 5),
         "death_b_s_per_sqrt_n": round(death[1], 7),
-        "gather_a_s": round(gather[0], 5),
-        "gather_b_s_per_sqrt_n": round(gather[1], 7),
-        "report_us_per_process": report_us,
+        "network_a_s": round(network[0], 5),
+        "network_b_s_per_sqrt_n": round(network[1], 7),
+        "relays_c_s_per_sqrt_n": round(relays[0], 7),
+        "relays_d_s_per_n": round(relays[1], 10),
+        "root_heap_ratio": round(heap, 3),
+        "report_after_s": {str(n): round(v, 4) for n, v in after.items()},
         "bytes_per_entry": per_entry,
         "store_service_s": service,
         "etcd_service_s": etcd,
@@ -491,12 +526,12 @@ def model(runs: dict[int, dict[str, Any]], starts: dict[int, dict[str, Any]], in
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _report_cost(n: int) -> float:
-    """The root's CPU per process for a STATUS report at ``n`` processes (decoding the answers, the snapshot, the
-    report, the text: ``bench/report_cost.py``'s total), in microseconds."""
+def _report_after(sizes: list[int]) -> dict[int, float]:
+    """The root's CPU once a STATUS gather of ``n`` processes is over, for each size (``bench/report_cost.py``'s
+    ``after``: decoding the answers, the snapshot, the report, its tail), in seconds."""
     import report_cost
 
-    return float(report_cost.measure([n], 1)[n]["total"]) / n * 1e6
+    return {n: float(stages["after"]) for n, stages in report_cost.measure(sizes, 1).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,12 +555,12 @@ def main(argv: list[str] | None = None) -> int:
     costs = relay_costs(50 if args.quick else 200)
     memory = {n: table_memory(n) for n in (16_384, MODEL_N)}
     decode = decode_cost()
-    report_us = _report_cost(1_024 if args.quick else MODEL_N)
     runs = {n: at_scale(n, costs, partition=not args.quick and n <= args.partition_max) for n in sizes}
+    report_after = _report_after(sorted({*sizes, MODEL_N}))
     service = float(stores[args.store]["cpu_s_per_op"])
     starts = {n: startup(n, service, max(float(stores[args.store]["rtt_s"]), 2e-4)) for n in start_sizes}
     inputs = {
-        "report_us_per_process": report_us,
+        "report_after_s": report_after,
         "bytes_per_entry": memory[MODEL_N]["bytes_per_entry"],
         "store_service_s": service,
         "etcd_service_s": float(stores["etcd"]["cpu_s_per_op"]),
@@ -569,8 +604,10 @@ def _print(
     rows = [
         ("messages per node per s at rest", "rest_msgs_per_node_s", "rest_msgs_per_node_s", "{:.2f}"),
         ("bytes per node per s at rest", "rest_bytes_per_node_s", None, "{:.0f}"),
-        ("STATUS gather, simulated (s)", "status_gather_s", None, "{:.3f}"),
-        ("the root's report, CPU measured (s)", "status_root_cpu_s", None, "{:.3f}"),
+        ("STATUS gather, simulated (s)", "status_gather_s", "status_gather_s", "{:.3f}"),
+        ("  the same with no relay charged (s)", "status_gather_free_s", None, "{:.3f}"),
+        ("the root's CPU after the gather (s)", "status_root_cpu_s", "status_root_cpu_s", "{:.3f}"),
+        ("the root's CPU for the head, during it (s)", "status_head_cpu_s", None, "{:.3f}"),
         ("STATUS: gather + the root's report (s)", "status_s", "status_s", "{:.3f}"),
         ("one death known by all (s)", "death_s", "death_s", "{:.4f}"),
         ("a rack of 64: fewest known by a survivor at 1 s", "rack_known_in_1s", None, "{:.0f}"),
@@ -590,7 +627,10 @@ def _print(
     print("model at the measured sizes (check):")
     for n in sizes:
         p = predicted[str(n)]
-        print(f"  {n:>7,}: death {p['death_s']:.4f} s, STATUS {p['status_s']:.3f} s, start-up {p['startup_s']:.2f} s")
+        print(
+            f"  {n:>7,}: death {p['death_s']:.4f} s, STATUS {p['status_s']:.3f} s (gather {p['status_gather_s']:.3f}, "
+            f"root {p['status_root_cpu_s']:.3f}), start-up {p['startup_s']:.2f} s"
+        )
     p = predicted[str(MODEL_N)]
     print(
         f"model at 100,000: STATUS {p['status_s']:.2f} s, death {p['death_s']:.3f} s, table memory "

@@ -18,12 +18,22 @@ def test_the_sqrt_fit_recovers_a_known_law():
 
 
 def test_the_model_predicts_from_its_inputs():
+    def gather(n: int) -> float:
+        return 0.0006 * math.sqrt(n) + 0.0001 * math.sqrt(n) + 2e-6 * n
+
+    after = {1024: 0.01, 4096: 0.04, 100_000: 1.0}
     runs = {
-        n: {"death_s": 0.001 + 0.0002 * math.sqrt(n), "status_gather_s": 0.0006 * math.sqrt(n)} for n in (1024, 4096)
+        n: {
+            "death_s": 0.001 + 0.0002 * math.sqrt(n),
+            "status_gather_s": gather(n),
+            "status_gather_free_s": 0.0006 * math.sqrt(n),
+            "status_root_cpu_s": 1.5 * after[n],
+        }
+        for n in (1024, 4096)
     }
     starts = {1024: {"entries_per_node_over_n": 12.0, "complete_s": 1.2, "store_busy_until_s": 0.1}}
     inputs = {
-        "report_us_per_process": 80.0,
+        "report_after_s": after,
         "bytes_per_entry": 500.0,
         "store_service_s": 16e-6,
         "etcd_service_s": 1e-3,
@@ -31,11 +41,20 @@ def test_the_model_predicts_from_its_inputs():
         "conn_state_bytes": 8000,
         "rest_msgs_per_node_s": 4.0,
     }
-    out = scale.model(runs, starts, inputs)["100000"]
+    predicted = scale.model(runs, starts, inputs)
+    assert predicted["4096"]["status_gather_s"] == pytest.approx(gather(4096), abs=1e-3)
+    out = predicted["100000"]
     assert out["death_s"] == pytest.approx(0.001 + 0.0002 * math.sqrt(100_000), abs=1e-4)
-    assert out["status_s"] == pytest.approx(0.0006 * math.sqrt(100_000) + 8.0, abs=1e-3)
+    assert out["status_gather_s"] == pytest.approx(gather(100_000), abs=1e-3)
+    assert out["status_s"] == pytest.approx(gather(100_000) + 1.5, abs=1e-3)
     assert out["memory_mb"] == pytest.approx((500.0 * 100_000 + 8000) / 1e6, abs=0.1)
     assert out["startup_s"] == pytest.approx(100_000 * 6 * 16e-6 + 1.1 + 12 * 100_000 * 1e-6, abs=0.01)
+
+
+def test_the_two_term_fit_recovers_a_known_law():
+    points = [(n, 3e-4 * math.sqrt(n) + 2e-6 * n) for n in (1024, 4096, 16384)]
+    c, d = scale._fit(points, math.sqrt, float)
+    assert c == pytest.approx(3e-4) and d == pytest.approx(2e-6)
 
 
 def test_table_memory_counts_every_entry_and_restores_the_cache_bound():

@@ -965,3 +965,30 @@ def test_a_relay_passes_a_legs_rows_on_with_their_processes_moved_and_nothing_el
     assert [addrs[p].port for p in members.procs] == [1, 2, 3, 4]
     assert list(members.comm_ranks) == [0, 1, 2, 3] and list(members.devices) == [0, 1, 0, 1]
     assert list(members.idle_ms) == [0, 10, 20, 30] and relay.size == len(relay.encode())
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.ip_addresses(v=4).map(str) | st.ip_addresses(v=6).map(str),
+            st.integers(0, 65535),
+            st.sampled_from([ProcessData(), ProcessData(waiting=True), ProcessData(restart=RestartRecord(3, 1))]),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_the_roots_one_call_reading_of_records_is_the_record_by_record_one(entries):
+    """``wire._ipv4_bare`` (every record an IPv4 address with nothing but communicators, read in one call) gives
+    what ``wire._records`` gives, and declines any fold where one record is of another kind."""
+    fold = wire.Fold()
+    for host, port, data in entries:
+        fold.add(Addr(host, port), data)
+    buf = b"".join(fold.processes)
+    fast = wire._ipv4_bare(buf, fold.count)
+    slow = wire._records(buf, fold.count)
+    simple = all(":" not in host and data.restart is None for host, _, data in entries)
+    assert (fast is not None) == simple
+    if fast is not None:
+        assert fast == slow
+    assert wire.Fold.decode(fold.count, fold.encode()).decoded()[:2] == slow

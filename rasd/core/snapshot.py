@@ -247,9 +247,15 @@ class MergedCommunicator:
         best: tuple[int, int, int] | None = None  # (process place, communicator rank, state)
         row = 0
         for s, (_, members) in enumerate(self.states):
-            place, comm_rank, at = min(
-                zip(map(order.__getitem__, members.procs), members.comm_ranks, range(len(members)), strict=True)
-            )
+            places = list(map(order.__getitem__, members.procs))
+            place = min(places)
+            if places.count(place) == 1:  # the common case, a process holding one rank of it: no tuple per row
+                at = places.index(place)
+                comm_rank = members.comm_ranks[at]
+            else:
+                place, comm_rank, at = min(
+                    zip(places, members.comm_ranks, range(len(members)), strict=True)  # by rank within the process
+                )
             if best is None or (place, comm_rank) < best[:2]:
                 best, row = (place, comm_rank, s), at
         assert best is not None  # a merged communicator holds a rank

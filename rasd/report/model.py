@@ -429,7 +429,9 @@ def _classify(comm: MergedCommunicator, context: _Context) -> Communicator:
     reference = PresentRank(comm_rank, first.record, first.addr, context.table.get(first.addr))
 
     if len(states) == 1:
-        per_node = Counter(map(hosts.__getitem__, states[0][1].procs))
+        held = list(map(hosts.__getitem__, states[0][1].procs))
+        # One host (a tensor-parallel group of a host, the common case): no counting.
+        per_node = Counter({held[0]: len(held)}) if held.count(held[0]) == len(held) else Counter(held)
     else:
         per_node = Counter()
         for _, members in states:

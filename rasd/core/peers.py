@@ -198,10 +198,11 @@ class PeerTable:
     ``entry`` (by key) reach the entries a newer incarnation replaced.
 
     Every operation of a settled job is O(1) or O(log N): a merge costs O(log N) per new entry (its hash is added,
-    it is inserted at its place), ``index_of`` bisects. ``copy`` shares the entries until either table changes
-    (copy on write): the simulator starts 16,384 nodes from one table without 16,384 copies of it."""
+    it is inserted at its place), ``index_of`` bisects (once per address while the order holds). ``copy`` shares the
+    entries until either table changes (copy on write): the simulator starts 16,384 nodes from one table without
+    16,384 copies of it."""
 
-    __slots__ = ("_current", "_former", "_sorted", "_hash", "_shared")
+    __slots__ = ("_current", "_former", "_sorted", "_hash", "_shared", "_positions")
 
     def __init__(self) -> None:
         self._current: dict[Addr, PeerInfo] = {}
@@ -209,6 +210,11 @@ class PeerTable:
         self._sorted: list[PeerInfo] = []  # the current entries, in address order
         self._hash = 0  # table_hash of every entry, current and former
         self._shared = False  # the three containers are shared with another table: copy them before a change
+        # ``index_of``'s answers, kept until the order changes (a merge that adds anything replaces the dict; a copy
+        # shares it as it shares the entries). Every relink looks up the position of every dead or departed process
+        # (``links.Links.relink``), and every death relinks every node: bisecting them anew made a 1 % partition of
+        # 16,384 nodes cost O(dead²) bisects per node.
+        self._positions: dict[Addr, int] = {}
 
     def _own(self) -> None:
         if self._shared:
@@ -243,6 +249,8 @@ class PeerTable:
                 self._former[p.key] = p
             self._hash = (self._hash + entry_digest(p)) & _MASK64
             new.append(p)
+        if new:
+            self._positions = {}  # a new dict, not a clear: a copy sharing the old one keeps its (still true) answers
         if len(added) > _INSERT_MAX:
             self._sorted.extend(self._current[a] for a in added)
             self._sorted.sort(key=PeerInfo.sort_key)
@@ -256,10 +264,14 @@ class PeerTable:
         return bisect.bisect_left(self._sorted, order, key=PeerInfo.sort_key)
 
     def index_of(self, addr: Addr) -> int | None:
-        """The position of the current entry at ``addr`` in the table order, or None (O(log N))."""
-        if addr not in self._current:
-            return None
-        return self._position(addr.sort_key())
+        """The position of the current entry at ``addr`` in the table order, or None (O(log N), then O(1) until the
+        table changes)."""
+        at = self._positions.get(addr)
+        if at is None:
+            if addr not in self._current:
+                return None
+            at = self._positions[addr] = self._position(addr.sort_key())
+        return at
 
     def addresses(self) -> Sequence[Addr]:
         """The current entries' addresses in table order: a view, without a copy."""
@@ -268,11 +280,12 @@ class PeerTable:
     def copy(self) -> PeerTable:
         """An independent table with the same entries: shared until either one changes (copy on write)."""
         other = PeerTable.__new__(PeerTable)
-        other._current, other._former, other._sorted, other._hash = (
+        other._current, other._former, other._sorted, other._hash, other._positions = (
             self._current,
             self._former,
             self._sorted,
             self._hash,
+            self._positions,
         )
         other._shared = self._shared = True
         return other

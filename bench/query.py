@@ -327,7 +327,7 @@ def relay_time(
     (cid,) = [c.id for c in b.conns.values() if c.peer == a.me.addr and c.state is core.ConnState.READY]
     addrs = [Addr("10.9.9.9", j + 1) for j in range(entries)]
     if ask is wire.Ask.STATUS:
-        fold = wire.Fold()  # what the leg's relays folded (wire 8)
+        fold = wire.Fold()  # what the leg's relays folded (section 4.1 of docs/architecture.md)
         for j, x in enumerate(addrs):
             fold.add(x, contribution(2 + j))
         raw = fold.encode()

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 RELAY_BYTES = wire.MAX_FRAME - 4096
 
 #: The asks whose entries are process data (``ProcessData``); any other's are opaque answers.
-PROCESS_DATA = (wire.Ask.STATUS, wire.Ask.SWEEP)
+PROCESS_DATA = (wire.Ask.STATUS, wire.Ask.SWEEP, wire.Ask.REACH)
 
 
 @dataclass
@@ -131,7 +131,10 @@ class Gathering:
 
     def contribution(self, ask: wire.Ask = wire.Ask.STATUS) -> ProcessData:
         """What this process adds to a status gather: its communicators, once it has restarted its restarts,
-        whether it waits to be admitted into training, and to a sweep where its main thread is."""
+        whether it waits to be admitted into training, and to a sweep where its main thread is; to a reachability
+        gather, nothing (its answer is what counts)."""
+        if ask is wire.Ask.REACH:
+            return ProcessData()
         world = self.world
         data = world.local_data()
         if world.restart is not None and data.restart is None:

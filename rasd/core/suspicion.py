@@ -235,7 +235,10 @@ class Suspicion:
         if not self._gathering and not world.expelled and not world.leaving:
             self._gathering = True
             self._gathered = now
-            return [StartGather(REACH_QUERY)]
+            # Who answers is all the rules read: the REACH ask carries no process's communicators (at 4,096 processes
+            # a STATUS-sized reachability gather moved 20 MB, and a partition starts one per node linked to a cut
+            # process, at the dead limit: docs/architecture.md §11).
+            return [StartGather(REACH_QUERY, ask=wire.Ask.REACH)]
         return []
 
     def decide(self, now: float) -> Effects:

@@ -36,8 +36,9 @@ from .stuck import StuckVerdict
 #: nack; the HEARD flood. 6: what a gather asks for (``Ask``) and the answers of the asks other than STATUS; a
 #: process's position in its process data and the positions of the ranks behind in a communicator verdict. 7: the
 #: table and dead-set hashes in keepalives are sums of per-entry digests (``peers.table_hash``), kept up to date in
-#: O(1) per change. 8: a STATUS or SWEEP gather's entries are folded (``Fold``: ranks by state, in columns).
-VERSION = 8
+#: O(1) per change. 8: a STATUS or SWEEP gather's entries are folded (``Fold``: ranks by state, in columns). 9: the
+#: REACH ask, a reachability gather that carries nothing but who answered.
+VERSION = 9
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -82,6 +83,7 @@ class Ask(enum.IntEnum):
     SWEEP = 2  # the sweeper's: STATUS's process data, with each process's position (``ProcessData.where``)
     STACKS = 3  # the main thread's stack (rasd.net.stacks, docs/protocol.md "STACKS")
     STACKS_ALL = 4  # every thread's stack
+    REACH = 5  # a reachability gather's (suspicion.py): who answers, an empty ``ProcessData`` each, folded as STATUS
 
 
 #: The largest answer a process contributes to a gather other than STATUS; a provider's longer answer is dropped

@@ -148,7 +148,7 @@ def test_the_peer_record_of_the_bootstrap_store_round_trips():
     with pytest.raises(wire.ProtocolError):
         wire.decode_peer(wire.encode_peer(V4) + b"\x00")
     with pytest.raises(wire.ProtocolError):
-        wire.decode_peer(b"\x09" + wire.encode_peer(V4)[1:])
+        wire.decode_peer(bytes([wire.VERSION + 1]) + wire.encode_peer(V4)[1:])
     with pytest.raises(wire.ProtocolError):
         wire.decode_peer(wire.encode_peer(V4)[:-1])
 

@@ -121,6 +121,21 @@ def test_a_relay_forwards_the_request_and_folds_the_entries_into_its_own():
     assert g.gathers == {}
 
 
+def test_a_reachability_gather_carries_who_answered_and_nothing_else():
+    """The REACH ask (suspicion.py's): a relay answers for itself with an empty ``ProcessData``, whatever it holds,
+    and passes its legs' answers on folded; the root's snapshot lists who answered."""
+    world, g = _gathering(2, 3)
+    req = wire.CollReq(P2.addr, 5, 3000, wire.Ask.REACH)
+    assert g.on_collreq(world.conns[2], req, 1.0) == [SayFrame(3, wire.encode(req))]
+    theirs = ((P3.addr, ProcessData()),)
+    (back,) = g.on_collresp(world.conns[3], wire.collresp(P2.addr, 5, 0, theirs), 1.5)
+    assert back == Say(2, wire.collresp(P2.addr, 5, 0, (*theirs, (ME.addr, ProcessData()))))
+    root_world, root = _gathering(2)
+    root.start(-2, 1.0, None, wire.Ask.REACH)
+    snapshot = _finished(root.on_collresp(root_world.conns[2], wire.collresp(ME.addr, 1, 0, theirs), 1.5))
+    assert snapshot.responses == {ME.addr: ProcessData(), P3.addr: ProcessData()} and not snapshot.states
+
+
 def test_a_relay_refuses_a_leg_it_cannot_fold():
     world, g = _gathering(2, 3)
     g.on_collreq(world.conns[2], wire.CollReq(P2.addr, 5, 3000), 1.0)

@@ -25,6 +25,9 @@ from rasd.core.suspicion import Suspicion, unreached_runs
 
 from .world import FakeWorld, peer, snapshot
 
+#: A reachability gather: it asks for nothing but who answers (``wire.Ask.REACH``).
+REACH = StartGather(REACH_QUERY, ask=wire.Ask.REACH)
+
 T = Timers(gather_extra=50.0)  # a gather again only every 55 s
 CONFIRM = T.unresponsive  # liveness.CONFIRM unresponsive limits
 ECHO = T.leg_timeout  # suspicion.ECHO leg timeouts
@@ -60,7 +63,7 @@ def _timeout_dead(i: int, silence: float) -> list:
 
 def test_a_silent_link_is_pending_gathers_once_and_makes_its_last_call():
     _, s = _suspicion()
-    assert s.silent(P[2].key, 100.0) == [StartGather(REACH_QUERY), LastCall(P[2].key)]
+    assert s.silent(P[2].key, 100.0) == [REACH, LastCall(P[2].key)]
     assert s.pending == {P[2].key: 100.0} and s.gathering
     assert s.silent(P[2].key, 101.0) == []
     assert s.silent(P[3].key, 101.0) == [LastCall(P[3].key)]  # one gather at a time
@@ -102,7 +105,7 @@ def test_a_pending_death_that_answers_the_gather_is_dropped():
 
 def test_the_unreached_are_suspected_and_declared_after_confirm_on_the_larger_side():
     _, s = _suspicion()
-    assert s.measure(0.0) == [StartGather(REACH_QUERY)]
+    assert s.measure(0.0) == [REACH]
     assert s.reached(snapshot(P[1], P[2], P[3], P[4]), 1.0) == [_side(4), Originate(SUSPECT, P[5].key)]
     assert s.suspects == {P[5].key: 1.0} and s.unreached
     assert s.tick(1.0 + CONFIRM - 0.1) == []
@@ -242,7 +245,7 @@ def test_seed_46_a_last_call_answered_in_time_saves_the_process():
 def test_seed_46_the_smaller_sides_pending_death_waits_a_dead_limit_and_its_last_call():
     world, s = _suspicion(2, 2)
     world.silent_since[P[1].key] = 0.0
-    assert s.silent(P[1].key, 100.0) == [StartGather(REACH_QUERY), LastCall(P[1].key)]
+    assert s.silent(P[1].key, 100.0) == [REACH, LastCall(P[1].key)]
     assert s.reached(snapshot(P[2]), 100.5) == [_side(1, 2)]
     s.measure(159.0)
     assert s.reached(snapshot(P[2]), 159.9) == [_side(1, 2)]  # not yet a dead limit since it was pending
@@ -256,7 +259,7 @@ def test_seed_3432_a_pending_death_waits_confirm_after_its_last_call():
     # CONFIRM, even on the larger side where a pending death is otherwise due at once (sweep seed 3432).
     world, s = _suspicion()
     world.silent_since[P[2].key] = 0.0
-    assert s.silent(P[2].key, 100.0) == [StartGather(REACH_QUERY), LastCall(P[2].key)]
+    assert s.silent(P[2].key, 100.0) == [REACH, LastCall(P[2].key)]
     assert s.reached(snapshot(P[1], P[3], P[4], P[5]), 101.0) == [_side(4)]
     assert s.tick(100.0 + CONFIRM - 0.1) == []
     assert s.tick(100.0 + CONFIRM) == _timeout_dead(2, 105.0)
@@ -285,7 +288,7 @@ def test_seed_7705_the_first_majority_after_a_minority_calls_an_older_pending_de
     effects = s.reached(snapshot(P[1]), 71.0)
     assert effects[0] == _side(1) and not s.majority
     assert set(effects[1:]) == {Originate(SUSPECT, P[i].key) for i in (3, 4, 5)}
-    assert s.measure(81.0) == [StartGather(REACH_QUERY)]
+    assert s.measure(81.0) == [REACH]
     assert s.reached(snapshot(P[1], P[3], P[4], P[5]), 82.0) == [_side(4), LastCall(P[2].key)]
     assert s.majority and s.pending == {P[2].key: 82.0} and s.suspects == {}
     assert s.tick(82.0 + CONFIRM - 0.1) == []

@@ -21,9 +21,10 @@ they ran before (the figure the collector's pause is measured against):
 * ``decode``: the root reads the reply frames off its connections (``FrameReader.feed``, read by read), decodes each
   leg's fold (``Fold.decoded``) as ``Gathering.on_collresp`` does, and puts the parts together into one response per
   address and the states (``gather.responses_of``, as ``Gathering._snapshot`` does);
-* ``snapshot``: the root makes the ``JobSnapshot`` of them, then the one merge of
-  its communicators (``merge_communicators``) on its own. The merge runs again inside ``build_report``: it is part
-  of that figure too, and the total counts it once, there;
+* ``snapshot``: the root makes the ``JobSnapshot`` of them, with what it works out once per snapshot and the merge
+  and the report read (its table in order, each address's position, each responder's place: a fresh snapshot each
+  time, as every gather gives one); ``merge``: the merge of its communicators (``merge_communicators``) on its own.
+  The merge runs again inside ``build_report``: it is part of that figure too, and the total counts it once, there;
 * ``build``: ``build_report(snapshot)``;
 * ``text``: what the client port writes for ``status``: the job summary and head (``build_job_summary``,
   ``render_head``) and ``render_tail``; ``text_verbose``: the same for ``verbose status``; ``head`` and ``tail``: the
@@ -186,7 +187,16 @@ def decode(job: Job) -> tuple[dict[Addr, ProcessData], States]:
 def snapshot(job: Job, decoded: tuple[dict[Addr, ProcessData], States]) -> JobSnapshot:
     """The snapshot the root makes of a gather that every process answered (``Gathering._snapshot``'s steps)."""
     responses, states = decoded
-    return JobSnapshot(peers=job.peers, responses=responses, states=states, collection_time=0.25, in_flight_grace=2.0)
+    return JobSnapshot(
+        peers=job.peers, responses=responses, states=states, collection_time=0.25, in_flight_grace=2.0, ordered=True
+    )
+
+
+def assembled(job: Job, decoded: tuple[dict[Addr, ProcessData], States]) -> JobSnapshot:
+    """``snapshot``, with what it works out on first use for the merge and the report (each snapshot once)."""
+    snap = snapshot(job, decoded)
+    assert len(snap.table_order) == len(snap.positions) == len(snap.process_ranks) == job.n
+    return snap
 
 
 def text(snap: JobSnapshot, report: Report, verbose: bool) -> str:
@@ -221,7 +231,7 @@ def measure_one(n: int, repeats: int, collector_on: bool = False) -> dict[str, f
     out: dict[str, float] = {}
     out["decode"], decoded = _cpu(lambda: decode(job), repeats, paused=not collector_on)
     assert isinstance(decoded, tuple) and len(decoded[0]) == n
-    out["snapshot"], snap = _cpu(lambda: snapshot(job, decoded), repeats)
+    out["snapshot"], snap = _cpu(lambda: assembled(job, decoded), repeats, paused=True)
     assert isinstance(snap, JobSnapshot)
     out["merge"], merged = _cpu(lambda: merge_communicators(snap), repeats)
     assert isinstance(merged, list) and len(merged) == 1 + -(-n // PER_HOST) + PER_HOST

@@ -281,6 +281,7 @@ class Gathering:
         former = table.former()
         return JobSnapshot(
             peers=tuple(table),
+            ordered=True,  # a table iterates in address order
             dead=frozenset(k.addr for k in dead if table.is_current(k)),
             left=frozenset(k.addr for k in left if table.is_current(k)),
             former_dead=tuple(p for p in former if p.key in dead),

@@ -68,6 +68,9 @@ class JobSnapshot:
     #: STATUS each answer by address (``responses`` then holds an empty ``ProcessData`` per answer).
     ask: int = 0
     answers: dict[Addr, bytes] = field(default_factory=dict)
+    #: ``peers`` are in address order already (a ``PeerTable``'s, as the gather gives them): ``table_order`` takes
+    #: them as they are instead of sorting 100,000 entries again for every report.
+    ordered: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         # Frozen: these are set once, here.
@@ -109,7 +112,7 @@ class JobSnapshot:
         """``peers`` sorted by address (``by_address``), whatever order they were given in. Worked out once per
         snapshot, as ``positions``: the merge and the report both read them (the snapshot is frozen; these caches
         are the only attributes set after it is made)."""
-        return tuple(by_address(self.peers))
+        return self.peers if self.ordered else tuple(by_address(self.peers))
 
     @functools.cached_property
     def positions(self) -> dict[Addr, int]:

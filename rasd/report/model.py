@@ -44,7 +44,7 @@ import enum
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from rasd.core.comms import N_OPS, RESULT_IN_PROGRESS, RESULT_SUCCESS, RankRecord
@@ -288,7 +288,7 @@ class Report:
     @functools.cached_property
     def summary(self) -> JobSummary:
         """The job summary of the snapshot's table, made when first read: a text STATUS's head is written from the
-        client port's own table before the gather (``render_head``), and its tail and the JSON do not print it, so
+        client port's own table as the gather starts (``render_head``), and its tail and the JSON do not print it, so
         the client port's report never reads it (one pass over the table less at the root, issue 30)."""
         return build_job_summary(self.table_order, self.left, ordered=True)
 
@@ -313,7 +313,7 @@ class _Context:
 
     #: Who answered, who is dead and who left: read from here as they are (``responses``, ``dead``, ``left``).
     snapshot: JobSnapshot
-    table: dict[Addr, PeerInfo]
+    table: Mapping[Addr, PeerInfo]
     #: The key of process order (``rasd.core.snapshot.process_order``).
     order: Callable[[Addr], ProcessOrder]
     peers_by_global_rank: dict[int, tuple[PeerInfo, ...]]
@@ -565,7 +565,7 @@ def build_report(snapshot: JobSnapshot) -> Report:
     """The report of a finished gather. Never raises on odd input: malformed records are left out."""
     dead, left = snapshot.dead, snapshot.left
     table_order = snapshot.table_order
-    table = {p.addr: p for p in table_order}
+    table = snapshot.by_address
     missing_processes = processes(snapshot.missing())
 
     by_global_rank: dict[int, list[PeerInfo]] = {}

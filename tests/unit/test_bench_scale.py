@@ -21,13 +21,13 @@ def test_the_model_predicts_from_its_inputs():
     def gather(n: int) -> float:
         return 0.0006 * math.sqrt(n) + 0.0001 * math.sqrt(n) + 2e-6 * n
 
-    after = {1024: 0.01, 4096: 0.04, 100_000: 1.0}
+    after = {1024: 0.01, 4096: 0.04, 100_000: 1.0}  # the root in the simulator took 1.2x at 1,024, 1.5x at 4,096
     runs = {
         n: {
             "death_s": 0.001 + 0.0002 * math.sqrt(n),
             "status_gather_s": gather(n),
             "status_gather_free_s": 0.0006 * math.sqrt(n),
-            "status_root_cpu_s": 1.5 * after[n],
+            "status_root_cpu_s": (1.2 if n == 1024 else 1.5) * after[n],
         }
         for n in (1024, 4096)
     }

@@ -125,9 +125,9 @@ class JobSnapshot:
         return {p.addr: i for i, p in enumerate(self.table_order)}
 
     @functools.cached_property
-    def by_address(self) -> Mapping[Addr, PeerInfo]:
+    def peer_at(self) -> Mapping[Addr, PeerInfo]:
         """Each address of the table -> its entry, read through ``positions`` (no second dict of the table)."""
-        return _ByAddress(self.table_order, self.positions)
+        return _PeerAt(self.table_order, self.positions)
 
     @functools.cached_property
     def process_ranks(self) -> list[int]:
@@ -143,8 +143,8 @@ class JobSnapshot:
         return places
 
 
-class _ByAddress(Mapping[Addr, PeerInfo]):
-    """A table's entries by address: its entries in order and each address's position (``JobSnapshot.by_address``)."""
+class _PeerAt(Mapping[Addr, PeerInfo]):
+    """A table's entries by address: its entries in order and each address's position (``JobSnapshot.peer_at``)."""
 
     __slots__ = ("_order", "_positions")
 

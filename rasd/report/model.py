@@ -565,7 +565,7 @@ def build_report(snapshot: JobSnapshot) -> Report:
     """The report of a finished gather. Never raises on odd input: malformed records are left out."""
     dead, left = snapshot.dead, snapshot.left
     table_order = snapshot.table_order
-    table = snapshot.by_address
+    table = snapshot.peer_at
     missing_processes = processes(snapshot.missing())
 
     by_global_rank: dict[int, list[PeerInfo]] = {}

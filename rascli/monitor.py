@@ -32,6 +32,7 @@ EVENT_STYLES = {
             "PEER_DISCONNECTED",
             "PEER_RETRY",
             "PEER_LEFT",
+            "COMM_SLOW",
         ),
         "yellow",
     ),

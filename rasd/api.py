@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from rasd.core import node as core
@@ -33,7 +34,7 @@ from rasd.core.comms import ProcessData
 from rasd.core.config import Timers, read_switch
 from rasd.core.events import Event, Kind
 from rasd.core.peers import Addr, PeerInfo, new_incarnation
-from rasd.net import journal, metrics
+from rasd.net import journal, metrics, work
 from rasd.net.bootstrap import StoreBootstrap
 from rasd.net.runtime import Runtime, mesh_host
 from rasd.net.subscriptions import Subscription
@@ -262,6 +263,20 @@ def sync_journal(verdict: bool = False) -> bool:
     except Exception:  # never into training
         log.debug("rasd: could not wait for the journal", exc_info=True)
         return False
+
+
+def phase(name: str, limit: float | None = None) -> AbstractContextManager[None]:
+    """Name a phase of this process for the mesh, as a context manager, where the mesh cannot infer it::
+
+        with rasd.phase("checkpoint", limit=600):
+            save_checkpoint()  # the other ranks wait in a barrier meanwhile
+
+    While it runs, a communicator that this process's ranks hold behind is SLOW, never COMM_STUCK, until the phase
+    has lasted ``limit`` seconds (None: the busy limit, ``TORCHRAS_BUSY_LIMIT``, 300 s); the report, ``rascli``,
+    MONITOR and the stacks name the phase. Most long phases need no name: a rank behind whose process works (its
+    CPU or I/O moving) is SLOW by itself (docs/operations.md §5). Costs nothing without a RAS node; never raises
+    (a bad ``limit`` is one WARNING and the busy limit)."""
+    return work.phase(name, limit)
 
 
 def record_waiting(waiting: bool) -> None:

@@ -125,6 +125,21 @@ class ProcessData:
     #: Where its main thread was when it answered (frames.py): filled in a sweep's gather only (``wire.Ask.SWEEP``),
     #: so that a COMM_STUCK verdict can name where each rank behind is.
     where: Position = ()
+    #: Whether it is working, and the phase it declared (work.py): filled in a sweep's gather only, so that a rank
+    #: behind that is busy (a checkpoint, an evaluation) is told from one wedged idle. None: not measured.
+    work: Work | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What a process sends of its work with a sweep (work.py), as ages so that clocks never meet: milliseconds
+    since it last worked (0: working now), and the phase its code declared (``rasd.phase``; "" for none) with the
+    phase's limit and how long it has lasted."""
+
+    idle_ms: int = 0
+    phase: str = ""
+    phase_limit_ms: int = 0
+    phase_ms: int = 0
 
 
 #: The wire carries a cause of at most this many UTF-8 bytes (a longer one is cut at a character boundary).

@@ -29,7 +29,11 @@ class Timers:
     leg_timeout: float = 5.0  # the default collective timeout of a status gather (clients may set their own)
     gather_extra: float = 5.0  # hard limit of a gather: timeout + this
     in_flight: float = 2.0  # launch counts one operation apart for less than this are in flight, not a MISMATCH
-    stuck: float = 20.0  # a communicator whose counters disagree and have not moved this long is COMM_STUCK
+    #: A communicator whose counters disagree and have not moved this long, with a rank behind idle as long, is
+    #: COMM_STUCK (stuck.py); the floor of the limit each communicator learns from its own cadence.
+    stuck: float = 5.0
+    stuck_max: float = 60.0  # the learned limit never goes past this
+    busy: float = 300.0  # ranks behind that are working (a checkpoint, an evaluation) are SLOW until this long
     sweep: float = 5.0  # how often the sweeper gathers every process's counters to look for stuck communicators
     tick: float = 0.25  # how often the runtime calls ``Node.tick``
     fast_death: bool = True
@@ -51,6 +55,8 @@ class Timers:
             leg_timeout=self.leg_timeout * factor,
             gather_extra=self.gather_extra * factor,
             stuck=self.stuck * factor,
+            stuck_max=self.stuck_max * factor,
+            busy=self.busy * factor,
             sweep=self.sweep * factor,
             in_flight=self.in_flight * factor,
             tick=min(self.tick, self.keepalive * factor / 4),
@@ -60,9 +66,9 @@ class Timers:
     def from_env(
         cls, environ: Mapping[str, str] = os.environ, warn: Callable[[str], None] = lambda problem: None
     ) -> Timers:
-        """``TORCHRAS_TIMEOUT_FACTOR`` (a number, at least ``MIN_FACTOR``, default 1), ``TORCHRAS_HANG_LIMIT`` and
-        ``TORCHRAS_STUCK_LIMIT`` (positive seconds before scaling), ``TORCHRAS_FAST_DEATH`` (a switch: 0 turns the
-        at-once death rule off).
+        """``TORCHRAS_TIMEOUT_FACTOR`` (a number, at least ``MIN_FACTOR``, default 1), ``TORCHRAS_HANG_LIMIT``,
+        ``TORCHRAS_STUCK_LIMIT``, ``TORCHRAS_STUCK_LIMIT_MAX`` and ``TORCHRAS_BUSY_LIMIT`` (positive seconds before
+        scaling), ``TORCHRAS_FAST_DEATH`` (a switch: 0 turns the at-once death rule off).
 
         Never raises: the environment belongs to the user's job, and a typo in it must not end training
         (docs/operations.md §1). A value that cannot be used is passed to ``warn`` as one sentence that says what
@@ -72,6 +78,8 @@ class Timers:
             base,
             hang=read_seconds(environ, "TORCHRAS_HANG_LIMIT", base.hang, warn),
             stuck=read_seconds(environ, "TORCHRAS_STUCK_LIMIT", base.stuck, warn),
+            stuck_max=read_seconds(environ, "TORCHRAS_STUCK_LIMIT_MAX", base.stuck_max, warn),
+            busy=read_seconds(environ, "TORCHRAS_BUSY_LIMIT", base.busy, warn),
             fast_death=read_switch(environ, "TORCHRAS_FAST_DEATH", base.fast_death, warn),
         )
         return base.scaled(read_number(environ, "TORCHRAS_TIMEOUT_FACTOR", 1.0, warn, minimum=MIN_FACTOR))

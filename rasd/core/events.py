@@ -40,6 +40,9 @@ class Kind(str, enum.Enum):
     PEER_LEFT = "PEER_LEFT"
     PEER_HUNG = "PEER_HUNG"
     COMM_STUCK = "COMM_STUCK"
+    #: Not a verdict: a communicator held by ranks behind that are working (a checkpoint, an evaluation) or in a
+    #: phase their code declared; it becomes COMM_STUCK at the busy limit (or the phase's), RECOVERED when it moves.
+    COMM_SLOW = "COMM_SLOW"
     COMM_RECOVERED = "COMM_RECOVERED"
     # torchras: this process's training restarted in place (inprocess.Wrapper -> rasd.record_restart). Not a
     # verdict: what the job did about one. Emitted by each process's own node (every rank restarts).
@@ -50,7 +53,16 @@ class Kind(str, enum.Enum):
 
 
 LIFECYCLE_KINDS = frozenset(
-    {Kind.PEER_NEW, Kind.PEER_DEAD, Kind.PEER_LEFT, Kind.PEER_HUNG, Kind.COMM_STUCK, Kind.COMM_RECOVERED, Kind.RESTART}
+    {
+        Kind.PEER_NEW,
+        Kind.PEER_DEAD,
+        Kind.PEER_LEFT,
+        Kind.PEER_HUNG,
+        Kind.COMM_STUCK,
+        Kind.COMM_SLOW,
+        Kind.COMM_RECOVERED,
+        Kind.RESTART,
+    }
 )
 
 

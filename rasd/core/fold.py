@@ -3,7 +3,7 @@
 A job's ranks mostly report the same thing: one communicator, one rank map, the same status and the same counters
 (every rank of a healthy data-parallel group has launched as many all-reduces as the others). What differs from
 rank to rank is small: its communicator rank, its device, how long ago its counters moved, and which process holds
-it. So a gather carries each communicator's ranks *folded* (docs/architecture.md §4.2 and §11): one ``RankState``
+it. So a gather carries each communicator's ranks *folded* (docs/architecture.md §4.1 and §11): one ``RankState``
 per distinct combination of what ranks share, and per state four integer columns, a rank per row (``Members``). A
 relay merges its children's folds into its own without decoding a rank; the root decodes one record per state and
 four integers per rank, and the report classifies states instead of ranks. A rank's ``RankRecord`` is made only

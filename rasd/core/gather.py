@@ -142,7 +142,7 @@ class Gathering:
         if world.waiting and not data.waiting:
             data = dataclasses.replace(data, waiting=True)
         if ask is wire.Ask.SWEEP:
-            data = dataclasses.replace(data, where=world.position())
+            data = dataclasses.replace(data, where=world.position(), work=world.work())
         return data
 
     def _open(self, g: Gather, request: wire.CollReq, now: float) -> Effects:

@@ -23,6 +23,7 @@ Where each rule lives (docs/architecture.md, "Where each rule lives"):
     reunion.py      a healed partition: the smaller side     suspicion.py  silence deaths decided with a
                     leaves                                                 reachability gather
     sweeper.py      the stuck sweeper, COMM_STUCK verdicts  stuck.py      whether a communicator is stuck (pure)
+    work.py         whether this process is working
     actions.py      what the node asks its driver to do     snapshot.py   a gather's result, and its one merge
 
 The order of effects, stated once: an input's effects are carried out in the order its concepts returned them, and
@@ -41,7 +42,7 @@ from typing import Any
 
 from . import effects as fx, wire
 from .actions import Action, Close, Connect, Emit, GatherDone, ProbePid, Send
-from .comms import ProcessData, RestartRecord, next_restart
+from .comms import ProcessData, RestartRecord, Work, next_restart
 from .config import Timers
 from .connections import MAX_PENDING_CONNS, Conn, Connections, ConnState
 from .effects import REACH_QUERY, SWEEP_QUERY, Effects, Purpose
@@ -59,6 +60,7 @@ from .stuck import StuckVerdict
 from .suspicion import Suspicion
 from .sweeper import Sweeper
 from .verdicts import Verdicts
+from .work import DeclaredPhase, WorkMeter, WorkSample
 
 #: The drivers import the actions and the connection types from here, with the node (``from rasd.core import node``).
 __all__ = [
@@ -105,6 +107,13 @@ class Node:
         #: Where this process's main thread is (frames.py), sent with each sweep: set by the runtime, which can read
         #: the interpreter's frames; none in the simulator.
         self.where: Callable[[], Position] = tuple
+        #: This process's work counters and the phase its code declared (work.py): set by the runtime, which can
+        #: read them; none in the simulator unless a scenario gives its nodes some.
+        self.work_sample: Callable[[], WorkSample | None] = lambda: None
+        self.declared_phase: Callable[[], DeclaredPhase | None] = lambda: None
+        self.work_meter = WorkMeter(
+            lambda: self.work_sample(), self.position, lambda: self.declared_phase(), self.timers.keepalive
+        )
         # The rooms, each with its own state (the module docstrings say what belongs in each); each reads the
         # world through this node's queries (view.World).
         self.connections = Connections()
@@ -131,6 +140,7 @@ class Node:
             self.suspicion.tick,
             self.gathering.tick,
             self.gossip.flush,
+            self._measure_work,
         )
         self._last_tick: float | None = None
         self.now = 0.0  # the time of the input being handled, for the effects it leads to
@@ -390,6 +400,13 @@ class Node:
 
     def random_bytes(self, n: int) -> bytes:
         return self.rng.randbytes(n)
+
+    def _measure_work(self, now: float) -> Effects:
+        self.work_meter.tick(now)
+        return []
+
+    def work(self) -> Work | None:
+        return self.work_meter.report(self.now)
 
     def position(self) -> Position:
         try:

@@ -18,10 +18,12 @@ from here too.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .comms import OP_TYPES
+from .peers import Addr
 from .snapshot import JobSnapshot, MergedCommunicator, merge_communicators
 from .stuck_verdict import StuckVerdict as StuckVerdict  # re-exported: the rest of the core names it from here
 
@@ -88,42 +90,116 @@ def signature(comm: MergedCommunicator) -> Signature:
     return tuple(sorted((launched, completed, tuple(sorted(r))) for (launched, completed), r in by_counts.items()))
 
 
+#: An idle limit learned from a communicator is this multiple of the longest idle stand it ended by itself.
+CADENCE_FACTOR = 3.0
+#: How many of a communicator's recent idle stands the learned limit remembers.
+CADENCE_MEMORY = 16
+
+
 @dataclass
 class _Watch:
     signature: Signature
     since: float  # when the counters took these values
     disagree: bool = False  # the ranks disagree: a verdict is due at ``since`` + the limit if nothing moves
     verdict: StuckVerdict | None = None
+    #: The longest a rank behind was seen idle (not working, in no phase, waiting on nothing else) while these
+    #: counters stood: what the communicator's cadence learns when they move again without a verdict.
+    idle_seen: float = 0.0
+
+
+@dataclass
+class _Cadence:
+    """What one communicator has shown of itself: the idle stands it ended by itself, most recent last."""
+
+    stands: deque[float] = field(default_factory=lambda: deque(maxlen=CADENCE_MEMORY))
+
+    def limit(self, floor: float, ceiling: float) -> float:
+        return min(max(CADENCE_FACTOR * max(self.stands, default=0.0), floor), max(floor, ceiling))
+
+
+@dataclass(frozen=True)
+class _Rank:
+    """How one rank behind stands: ``holding`` it holds the communicator with no reason the rules accept."""
+
+    comm_rank: int
+    holding: bool
+    idle: float  # seconds idle while behind (0 in a phase or waiting elsewhere), for the cadence
+    working: bool = False
+    phase: str = ""
 
 
 @dataclass
 class StuckDetector:
+    """COMM_STUCK and SLOW verdicts from successive sweeps (docs/architecture.md §4.2):
+
+    * a communicator whose ranks disagree and whose counters have stood for its *idle limit* (``floor``, raised by
+      what the communicator's own cadence has shown, never past ``ceiling``) is judged by its ranks behind;
+    * a rank behind that has been idle that long (its process neither working nor in a declared phase, nor waiting
+      in another communicator's operation) makes the verdict COMM_STUCK: a restart;
+    * ranks behind that are working, in a phase, or waiting elsewhere make it SLOW: shown, never a restart, until
+      ``busy_limit`` (a phase: its own limit), when it becomes COMM_STUCK;
+    * a communicator with no rank behind (some ranks inside an operation the others completed) is COMM_STUCK at the
+      idle limit, as before."""
+
     limit: float
+    ceiling: float = 60.0
+    busy_limit: float = 300.0
     _watches: dict[tuple[int, int], _Watch] = field(default_factory=dict)  # by (hash, size), as merged
+    _cadences: dict[tuple[int, int], _Cadence] = field(default_factory=dict)
+
+    def idle_limit(self, key: tuple[int, int]) -> float:
+        cadence = self._cadences.get(key)
+        return self.limit if cadence is None else cadence.limit(self.limit, self.ceiling)
 
     def observe(self, snapshot: JobSnapshot, now: float) -> tuple[list[StuckVerdict], list[StuckVerdict]]:
-        """Feed one sweep; return (verdicts that are new, verdicts that cleared)."""
+        """Feed one sweep; return (verdicts that are new or changed from SLOW to STUCK, verdicts that cleared)."""
         new: list[StuckVerdict] = []
         cleared: list[StuckVerdict] = []
         seen = set()
-        for comm in merge_communicators(snapshot):
+        standing: dict[tuple[int, int], tuple[MergedCommunicator, StuckVerdict]] = {}
+        merged = merge_communicators(snapshot)
+        for comm in merged:
             key = (comm.comm_hash, comm.size)
             seen.add(key)
             seen_now = signature(comm)
             watch = self._watches.get(key)
             if watch is None or watch.signature != seen_now:
-                if watch is not None and watch.verdict is not None:
-                    cleared.append(watch.verdict)
+                if watch is not None:
+                    if watch.verdict is not None:
+                        cleared.append(watch.verdict)
+                    elif watch.idle_seen > 0:
+                        self._cadences.setdefault(key, _Cadence()).stands.append(watch.idle_seen)
                 # The counters took these values when the most recently moved rank last moved: its idle time dates
                 # the change to within the ranks' own resolution, not to this sweep (up to a sweep later).
                 idle = min(min(members.idle_ms) for _, members in comm.states) / 1000.0
                 previous = watch.since if watch is not None else float("-inf")
                 self._watches[key] = _Watch(seen_now, max(now - idle, previous), attribute(comm) is not None)
                 continue
-            if watch.verdict is None and now - watch.since >= self.limit:
-                watch.verdict = located(attribute(comm), comm, snapshot)
-                if watch.verdict is not None:
-                    new.append(watch.verdict)
+            verdict = attribute(comm) if watch.disagree else None
+            if verdict is not None:
+                standing[key] = (comm, verdict)
+        judge = _Judge(self, snapshot, now, standing, _inside_by_process(merged))
+        for key, (comm, verdict) in standing.items():
+            watch = self._watches[key]
+            if watch.verdict is not None and not watch.verdict.slow:
+                continue  # COMM_STUCK already: it stands until the counters move
+            stood, limit = now - watch.since, self.idle_limit(key)
+            ranks = judge.ranks(key)
+            watch.idle_seen = max([watch.idle_seen] + [r.idle for r in ranks])
+            if stood < limit:
+                continue
+            stuck = not ranks or any(r.holding for r in ranks)
+            made = dataclasses.replace(
+                located(verdict, comm, snapshot) or verdict,
+                slow=not stuck,
+                busy=tuple(r.comm_rank for r in ranks if r.working),
+                phase=next((r.phase for r in ranks if r.phase), ""),
+                stood_ms=int(stood * 1000),
+                limit_ms=int(limit * 1000),
+            )
+            if watch.verdict is None or (watch.verdict.slow and stuck):
+                new.append(made)
+            watch.verdict = made
         for key in list(self._watches):
             if key not in seen:
                 watch = self._watches.pop(key)
@@ -135,8 +211,89 @@ class StuckDetector:
         """When the next verdict falls due if nothing moves: the earliest ``since + limit`` of a communicator whose
         ranks disagree and that has no verdict yet. The sweeper sweeps then, so a verdict lands at the limit rather
         than up to a sweep after it."""
-        times = [w.since + self.limit for w in self._watches.values() if w.disagree and w.verdict is None]
+        times = [w.since + self.idle_limit(key) for key, w in self._watches.items() if w.disagree and w.verdict is None]
         return min(times) if times else None
 
     def active(self) -> list[StuckVerdict]:
         return [w.verdict for w in self._watches.values() if w.verdict is not None]
+
+
+def _held(comm: MergedCommunicator, verdict: StuckVerdict) -> list[tuple[int, int]]:
+    """(communicator rank, process index) of each rank behind."""
+    behind = set(verdict.behind)
+    return sorted((r, p) for _, m in comm.states for p, r in zip(m.procs, m.comm_ranks, strict=True) if r in behind)
+
+
+def _inside_by_process(merged: list[MergedCommunicator]) -> dict[Addr, set[tuple[int, int]]]:
+    """The communicators each process holds a rank inside an operation of (launched, not completed)."""
+    out: dict[Addr, set[tuple[int, int]]] = {}
+    for comm in merged:
+        for state, members in comm.states:
+            if sum(state.launched) > sum(state.completed):
+                for p in members.procs:
+                    out.setdefault(comm.responders[p], set()).add((comm.comm_hash, comm.size))
+    return out
+
+
+class _Judge:
+    """One sweep's judgement of the ranks behind in the communicators that stand disagreeing (``standing``).
+
+    A rank behind that waits inside another communicator's operation is judged by that communicator: it is waiting
+    for a reason while that one moves, or is held by ranks that work, are in a phase, or wait for a reason in turn.
+    A chain that comes back to a communicator already on it is a deadlock across groups (rank 1 waits inside the
+    pair's all-reduce, its partner inside the world's): nobody in it is waiting for a reason."""
+
+    def __init__(
+        self,
+        detector: StuckDetector,
+        snapshot: JobSnapshot,
+        now: float,
+        standing: dict[tuple[int, int], tuple[MergedCommunicator, StuckVerdict]],
+        inside: dict[Addr, set[tuple[int, int]]],
+    ) -> None:
+        self.detector, self.snapshot, self.now = detector, snapshot, now
+        self.standing, self.inside = standing, inside
+        self._ranks: dict[tuple[int, int], list[_Rank]] = {}
+
+    def ranks(self, key: tuple[int, int], chain: frozenset[tuple[int, int]] = frozenset()) -> list[_Rank]:
+        known = self._ranks.get(key)
+        if known is not None:
+            return known
+        comm, verdict = self.standing[key]
+        out = [self._rank(r, p, key, chain | {key}) for r, p in _held(comm, verdict)]
+        if not chain:  # a judgement made inside a chain depends on the chain: kept only at its root
+            self._ranks[key] = out
+        return out
+
+    def progressing(self, key: tuple[int, int], chain: frozenset[tuple[int, int]]) -> bool:
+        """Whether a communicator that a rank waits inside will move without a restart, as far as this sweep
+        tells: it is moving, agreeing, or younger than its idle limit, or every rank holding it has a reason."""
+        if key in chain:
+            return False  # a cycle: a deadlock across groups
+        if key not in self.standing:
+            return True  # its counters moved since the last sweep, or its ranks agree
+        watch = self.detector._watches[key]
+        if self.now - watch.since < self.detector.idle_limit(key):
+            return True
+        ranks = self.ranks(key, chain)
+        return bool(ranks) and not any(r.holding for r in ranks)
+
+    def _rank(self, comm_rank: int, proc: int, key: tuple[int, int], chain: frozenset[tuple[int, int]]) -> _Rank:
+        """One rank behind, by what its process sent with this sweep (``ProcessData.work``; None: nothing measured,
+        so idle, as every rank was before processes measured their work)."""
+        d = self.detector
+        stood = self.now - d._watches[key].since
+        limit = d.idle_limit(key)
+        addr = self.snapshot.responders[proc]
+        data = self.snapshot.responses.get(addr)
+        work = data.work if data is not None else None
+        if work is not None and work.phase:
+            phase_limit = work.phase_limit_ms / 1000.0 if work.phase_limit_ms else d.busy_limit
+            return _Rank(comm_rank, work.phase_ms / 1000.0 >= phase_limit, 0.0, phase=work.phase)
+        idle = stood if work is None else min(stood, work.idle_ms / 1000.0)
+        if idle < limit:  # it worked within the limit: working (a stand it ends by itself teaches the cadence)
+            return _Rank(comm_rank, stood >= d.busy_limit, idle, working=True)
+        elsewhere = self.inside.get(addr, set()) - {key}
+        if any(self.progressing(other, chain) for other in sorted(elsewhere)):
+            return _Rank(comm_rank, stood >= d.busy_limit, 0.0)  # waiting inside another's operation, for a reason
+        return _Rank(comm_rank, True, idle)

@@ -28,15 +28,32 @@ class StuckVerdict:
     #: Where each rank behind was (communicator rank, its main thread's innermost frames) in the sweep that made
     #: the verdict; empty when the processes sent no position (frames.py).
     positions: Positions = ()
+    #: SLOW, not STUCK: every rank behind is working (its process's CPU or I/O moving), in a phase its code declared
+    #: within that phase's limit, or waiting in another communicator's operation (stuck.py). Shown, never a restart.
+    slow: bool = False
+    #: The communicator ranks behind that were working when the verdict was made.
+    busy: tuple[int, ...] = ()
+    #: The phase a rank behind declared (``rasd.phase``), "" for none.
+    phase: str = ""
+    #: How long the counters had stood still, and the limit in force for an idle rank (learned from the
+    #: communicator's cadence), in milliseconds, when the verdict was made.
+    stood_ms: int = 0
+    limit_ms: int = 0
 
     def describe(self) -> str:
         op = OP_TYPES[self.op]
-        parts = [f"{op} operation {self.seq} stuck"]
+        parts = [f"{op} operation {self.seq} {'slow' if self.slow else 'stuck'}"]
         if self.behind:
             parts.append(f"{_ranks(self.behind)} behind (not launched)")
         if self.inside:
             parts.append(f"{_ranks(self.inside)} inside it (launched, not completed)")
+        if self.busy:
+            parts.append(f"{_ranks(self.busy)} working (CPU or I/O moving)")
+        if self.phase:
+            parts.append(f"in phase {self.phase!r}")
         parts += [f"rank {rank} in {position_text(position, short=True)}" for rank, position in self.positions]
+        if self.stood_ms:
+            parts.append(f"no progress for {self.stood_ms / 1000:.0f} s")
         return "; ".join(parts)
 
     @property

@@ -37,7 +37,8 @@ SWEEP_FLAT = 16_384
 class Sweeper:
     def __init__(self, world: World) -> None:
         self.world = world
-        self.detector = StuckDetector(world.timers.stuck)
+        t = world.timers
+        self.detector = StuckDetector(t.stuck, t.stuck_max, t.busy)
         #: Every communicator verdict this node holds, by communicator hash, with when it was last confirmed.
         self.stuck: dict[int, tuple[StuckVerdict, float]] = {}
         self._next_sweep = 0.0
@@ -99,12 +100,14 @@ class Sweeper:
         return out
 
     def hold(self, v: StuckVerdict, now: float) -> Effects:
+        """Hold ``v``, confirmed now: an event when it is new, or when a SLOW one became COMM_STUCK."""
         out: Effects = []
-        if v.comm_hash not in self.stuck:
+        held = self.stuck.get(v.comm_hash)
+        if held is None or (held[0].slow and not v.slow):
             out.append(
                 Emit(
                     Event(
-                        kind=Kind.COMM_STUCK,
+                        kind=Kind.COMM_SLOW if v.slow else Kind.COMM_STUCK,
                         at=now,
                         details=v.describe(),
                         comm_hash=v.comm_hash,
@@ -151,7 +154,7 @@ class Sweeper:
         return out
 
     def standing(self) -> dict[int, StuckVerdict]:
-        """The verdicts this node holds now, for a report."""
+        """The verdicts this node holds now, SLOW ones included (``StuckVerdict.slow``), for a report."""
         return {h: v for h, (v, _) in self.stuck.items()}
 
     def forgive(self, gap: float) -> None:

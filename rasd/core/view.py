@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Set
 from typing import Protocol
 
-from .comms import ProcessData, RestartRecord
+from .comms import ProcessData, RestartRecord, Work
 from .config import Timers
 from .connections import Conn
 from .frames import Position
@@ -43,6 +43,7 @@ class World(Protocol):
     def random_bytes(self, n: int) -> bytes: ...
     def answer(self, ask: Ask) -> bytes: ...
     def position(self) -> Position: ...
+    def work(self) -> Work | None: ...
 
     # --- connections.py -------------------------------------------------------------------------------------------
     def conns_list(self) -> list[Conn]: ...

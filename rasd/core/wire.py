@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord
+from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord, Work
 from .fold import Members, RankState, States, raised, unfold
 from .frames import POSITION_FRAMES, Frame, Position, Positions
 from .peers import Addr, PeerInfo, PeerKey
@@ -37,8 +37,9 @@ from .stuck import StuckVerdict
 #: process's position in its process data and the positions of the ranks behind in a communicator verdict. 7: the
 #: table and dead-set hashes in keepalives are sums of per-entry digests (``peers.table_hash``), kept up to date in
 #: O(1) per change. 8: a STATUS or SWEEP gather's entries are folded (``Fold``: ranks by state, in columns). 9: the
-#: REACH ask, a reachability gather that carries nothing but who answered.
-VERSION = 9
+#: REACH ask, a reachability gather that carries nothing but who answered. 10: a process's work (``comms.Work``) in its
+#: sweep data; a communicator verdict's SLOW flag, ranks working, phase, time stood and limit (issue 39).
+VERSION = 10
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -497,7 +498,7 @@ def _get_positions(r: _Reader) -> Positions:
 
 
 def _put_process_data(w: _Writer, data: ProcessData) -> None:
-    if not data.comms and data.restart is None and not data.where:
+    if not data.comms and data.restart is None and not data.where and data.work is None:
         # What most processes send, in one pack: the same bytes as below.
         w.fmt("IBBB", 0, False, data.waiting, 0)
         return
@@ -514,8 +515,22 @@ def _put_process_data(w: _Writer, data: ProcessData) -> None:
             w.fmt(f"{len(rk.completed)}Q", *rk.completed)
             w.fmt("I", min(rk.idle_ms, 0xFFFFFFFF))
     _put_restart(w, data.restart)
-    w.fmt("B", data.waiting)
+    # The waiting byte's bit 1 says a work record follows the position: what most processes send stays 7 bytes.
+    w.fmt("B", data.waiting | (data.work is not None) << 1)
     _put_position(w, data.where)
+    if data.work is not None:
+        _put_work(w, data.work)
+
+
+def _put_work(w: _Writer, work: Work) -> None:
+    """The idle age, the phase's limit and age (``u32`` milliseconds each), then the phase's name."""
+    w.fmt("III", work.idle_ms, work.phase_limit_ms, work.phase_ms)
+    w.text(_fitted(work.phase))
+
+
+def _get_work(r: _Reader) -> Work:
+    idle_ms, phase_limit_ms, phase_ms = r.fmt("III")
+    return Work(idle_ms=idle_ms, phase=r.text(), phase_limit_ms=phase_limit_ms, phase_ms=phase_ms)
 
 
 def _put_restart(w: _Writer, restart: RestartRecord | None) -> None:
@@ -598,8 +613,12 @@ def _get_process_data(r: _Reader) -> ProcessData:
             )
         comms.append(CommRecord(comm_hash=comm_hash, size=size, ranks=tuple(ranks), rank_map=runs))
     restart = _get_restart(r)
-    waiting = r.boolean()
-    return ProcessData(comms=tuple(comms), restart=restart, waiting=waiting, where=_get_position(r))
+    flags = r.u8()
+    if flags > 3:
+        raise ProtocolError("bad process flags")
+    where = _get_position(r)
+    work = _get_work(r) if flags & 2 else None
+    return ProcessData(comms=tuple(comms), restart=restart, waiting=bool(flags & 1), where=where, work=work)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -670,6 +689,10 @@ def encode(msg: Message) -> bytes:
             if ranks:
                 w.fmt(f"{len(ranks)}{fmt}", *ranks)
         _put_positions(w, v.positions)
+        w.fmt("BIII", v.slow, min(v.stood_ms, 0xFFFFFFFF), min(v.limit_ms, 0xFFFFFFFF), len(v.busy))
+        if v.busy:
+            w.fmt(f"{len(v.busy)}I", *v.busy)
+        w.text(_fitted(v.phase))
     else:  # pragma: no cover - a programming error, not bad input
         raise TypeError(f"not a message: {msg!r}")
     fields = w.getvalue()
@@ -774,8 +797,25 @@ def _decode(body: bytes) -> Message:
         if stuck > 1 or op >= N_OPS:
             raise ProtocolError("bad communicator verdict")
         behind, inside, global_behind, global_inside = (r.fmt(f"{r.count('I', 4)}{fmt}") for fmt in "IIii")
+        positions = _get_positions(r)
+        slow, stood_ms, limit_ms = r.fmt("BII")
+        if slow > 1:
+            raise ProtocolError("bad communicator verdict")
+        busy = r.fmt(f"{r.count('I', 4)}I")
         verdict = StuckVerdict(
-            comm_hash, op, seq, behind, inside, global_behind, global_inside, positions=_get_positions(r)
+            comm_hash,
+            op,
+            seq,
+            behind,
+            inside,
+            global_behind,
+            global_inside,
+            positions=positions,
+            slow=bool(slow),
+            busy=busy,
+            phase=r.text(),
+            stood_ms=stood_ms,
+            limit_ms=limit_ms,
         )
         msg = CommVerdict(origin, flood_id, bool(stuck), verdict)
     else:  # COLLRESP

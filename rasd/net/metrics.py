@@ -53,7 +53,7 @@ log = logging.getLogger("rasd")
 
 ENV = "TORCHRAS_METRICS_ADDR"
 #: The verdicts counted by ``torchras_verdicts_total`` (docs/architecture.md §7), every one exported from 0.
-VERDICTS = (Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.PEER_LEFT, Kind.COMM_STUCK)
+VERDICTS = (Kind.PEER_DEAD, Kind.PEER_HUNG, Kind.PEER_LEFT, Kind.COMM_STUCK, Kind.COMM_SLOW)
 #: The states of ``torchras_mesh_peers``, in the order a peer is counted (the first that holds).
 PEER_STATES = ("dead", "left", "hung", "unresponsive", "alive")
 #: The statuses of ``torchras_communicators``: the report's rank status, or ERROR for an init or async error.
@@ -168,6 +168,7 @@ class Published:
     at: float = 0.0  # monotonic time of publication
     peers: tuple[int, ...] = (0,) * len(PEER_STATES)
     stuck: int = 0
+    slow: int = 0
     verdicts: tuple[int, ...] = (0,) * len(VERDICTS)
     restarts: int = 0
     restart_iteration: int = 0
@@ -265,7 +266,8 @@ class Metrics:
         self.published = Published(
             at=now,
             peers=_peer_states(node),
-            stuck=len(node.standing_stuck()),
+            stuck=sum(not v.slow for v in node.standing_stuck().values()),
+            slow=sum(v.slow for v in node.standing_stuck().values()),
             verdicts=tuple(self._verdicts[k] for k in VERDICTS),
             restarts=restart.restarts if restart is not None else 0,
             restart_iteration=restart.iteration if restart is not None else 0,
@@ -354,8 +356,16 @@ class Collector:
         yield GaugeMetricFamily(
             "torchras_communicators_stuck", "COMM_STUCK verdicts this node holds now (job-wide).", value=p.stuck
         )
+        yield GaugeMetricFamily(
+            "torchras_communicators_slow",
+            "Communicators held by ranks behind that work or are in a declared phase (SLOW: no restart), as this node "
+            "holds them now (job-wide).",
+            value=p.slow,
+        )
         verdicts = CounterMetricFamily(
-            "torchras_verdicts_total", "Verdicts this node emitted, by kind (from its events).", labels=["kind"]
+            "torchras_verdicts_total",
+            "Verdicts this node emitted, by kind (from its events; COMM_SLOW: a communicator found SLOW, no restart).",
+            labels=["kind"],
         )
         for kind, n in zip(VERDICTS, p.verdicts, strict=True):
             verdicts.add_metric([kind.value], n)

@@ -31,7 +31,7 @@ from rasd.core.events import Event, Kind
 from rasd.core.peers import PeerInfo
 from rasd.core.snapshot import JobSnapshot
 
-from . import configuration, stacks
+from . import configuration, stacks, work
 from .bootstrap import StoreBootstrap
 from .collector import collector_paused
 from .metrics import FrameCounter, Metrics
@@ -308,6 +308,8 @@ class Runtime:
         node.answers[wire.Ask.STACKS] = stacks.provider(node.me, False, functools.partial(last_seen, node))
         node.answers[wire.Ask.STACKS_ALL] = stacks.provider(node.me, True, functools.partial(last_seen, node))
         node.where = stacks.main_position
+        node.work_sample = work.WorkCounters()
+        node.declared_phase = work.declared_phase
         self._carry_out(self.node.start(time.monotonic()))
         self._schedule_tick()
         for service in self._services:
@@ -417,7 +419,14 @@ class Runtime:
             else (
                 logging.INFO
                 if event.kind
-                in (Kind.PEER_LEFT, Kind.PEER_UNRESPONSIVE, Kind.PEER_RECOVERED, Kind.COMM_RECOVERED, Kind.RESTART)
+                in (
+                    Kind.PEER_LEFT,
+                    Kind.PEER_UNRESPONSIVE,
+                    Kind.PEER_RECOVERED,
+                    Kind.COMM_SLOW,
+                    Kind.COMM_RECOVERED,
+                    Kind.RESTART,
+                )
                 else logging.DEBUG
             )
         )

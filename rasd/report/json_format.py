@@ -125,7 +125,9 @@ def _missing_rank(rank: MissingRank) -> str:
 
 def _stuck(verdict: StuckVerdict | None, indent: str) -> str:
     """A standing COMM_STUCK verdict as data (docs/protocol.md): the op, its operation number, and the ranks behind
-    it and inside it (communicator ranks, and global ranks where the rank map tells); ``null`` when none stands."""
+    it and inside it (communicator ranks, and global ranks where the rank map tells); its state, STUCK or SLOW (the
+    ranks behind work: no restart), the ranks behind that work, a declared phase, how long the counters stood and
+    the idle limit in force; ``null`` when none stands."""
     if verdict is None:
         return "null"
     i = indent + "  "
@@ -137,7 +139,12 @@ def _stuck(verdict: StuckVerdict | None, indent: str) -> str:
         f'{i}"ranks_inside": {_int_list(verdict.inside)},\n'
         f'{i}"global_ranks_behind": {_int_list(verdict.global_behind)},\n'
         f'{i}"global_ranks_inside": {_int_list(verdict.global_inside)},\n'
-        f'{i}"positions_behind": {_positions(verdict, i)}\n'
+        f'{i}"positions_behind": {_positions(verdict, i)},\n'
+        f'{i}"state": {_str("SLOW" if verdict.slow else "STUCK")},\n'
+        f'{i}"ranks_working": {_int_list(verdict.busy)},\n'
+        f'{i}"phase": {_str(verdict.phase)},\n'
+        f'{i}"seconds_without_progress": {verdict.stood_ms / 1000:.3f},\n'
+        f'{i}"idle_limit_seconds": {verdict.limit_ms / 1000:.3f}\n'
         f"{indent}}}"
     )
 

@@ -3,8 +3,9 @@
 Items, each ending with a blank line: TIMEOUT (legs of the gather that went quiet), LEFT (processes that finished
 and left the job cleanly: not a fault, but the job is smaller than it was), WAITING (processes that joined the
 running job and wait to be admitted at its next rendezvous round), then for every communicator in table
-order its STUCK item (a standing COMM_STUCK verdict: ours), then its MISMATCH item: a status part (ranks
-disagree on their status) and, per op type, a count part (ranks launched different numbers of operations).
+order its STUCK item (a standing COMM_STUCK verdict: ours) or SLOW item (ranks behind that work: ours), then its
+MISMATCH item: a status part (ranks disagree on their status) and, per op type, a count part (ranks launched
+different numbers of operations).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ def render_warnings(report: Report, verbose: bool) -> str:
     out += _left_processes(report, verbose)
     out += _waiting_processes(report)
     for comm in report.communicators:
-        if comm.comm_hash in report.stuck:
-            # torchras: a COMM_STUCK verdict, with who is behind and who is inside the stuck operation.
-            out.append(f"{comm.label} STUCK\n  {report.stuck[comm.comm_hash].describe()}\n\n")
+        verdict = report.stuck.get(comm.comm_hash)
+        if verdict is not None:
+            # torchras: a COMM_STUCK verdict, with who is behind and who is inside the stuck operation; SLOW where
+            # the ranks behind are working or in a declared phase (no restart; rasd/core/stuck.py).
+            out.append(f"{comm.label} {'SLOW' if verdict.slow else 'STUCK'}\n  {verdict.describe()}\n\n")
     for comm in report.communicators:
         if comm.errors & CommErrors.MISMATCH:
             out += _mismatch(comm, verbose)

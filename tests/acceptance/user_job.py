@@ -3,6 +3,10 @@ function wrapped in ``inprocess.Wrapper``, launched by plain ``torchrun``. Nothi
 
     torchrun --nproc-per-node 4 user_job.py --model ddp --steps 40 --out DIR [--block sleep --block-rank 2 ...]
 
+``--checkpoint-step S --checkpoint-seconds N`` makes rank 0 write a checkpoint at step S for N seconds
+(``torch.save`` of its state, again and again, to local disk) while the other ranks wait in ``dist.barrier()``: the
+most common checkpoint code there is, a healthy slow phase that must never be taken for a stuck rank.
+
 ``--block KIND`` makes one rank stop in one long blocking call before its forward pass at ``--block-step`` (a
 wedged data loader): ``sleep`` (time.sleep), ``queue`` (queue.Queue.get on a queue nobody fills) or ``recv``
 (a socket read from a peer that never writes). It blocks once: after the restart that the mesh's COMM_STUCK verdict
@@ -37,6 +41,7 @@ import torch.distributed._functional_collectives as funcol  # noqa: E402
 import inprocess  # noqa: E402
 
 blocked_once: list[bool] = []
+checkpointed: list[bool] = []
 
 
 def block(kind: str) -> None:
@@ -53,6 +58,16 @@ def block(kind: str) -> None:
         finally:
             left.close()
             right.close()
+
+
+def checkpoint(model: torch.nn.Module, seconds: float, out: Path) -> None:
+    """Rank 0's checkpoint: real serialisation and disk writes for ``seconds`` (a large model's state takes that)."""
+    print(f"rank {os.environ['RANK']}: checkpointing for {seconds:g} s", flush=True)
+    payload = {"model": model.state_dict(), "extra": torch.randn(2_000_000)}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        torch.save(payload, out / "checkpoint.pt")
+    print(f"rank {os.environ['RANK']}: checkpoint written", flush=True)
 
 
 def build(model_kind: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -98,6 +113,11 @@ def train(args: argparse.Namespace, progress: dict, call_wrapper: inprocess.Call
         opt.zero_grad()
         step += 1
         progress["step"] = step
+        if step == args.checkpoint_step and not checkpointed:
+            checkpointed.append(True)
+            if rank == 0:
+                checkpoint(model, args.checkpoint_seconds, Path(args.out))
+            dist.barrier()  # the others wait for rank 0's checkpoint
         if step % 10 == 0:  # the mean loss for the log, with a functional collective (as DTensor code issues them)
             total = funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD)
             if rank == 0:
@@ -132,6 +152,8 @@ def main() -> None:
     ap.add_argument("--block", choices=("sleep", "queue", "recv"), default=None)
     ap.add_argument("--block-rank", type=int, default=2)
     ap.add_argument("--block-step", type=int, default=15)
+    ap.add_argument("--checkpoint-step", type=int, default=0)
+    ap.add_argument("--checkpoint-seconds", type=float, default=0.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -72,9 +72,33 @@ def test_json_carries_the_verdict_as_data_or_null():
                 ],
             }
         ],
+        "state": "STUCK",
+        "ranks_working": [],
+        "phase": "",
+        "seconds_without_progress": 0.0,
+        "idle_limit_seconds": 0.0,
     }
-    for stuck, expected in (({0xAB: verdict}, data), ({}, None)):
+    slow = dataclasses.replace(verdict, slow=True, busy=(1,), phase="eval", stood_ms=45_000, limit_ms=5_000)
+    slow_data = dict(data, state="SLOW", ranks_working=[1], phase="eval")
+    slow_data.update(seconds_without_progress=45.0, idle_limit_seconds=5.0)
+    for stuck, expected in (({0xAB: verdict}, data), ({0xAB: slow}, slow_data), ({}, None)):
         doc = json.loads(
             render_json(build_report(_snapshot(stuck)), timestamp=0.0, torchras_version="0", torch_version="0")
         )
         assert doc["communicators"][0]["stuck"] == expected
+
+
+def test_a_slow_communicator_gets_a_slow_item_naming_the_ranks_that_work():
+    """Ranks behind that work (a checkpoint on rank 1) make a SLOW item, never a STUCK one (issue 39)."""
+    where = (Frame("/src/train.py", 88, "save"), Frame("/venv/torch/serialization.py", 967, "save"))
+    verdict = StuckVerdict(0xAB, AR, 20, behind=(1,), inside=(0,), global_behind=(1,), global_inside=(0,))
+    verdict = dataclasses.replace(
+        verdict, positions=((1, where),), slow=True, busy=(1,), stood_ms=45_000, limit_ms=5_000
+    )
+    warnings = render_tail(build_report(_snapshot({0xAB: verdict}))).split("Warnings\n========\n\n", 1)[1]
+    assert warnings.startswith(
+        "#0-0 (00000000000000ab) SLOW\n  AllReduce operation 20 slow; rank 1 behind (not launched); rank 0 inside it "
+        "(launched, not completed); rank 1 working (CPU or I/O moving); rank 1 in train.py:88 (save) -> "
+        "serialization.py:967 (save); no progress for 45 s\n\n"
+    )
+    assert "STUCK" not in warnings

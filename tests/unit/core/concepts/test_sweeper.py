@@ -18,6 +18,9 @@ from .world import FakeWorld, peer
 P1, P2, P3 = peer(1), peer(2), peer(3)
 COMM = CommRecord(77, 2, (RankRecord(0),), rank_map=((10, 2, 1),))
 V = StuckVerdict(77, 0, 1, (1,), (0,), (11,), (10,))
+#: ``V`` as the sweeper makes it in the snapshots below: the counters stood 35 s (idle 30 s when first seen at 5 s,
+#: judged at 10 s), against the default idle limit.
+MADE = dataclasses.replace(V, stood_ms=35_000, limit_ms=5_000)
 
 
 def _sweeper(me=P1, comms=(COMM,)):
@@ -91,13 +94,13 @@ def test_another_process_does_not_sweep():
 def test_a_stuck_communicator_is_announced_once_refreshed_each_sweep_and_cleared_when_it_moves():
     world, s = _sweeper()
     assert s.swept(_snapshot(0), 5.0) == []  # the first sight: counters idle 30 s, not yet seen unchanged
-    stuck = Event(kind=Kind.COMM_STUCK, at=10.0, details=V.describe(), comm_hash=77, ranks=(11, 10))
-    assert s.swept(_snapshot(0), 10.0) == [Emit(stuck), OriginateComm(V, stuck=True)]
-    assert s.stuck == {77: (V, 10.0)} and s.standing() == {77: V}
-    assert s.swept(_snapshot(0), 15.0) == [OriginateComm(V, stuck=True)]  # re-flooded, not announced again
-    assert s.stuck == {77: (V, 15.0)}
+    stuck = Event(kind=Kind.COMM_STUCK, at=10.0, details=MADE.describe(), comm_hash=77, ranks=(11, 10))
+    assert s.swept(_snapshot(0), 10.0) == [Emit(stuck), OriginateComm(MADE, stuck=True)]
+    assert s.stuck == {77: (MADE, 10.0)} and s.standing() == {77: MADE}
+    assert s.swept(_snapshot(0), 15.0) == [OriginateComm(MADE, stuck=True)]  # re-flooded, not announced again
+    assert s.stuck == {77: (MADE, 15.0)}
     recovered = Event(kind=Kind.COMM_RECOVERED, at=20.0, details="counters moving again", comm_hash=77, ranks=(11, 10))
-    assert s.swept(_snapshot(1), 20.0) == [Emit(recovered), OriginateComm(V, stuck=False)]
+    assert s.swept(_snapshot(1), 20.0) == [Emit(recovered), OriginateComm(MADE, stuck=False)]
     assert s.stuck == {}
 
 
@@ -215,7 +218,7 @@ def test_a_verdict_says_where_the_ranks_behind_were_and_keeps_it_while_it_stands
     _, s = _sweeper()
     s.swept(_split(REDUCING, WAITING), 5.0)
     effects = s.swept(_split(REDUCING, WAITING), 10.0)
-    located = StuckVerdict(77, 0, 1, (1,), (0,), (11,), (10,), positions=((1, WAITING),))  # only rank 1: behind
+    located = dataclasses.replace(MADE, positions=((1, WAITING),))  # only rank 1: behind
     stuck = Event(
         kind=Kind.COMM_STUCK,
         at=10.0,
@@ -234,8 +237,8 @@ def test_a_verdict_says_where_the_ranks_behind_were_and_keeps_it_while_it_stands
 def test_a_verdict_without_positions_is_as_before():
     _, s = _sweeper()
     s.swept(_split((), ()), 5.0)
-    stuck = Event(kind=Kind.COMM_STUCK, at=10.0, details=V.describe(), comm_hash=77, ranks=(11, 10))
-    assert s.swept(_split((), ()), 10.0) == [Emit(stuck), OriginateComm(V, stuck=True)]
+    stuck = Event(kind=Kind.COMM_STUCK, at=10.0, details=MADE.describe(), comm_hash=77, ranks=(11, 10))
+    assert s.swept(_split((), ()), 10.0) == [Emit(stuck), OriginateComm(MADE, stuck=True)]
     assert s.positions == {}
 
 

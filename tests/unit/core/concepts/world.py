@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from rasd.core.comms import ProcessData, RestartRecord
+from rasd.core.comms import ProcessData, RestartRecord, Work
 from rasd.core.config import Timers
 from rasd.core.connections import Conn, ConnState
 from rasd.core.frames import Position
@@ -56,6 +56,8 @@ class FakeWorld:
         self.restart: RestartRecord | None = None
         self.waiting = False
         self.local_data: Callable[[], ProcessData] = ProcessData
+        #: What ``work`` gives: this process's work as a sweep carries it (work.py).
+        self.work_now: Work | None = None
         #: What ``answer`` gives for each ask (a gather other than STATUS).
         self.answers: dict[Ask, bytes] = {}
         #: What ``position`` gives: where this process's main thread is, sent with a sweep.
@@ -128,6 +130,9 @@ class FakeWorld:
 
     def position(self) -> Position:
         return self.where
+
+    def work(self) -> Work | None:
+        return self.work_now
 
     # --- connections.py -----------------------------------------------------------------------------------------
 

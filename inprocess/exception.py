@@ -24,3 +24,16 @@ class InternalError(RestartError):
 
 class TimeoutError(RestartError):  # the reference shadows the builtin name, and so do we
     """A bounded operation of the wrapper (health check, finalize, thread shutdown, hand-shake) ran out of time."""
+
+
+class RepeatedFault(RestartAbort, SystemExit):
+    """The Wrapper gave up: the same fault ended ``count`` iterations in a row with no progress between them
+    (``inprocess.repeated_faults``). A ``RestartAbort``, as ``RetryController``'s giving up is; also a
+    ``SystemExit`` with code 1, so that a script that lets it go exits with status 1 without every rank printing
+    it again (the rank that decided has logged the fault and its traceback, once)."""
+
+    def __init__(self, message: str, fault: object = None, count: int = 0) -> None:
+        super().__init__(message)
+        self.code = 1
+        self.fault = fault  # an inprocess.repeated_faults.Fault
+        self.count = count

@@ -11,7 +11,12 @@ timeout. It does three things:
 * **soft timeout**: no progress stamp for ``soft_timeout`` records ``SOFT_TIMEOUT`` (once per iteration), which
   restarts every rank.
 * **hard timeout**: no progress for ``hard_timeout`` records ``HARD_TIMEOUT``, marks the rank terminated and kills
-  the trainer (SIGCONT+SIGTERM, ``termination_grace_time``, then SIGKILL until it is gone).
+  the trainer (SIGCONT+SIGTERM, ``termination_grace_time``, then SIGKILL until it is gone). The time without
+  progress carries over the restarts that this rank's own soft timeouts caused: a function that blocks again in
+  every iteration (the wake signal takes it out of its call, the restart puts it back in) is still ended at its
+  hard timeout, as the reference ends it, instead of restarting for ever. The carry is dropped when the trainer
+  reports progress (``PROGRESS``: a step or commit beyond any before, ``inprocess.repeated_faults``), or stamps
+  progress more than ``soft_timeout`` into an iteration (it got past where it blocked before).
 
 * **sibling heartbeats**: the monitor bumps a counter ``heartbeat_{rank}`` every ``heartbeat_interval`` and
   watches its successor's counter in the ring of the iteration's ranks. A counter that does not move for
@@ -75,6 +80,7 @@ class Message(str, enum.Enum):
     STORE_READY = "store_ready"  # trainer -> monitor: connect to the call's namespace of the store
     ITERATION_START = "iteration"  # trainer -> monitor: rank, world size and iteration of the iteration that starts
     TIMESTAMP = "ts"  # trainer -> monitor: the progress watchdog's stamps
+    PROGRESS = "progress"  # trainer -> monitor: the training got further than ever (the first time in an iteration)
     DISABLE_TIMEOUTS = "disable_timeouts"  # trainer -> monitor: no soft or hard timeout until enabled
     ENABLE_TIMEOUTS = "enable_timeouts"
     TERMINATE = "stop"  # trainer -> monitor: the call ended, leave
@@ -317,6 +323,9 @@ class MonitorProcess:
     def enable_timeouts(self) -> None:
         self._send(dict(t=Message.ENABLE_TIMEOUTS))
 
+    def progress(self) -> None:
+        self._send(dict(t=Message.PROGRESS))
+
     def shutdown(self, timeout: float = 5.0) -> None:
         self._send(dict(t=Message.TERMINATE))
         try:
@@ -350,6 +359,11 @@ class _Monitor:
         self.auto: float | None = None
         self.manual: float | None = None
         self.soft_fired = False
+        #: Seconds without progress in the earlier iterations that this rank's soft timeouts ended (the hard
+        #: timeout counts them: a function that blocks again in every iteration must not restart for ever).
+        self.carried = 0.0
+        self.soft_stale = 0.0  # the staleness at which this iteration's soft timeout fired
+        self.iteration_started = time.monotonic()
         self.stop_requested = False
         self.buffer = b""
         # This iteration's ring heartbeat (inprocess.sibling_monitor), made at the first turn after it starts.
@@ -367,13 +381,17 @@ class _Monitor:
             self.iteration = message["iteration"]
             self.initial_rank = message["initial_rank"]
             self.initial_world_size = message["initial_world_size"]
-            self.soft_fired = False
+            self.carried = self.carried + self.soft_stale if self.soft_fired else 0.0
+            self.soft_fired, self.soft_stale = False, 0.0
+            self.iteration_started = time.monotonic()
             self.auto, self.manual = None, None
             self.baseline = time.monotonic()
             self.heartbeat = self.sibling_monitor = None
         elif kind in (Message.DISABLE_TIMEOUTS, Message.ENABLE_TIMEOUTS):
             self.timeouts_enabled = kind == Message.ENABLE_TIMEOUTS
             self.baseline = time.monotonic()
+        elif kind == Message.PROGRESS:
+            self.carried = 0.0
         elif kind == Message.STORE_READY:
             self.connect_store(message)
         elif kind == Message.TERMINATE:
@@ -438,7 +456,7 @@ class _Monitor:
         if self.iteration is None or not self.timeouts_enabled:
             return interval
         stale = self.staleness(now)
-        deadlines = [self.config["hard_timeout"] - stale]
+        deadlines = [self.config["hard_timeout"] - self.carried - stale]
         if not self.soft_fired:
             deadlines.append(self.config["soft_timeout"] - stale)
         return max(0.0, min([interval] + [deadline + 0.001 for deadline in deadlines]))
@@ -447,16 +465,23 @@ class _Monitor:
         if self.iteration is None or not self.timeouts_enabled or self.base_store is None:
             return
         stale = self.staleness(now)
-        if stale > self.config["hard_timeout"]:
+        if self.carried and now - stale - self.iteration_started > self.config["soft_timeout"]:
+            self.carried = 0.0  # progress stamped later than soft_timeout into the iteration: not the same hang
+        if stale + self.carried > self.config["hard_timeout"]:
             log.warning(
-                "hard timeout in iteration %s: no progress for %.1f s, terminating the trainer", self.iteration, stale
+                "hard timeout in iteration %s: no progress for %.1f s%s, terminating the trainer",
+                self.iteration,
+                stale + self.carried,
+                f" ({self.carried:.1f} s of it in earlier iterations that its soft timeout restarted)"
+                if self.carried
+                else "",
             )
             self.record("HARD_TIMEOUT", terminated=True)
             self.kill_trainer()
             self.timeouts_enabled = False
         elif stale > self.config["soft_timeout"] and not self.soft_fired:
             log.warning("soft timeout in iteration %s: no progress for %.1f s", self.iteration, stale)
-            self.soft_fired = True
+            self.soft_fired, self.soft_stale = True, stale
             self.record("SOFT_TIMEOUT", terminated=False)
 
     # ---- sibling heartbeats (inprocess.sibling_monitor) ------------------------------------------------------

@@ -39,6 +39,7 @@ from . import (
     logs,
     mesh_source,
     param_utils,
+    repeated_faults as repeated_faults_module,
     store as store_module,
     wake,
 )
@@ -119,6 +120,9 @@ class Wrapper:
         completion: Completion | None = None,
         terminate: Terminate | None = None,
         joining: joining_module.Joining | None = None,
+        repeated_faults: repeated_faults_module.RepeatedFaults
+        | None
+        | repeated_faults_module._FromEnvironment = repeated_faults_module.FROM_ENVIRONMENT,
     ) -> None:
         param_utils.enforce_subclass("store_factory", store_factory, store_module.StoreMixin)
         param_utils.enforce_type("store_kwargs", store_kwargs, (dict, type(None)))
@@ -227,6 +231,8 @@ class Wrapper:
         #: Processes may join the running job (docs/elastic.md section 5); None: the world only shrinks. Without
         #: ``joining=``, a launcher that respawns dead workers (``rasd launch``) turns it on (``INPROCESS_JOINING``).
         self.joining = joining if joining is not None else joining_module.Joining.from_environment()
+        #: Give up on a fault that every restart meets again (inprocess.repeated_faults); None: restart for ever.
+        self.repeated_faults = repeated_faults_module.resolve(repeated_faults)
         self._construct_restart_health_check()
 
     def _construct_restart_health_check(self) -> None:
@@ -301,6 +307,8 @@ class CallWrapper:
         #: The rendezvous of processes joining the running job (``Wrapper(joining=...)``), else None.
         self.joining: joining_module.JoinDriver | None = None
         self._newcomer = wrapper.joining is not None and wrapper.joining.is_newcomer()
+        #: The repeat count of this call (``inprocess.repeated_faults``); the training reports progress to it.
+        self.repeats = wrapper.repeated_faults.tracker(self._tell_monitor_progress) if wrapper.repeated_faults else None
         self._previous_unraisablehook: Callable[[Any], Any] | None = None
         #: Whether this call holds the wake signal's handler (``inprocess.wake``), to give back at shutdown.
         self._wake_installed = False
@@ -325,6 +333,9 @@ class CallWrapper:
 
     def _start(self) -> None:
         w = self.wrapper
+        # Before the start-up barrier: a launcher that loses a worker before the job's first round restarts the
+        # group only for a job whose workers run the Wrapper (torchras.launch.startup).
+        launch_events.announce("wrapper_starting", newcomer=self._newcomer)
         newcomer_store: Any = None
         if self._newcomer:  # docs/elastic.md section 5: the running call's namespace, the next initial rank
             assert w.joining is not None
@@ -414,6 +425,18 @@ class CallWrapper:
         """Manual progress stamp; the first ping of an iteration arms the timeout on manual stamps."""
         if self.watchdog is not None:
             self.watchdog.ping()
+        if self.repeats is not None:
+            self.repeats.progress("ping")
+
+    def progress(self) -> None:
+        """The training got further than ever before in this call (a step, a commit): a fault that comes back after
+        this is not a repeat of the one before (``inprocess.repeated_faults``). Cheap: call it every step."""
+        if self.repeats is not None:
+            self.repeats.progress("call")
+
+    def _tell_monitor_progress(self) -> None:
+        if self.monitor_process is not None:  # the hard timeout no longer counts the earlier iterations' hang
+            self.monitor_process.progress()
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -641,6 +664,8 @@ class CallWrapper:
             _assigned(state.initial_world_size, "the initial world size"),
         )
         self.watchdog.reset()
+        if self.repeats is not None:
+            self.repeats.new_iteration()
         if self.mesh is not None:
             self.mesh.begin_iteration(state.iteration)
         monitor = MonitorThread(
@@ -762,6 +787,8 @@ class CallWrapper:
             hook()
         _run_health_check(w.restart_health_check, frozen, "restart health check")
         store = self.base_store.iteration_store(state.iteration)
+        if self.repeats is not None:  # what the count needs of this rank, before the barrier
+            self.repeats.record(store, state.fn_exception, state.initial_rank, state.iteration)
         log.debug("restart: entering the iteration barrier")
         with self.disable_hang_protection():  # the wrapper's own bounded store waits
             store.iteration_barrier([state.rank], state.world_size, w.barrier_timeout)
@@ -770,6 +797,11 @@ class CallWrapper:
         terminated_initial = _initial_ranks(store, terminated)
         reasons = _order_reasons(store.get_packed(store_module.FAULT_REASONS_KEY, "\n")) or [monitor.message]
         fault_time = _fault_time(store)
+        if self.repeats is not None:  # the same decision on every rank: all leave in this iteration, or none
+            previous = self.base_store.iteration_store(state.iteration - 1) if state.iteration > 0 else None
+            decision = self.repeats.decide(store, previous, reasons, state.iteration)
+            if decision is not None and decision.give_up:
+                raise self.repeats.give_up(decision)
         self._assign(store_module.PrefixStore("assignment", store), terminated)
         if self.joining is not None:  # the next rendezvous round: survivors and waiting processes, ranks agreed
             with self.disable_hang_protection():

@@ -21,7 +21,7 @@ Faults on demand: ``--inject KIND:rank=R,step=S[,seconds=X]`` (repeatable), the 
 
 A fault that no restart heals (the same exception ends ``REPEATS``, 3, restart iterations in a row with no step
 completed in between: a missing dependency, a bug, a bad setting) ends the demo instead of looping: every worker's
-Wrapper gives up (``torchras.demo_worker.RepeatedFaults``), rank 0 says what the error was, once, and
+Wrapper gives up (its default policy, ``inprocess.repeated_faults``), one rank says what the error was, once, and
 ``rasd launch`` does what it does for any job whose Wrapper gave up: it respawns nothing, says that the job gave up
 and why, and its status, the demo's, is 1 (``torchras.launch.workers``).
 
@@ -58,9 +58,9 @@ training state kept in memory. They run under rasd launch, which respawns a dead
 the replacement joins the running job and gets the model from the others' memory. Query it
 from another terminal: rascli -v
 
-A fault that restarts cannot heal ends it: when the same exception (type, message, the
-line that raised it) ends {REPEATS} restart iterations in a row with no step completed in
-between, as a missing dependency does, every worker exits with status 1 and rank 0 prints
+A fault that restarts cannot heal ends it: when the same exception (its type and the line
+that raised it) ends {REPEATS} restart iterations in a row with no step completed in
+between, as a missing dependency does, every worker exits with status 1 and one rank prints
 the error once."""
 
 

@@ -23,27 +23,24 @@ at the next commit, gets the state by ``state.sync()``, and the world is back to
 Faults on demand: ``--inject KIND:rank=R,step=S[,seconds=X]`` (repeatable), the kinds in ``FAULTS``. R is the
 initial rank: a replacement (which has none) never injects, so a fault happens once per demo.
 
-A fault that no restart heals ends the demo instead of looping (``RepeatedFaults``): when the same exception (type,
-message and the line that raised it) ends ``REPEATS`` restart iterations in a row with no training step completed
-in between, as a missing dependency does in every iteration, every worker leaves with exit code 1 and rank 0 says
-what the error was, once. It is done with the Wrapper's own callbacks, as a user's job would do it: a ``Finalize``
-records the iteration's exception and progress in the function's store, an ``Initialize`` compares them at the next
-iteration and raises ``RestartAbort`` (as ``RetryController`` does), on every rank at the same iteration.
+A fault that no restart heals ends the demo instead of looping: the Wrapper's own policy
+(``inprocess.repeated_faults``, on by default) gives up when the same exception (its type and the line that raised it)
+ends ``REPEATS`` restart iterations in a row with no progress in between (no ``state.step`` above its highest, no new
+commit), as a missing dependency does in every iteration: every worker leaves in the same iteration with exit code 1,
+and the rank that decided logs the error and its traceback, once.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,10 +67,8 @@ FAULTS = """faults (--inject KIND:rank=R,step=S[,seconds=X], repeatable), each a
 """
 #: ``--model``: how the workers train, and what a progress line calls it.
 MODELS = {"ddp": "DDP", "fsdp": "FSDP2", "manual": "hand-written all-reduces"}
-#: How many restart iterations in a row the same exception may end, with no step completed in between, before the
-#: demo gives up on it (``RepeatedFaults``). Three: the first restart heals a transient fault, a second identical
-#: failure may still be a coincidence, a third is a fault every restart meets (a missing dependency, a bug, a bad
-#: setting); with the Wrapper's defaults that is about 3 s of restarts, not an endless loop.
+#: How many restart iterations in a row the same exception may end, with no progress in between, before the demo
+#: gives up on it: the Wrapper's default (``inprocess.repeated_faults.DEFAULT_LIMIT``, ``TORCHRAS_REPEATED_FAULTS``).
 REPEATS = 3
 
 log = logging.getLogger(__name__)
@@ -174,171 +169,6 @@ def say(line: str) -> None:
         data = data[os.write(sys.stdout.fileno(), data) :]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# A fault that repeats
-
-
-@dataclass(frozen=True)
-class Fault:
-    """An exception the wrapped function raised, as every rank reads it from the function's store."""
-
-    kind: str  # the exception's class name, as the Wrapper's restart reasons name it
-    message: str
-    location: str  # where it was raised (the innermost frame of its traceback): "file:line, in function"
-    rank: int | None  # the rank that raised it first in its iteration
-    iteration: int
-    traceback: str
-
-    @classmethod
-    def of(cls, error: BaseException, rank: int | None, iteration: int) -> Fault:
-        where, frame = "?", error.__traceback__
-        while frame is not None:
-            code = frame.tb_frame.f_code
-            where, frame = f"{code.co_filename}:{frame.tb_lineno}, in {code.co_name}", frame.tb_next
-        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        return cls(type(error).__name__, str(error), where, rank, iteration, text[-6000:])
-
-    def same(self, other: Fault) -> bool:
-        """The same exception: the same type and message, raised at the same place (whichever rank raised it)."""
-        return (self.kind, self.message, self.location) == (other.kind, other.message, other.location)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Fault:
-        return cls(**json.loads(text))
-
-
-class RepeatedFaults:
-    """End the training when the same exception ends ``limit`` restart iterations in a row with no step completed
-    in between: a fault that every restart meets (a missing dependency, a bug, a bad setting) is not one a restart
-    heals, and restarting it for ever hides it. Built on the Wrapper's documented callbacks:
-
-    * ``finalize`` (a ``Finalize``: every restarting rank, before the iteration barrier) writes into the failed
-      iteration's store (``CallWrapper.store``) the exception the Wrapper took for this rank's fault
-      (``FrozenState.fn_exception``; not the errors the abort causes afterwards), the first one written wins, and
-      whether this rank completed a step in that iteration;
-    * ``initialize`` (an ``Initialize``: every rank, at the start of the next iteration, after the barrier) reads
-      them back, the same on every rank, and counts: the same exception as the restart before, the cause of the
-      restart (``CallWrapper.last_restart``: not a dead or hung rank's verdict), no step completed. At ``limit`` it
-      raises ``RestartAbort``, the Wrapper's way of giving up (``RetryController`` raises it too), so every rank
-      leaves at that iteration;
-    * the wrapped function calls ``watch(call_wrapper)`` when it starts and ``step_done()`` after each step.
-
-    Every rank counts from what every rank read, so they give up together. A process admitted later starts at 0;
-    it is admitted at a restart, which is seldom one of these.
-    """
-
-    FAULT_KEY = "torchras/repeats/fault"
-    PROGRESS_KEY = "torchras/repeats/progress"
-
-    def __init__(self, limit: int = REPEATS) -> None:
-        self.limit = limit
-        self.call_wrapper: Any = None  # the call's CallWrapper (inprocess.CallWrapper), from watch()
-        self.store: Any = None  # the function's store of the iteration it last ran in
-        self.iteration: int | None = None  # that iteration
-        self.progressed = False  # a step completed in it, on this rank
-        self.last: Fault | None = None  # the fault of the restart before
-        self.count = 0  # restarts in a row that the same fault caused
-        self.gave_up: Fault | None = None  # the fault the training ended on
-        self.reporter = False  # this rank says so (rank 0 of the last iteration)
-
-    # The wrapped function's side.
-
-    def watch(self, call_wrapper: inprocess.CallWrapper) -> None:
-        self.call_wrapper = call_wrapper
-        self.store = call_wrapper.store
-        self.iteration = call_wrapper.iteration
-        self.progressed = False
-
-    def step_done(self) -> None:
-        self.progressed = True
-
-    def forget(self) -> None:
-        """The call is over: keep none of its stores."""
-        self.call_wrapper = self.store = None
-
-    # The Wrapper's side: a Finalize, then an Initialize (``callbacks()``).
-
-    def record(self, state: inprocess.FrozenState) -> None:
-        if self.store is None or self.iteration != state.iteration:
-            return  # the function did not start in this iteration on this rank: nothing of it to tell
-        try:
-            if self.progressed:
-                self.store.set(self.PROGRESS_KEY, "1")
-            if state.fn_exception is not None:
-                fault = Fault.of(state.fn_exception, state.active_rank, state.iteration)
-                self.store.compare_set(self.FAULT_KEY, "", fault.to_json())
-        except Exception:  # a Finalize that raises makes the rank leave: never for a count
-            log.warning("could not record this iteration's fault for the repeat count", exc_info=True)
-
-    def check(self, state: inprocess.FrozenState) -> Fault | None:
-        """Count the restart that starts ``state.iteration``; the fault when it is the ``limit``-th in a row."""
-        fault = self._cause_of_restart(state.iteration - 1) if state.iteration > 0 else None
-        self.count = self.count + 1 if fault and self.last and fault.same(self.last) else int(fault is not None)
-        self.last = fault
-        if fault is None or self.count < self.limit:
-            return None
-        self.gave_up, self.reporter = fault, state.active_rank == 0
-        return fault
-
-    def _cause_of_restart(self, iteration: int) -> Fault | None:
-        """The exception that ended ``iteration`` and caused the restart, if no step was completed in it."""
-        if self.store is None or self.iteration != iteration:
-            return None  # this rank did not run that iteration (it joined since): it counts from here
-        try:
-            if self.store.check([self.PROGRESS_KEY]) or not self.store.check([self.FAULT_KEY]):
-                return None
-            fault = Fault.from_json(self.store.get(self.FAULT_KEY))
-        except Exception:  # an unreadable record counts as none: the count starts again
-            log.warning("could not read the last iteration's fault for the repeat count", exc_info=True)
-            return None
-        restart = self.call_wrapper.last_restart if self.call_wrapper is not None else None
-        cause = restart.reasons[0] if restart is not None and restart.reasons else ""
-        # A verdict (PEER_DEAD, PEER_HUNG, COMM_STUCK...) comes first among the reasons: then the exceptions were its
-        # consequences, and the restart is not this exception's.
-        return fault if cause.startswith(f"{fault.kind} on rank ") else None
-
-    def report(self) -> str:
-        """What the demo says, once, when it gives up."""
-        fault = self.gave_up
-        assert fault is not None, "report() after check() gave up"
-        return (
-            f"rasd demo: {fault.kind}: {fault.message} (raised at {fault.location}) ended {self.count} restart "
-            "iterations in a row, with no training step completed in between: a restart does not heal it (it is no "
-            "dead, hung or stuck rank, but something every restart meets again: a missing dependency, a bug, a bad "
-            f"setting), so the demo stops here; fix it and run the demo again. As rank {fault.rank} raised it in "
-            f"iteration {fault.iteration}:\n{fault.traceback.rstrip()}"
-        )
-
-    def callbacks(self) -> tuple[inprocess.initialize.Initialize, inprocess.finalize.Finalize]:
-        """The Wrapper's ``initialize`` and ``finalize``. Their classes are made here, not in the module: importing
-        inprocess imports torch, and the ``rasd`` command reads this module for its help."""
-        from inprocess.exception import RestartAbort
-        from inprocess.finalize import Finalize
-        from inprocess.initialize import Initialize
-
-        faults = self
-
-        class GiveUpOnRepeats(Initialize):
-            def __call__(self, state: inprocess.FrozenState) -> inprocess.FrozenState:
-                fault = faults.check(state)
-                if fault is not None:
-                    raise RestartAbort(
-                        f"{fault.kind}: {fault.message} (raised at {fault.location}) ended {faults.count} restart "
-                        "iterations in a row with no step completed"
-                    )
-                return state
-
-        class RecordFault(Finalize):
-            def __call__(self, state: inprocess.FrozenState) -> inprocess.FrozenState:
-                faults.record(state)
-                return state
-
-        return GiveUpOnRepeats(), RecordFault()
-
-
 class Replica:
     """The whole model and optimizer state, unsharded, in host memory: what the ``TorchState`` commits and
     restores, and what each restart iteration builds its DDP or FSDP2 module and optimizer from.
@@ -412,7 +242,6 @@ class Trainer:
         self.state = TorchState(replica=self.replica, step=0)
         self.generator = torch.Generator().manual_seed(1000 + int(os.environ.get("RANK", os.getpid())))
         self.last_step_done = time.time()  # wall clock: what a restart cost is the gap in training it left
-        self.faults = RepeatedFaults()  # under the Wrapper: a fault that every restart meets ends the training
 
     def run_without_restarts(self) -> int:
         import datetime
@@ -432,12 +261,8 @@ class Trainer:
         # The Wrapper's store on MASTER_PORT + 1 (the launcher serves its own on MASTER_PORT). No ``joining=``:
         # under rasd launch the Wrapper admits the replacement of a dead worker by itself (INPROCESS_JOINING), as
         # it does for a user's script; with ``rasd demo --max-respawns 0`` (or under torchrun) the world shrinks.
-        give_up_on_repeats, record_fault = self.faults.callbacks()
-        wrapper = inprocess.Wrapper(
-            store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1},
-            initialize=give_up_on_repeats,
-            finalize=record_fault,
-        )
+        # A fault that every restart meets ends the training: the Wrapper's default (inprocess.repeated_faults).
+        wrapper = inprocess.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1})
         try:
             wrapper(self.train_in_wrapper)()
         except inprocess.rank_assignment.RankDiscarded:
@@ -448,14 +273,8 @@ class Trainer:
         except (JoinFailed, HostRemoved) as error:
             say(str(error))  # a replacement that came too late (the job completed) says so, and is not respawned
             return 1 if isinstance(error, JoinFailed) else 0
-        except inprocess.exception.RestartAbort:
-            if self.faults.gave_up is None:
-                raise
-            if self.faults.reporter:  # every rank gives up at the same iteration; one of them says why
-                say(self.faults.report())
-            return 1
-        finally:
-            self.faults.forget()
+        except inprocess.exception.RepeatedFault:
+            return 1  # every rank gives up in the same iteration; the one that decided has said why, once
         return 0
 
     def train_in_wrapper(self, call_wrapper: inprocess.CallWrapper | None = None) -> None:
@@ -464,7 +283,6 @@ class Trainer:
         import torch.distributed as dist
 
         assert call_wrapper is not None, "the Wrapper passes its CallWrapper to the function it wraps"
-        self.faults.watch(call_wrapper)
         _exit_if_stopped()  # stopped while the Wrapper restarted: leave, do not train on
         dist.init_process_group(
             "gloo",
@@ -555,7 +373,6 @@ class Trainer:
                 state.commit()
             time.sleep(max(0.0, args.step_time - (time.monotonic() - started)))
             self.last_step_done = time.time()
-            self.faults.step_done()
 
     def _inject_due(self, step: int) -> bool:
         """Make the faults due at ``step`` (once each); True when the rank should skip this step's gradient

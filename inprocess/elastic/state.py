@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import fault_source, logs
+from .. import fault_source, logs, repeated_faults
 from ..monitor_thread import RankShouldRestart
 from . import snapshot, sync as sync_module
 
@@ -101,6 +101,7 @@ class State:
         self._register(call)
         self._warn_if_unsynced(call)
         self.save()
+        repeated_faults.report_progress("commit", self.commits)  # a commit beyond any before is progress
         joining = getattr(call, "joining", None)
         rank = getattr(getattr(call, "state", None), "rank", None)
         if joining is not None and call is not None:  # Horovod's host-update check (docs/elastic.md section 5)
@@ -115,7 +116,15 @@ class State:
 
     def restore(self) -> None:
         """Roll the live objects back to the last commit (the state given to the constructor if none)."""
-        self._apply(self._slots[0].tree, owned=False)
+        self._load(self._slots[0].tree, owned=False)
+
+    def _load(self, tree: Any, owned: bool) -> None:
+        """``_apply``, marked as a load: a ``step`` it sets back (or forward, from another rank) is no progress."""
+        object.__setattr__(self, "_loading", True)
+        try:
+            self._apply(tree, owned)
+        finally:
+            object.__setattr__(self, "_loading", False)
 
     def sync(self, group: Any = None) -> SyncOutcome:
         """Make every rank of ``group`` (default: the default process group) hold the state of the most
@@ -136,6 +145,7 @@ class State:
         )
         if outcome.broadcast:
             self._adopt(outcome.serial, outcome.lineage)
+            repeated_faults.report_progress("commit", outcome.serial, counts=False)  # the source's count: no move
         elif self._seen is None and committed.serial == 0:
             self._adopt(committed.serial, committed.lineage)  # the live state is the baseline a restore goes to
         if restarted:
@@ -172,7 +182,7 @@ class State:
             )
 
     def _receive(self, tree: Any) -> None:
-        self._apply(tree, owned=True)
+        self._load(tree, owned=True)
 
     def _adopt(self, serial: int, lineage: int) -> None:
         """Commit the live state under the given count and lineage (after a sync: the source's)."""
@@ -205,11 +215,14 @@ class ObjectState(State):
         for name in self._names:
             setattr(self, name, values[name])
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "step" and type(value) is int:  # ``state.step += 1``: progress (inprocess.repeated_faults)
+            repeated_faults.report_progress("step", value, counts=not self.__dict__.get("_loading", False))
+
     if TYPE_CHECKING:  # for the type checker only: the keyword arguments are attributes, set by name in __init__
 
         def __getattr__(self, name: str) -> Any: ...
-
-        def __setattr__(self, name: str, value: Any) -> None: ...
 
 
 def _is_stateful(value: Any) -> bool:
@@ -243,7 +256,7 @@ class TorchState(ObjectState):
             if not _is_stateful(value):
                 raise TypeError(f"state.{name} must keep a state_dict()/load_state_dict() object")
             objects[name] = value
-        object.__setattr__(self, name, value)
+        ObjectState.__setattr__(self, name, value)
 
     def _capture(self) -> Any:
         tree = ObjectState._capture(self)

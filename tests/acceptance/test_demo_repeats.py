@@ -3,8 +3,9 @@
 The fault is the one users met: numpy missing. torch imports without it, but its object collectives need it
 (``broadcast_object_list``, in ``state.sync()``), so every restart iteration fails the same way, on the ranks that
 receive. Before, the demo restarted for ever (21 restarts in 30 s); now, after ``REPEATS`` (3) iterations that the
-same exception ended with no step completed, every worker's Wrapper gives up, every worker exits with status 1,
-rank 0 says once what the error was, the launcher (plain ``rasd launch``, which ends a job whose Wrapper gave up)
+same exception ended with no step completed, every worker's Wrapper gives up (the Wrapper's own policy,
+``inprocess.repeated_faults``, on by default), every worker exits with status 1, one rank says once what the error
+was, with its traceback, the launcher (plain ``rasd launch``, which ends a job whose Wrapper gave up)
 respawns nothing and the demo's status is 1.
 
 numpy is a dependency of the distribution, so the test takes it away as a broken environment would: a ``numpy``
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from inprocess.repeated_faults import DEFAULT_LIMIT as REPEATS
 from launching import free_port
-from torchras.demo_worker import REPEATS
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 #: Far longer than the demo needs (seconds of start-up, then about a second per restart): it is not a speed test.
@@ -65,17 +66,22 @@ def test_a_fault_that_every_restart_meets_ends_the_demo_with_that_error(tmp_path
     report = f"{out}\n{err[-4000:]}"
     assert demo.returncode == 1, report
 
-    # Said once, on the demo's output: the error, where it was raised, how many times, and that it is not healable.
+    # Said once, by the rank whose decision every rank followed (inprocess.repeated_faults): the error, where it
+    # was raised, how many times, that a restart does not heal it, and its traceback.
     said = re.findall(
-        r"^rasd demo: RuntimeError: Numpy is not available \(raised at (.*?)\) ended (\d+) restart", out, re.M
+        r"^\[rank \d\] ERROR giving up: RuntimeError: Numpy is not available \(raised at (.*?)\) ended (\d+) restart",
+        err,
+        re.M,
     )
     assert len(said) == 1, report
     location, count = said[0]
     assert location.endswith(", in _tensor_to_object") and "distributed_c10d.py:" in location, report
     assert int(count) == REPEATS, report
-    assert "with no training step completed in between: a restart does not heal it" in out, report
-    assert "a missing dependency" in out, report
-    assert out.rstrip().endswith("RuntimeError: Numpy is not available"), report  # the traceback closes it
+    assert "with no progress between them" in err and "a restart does not heal it" in err, report
+    assert "a missing dependency" in err, report
+    traceback = err[err.index("giving up: RuntimeError") :].splitlines()
+    closing = next(line for line in traceback[1:] if not line.startswith(" ") and not line.startswith("Traceback"))
+    assert closing == "RuntimeError: Numpy is not available", report  # its traceback follows it, whole
     assert not re.search(r"^step ", out, re.M), report  # no training step ever completed
 
     # Every worker ended with status 1, none was respawned, and the launcher said why the job ended.
@@ -88,6 +94,7 @@ def test_a_fault_that_every_restart_meets_ends_the_demo_with_that_error(tmp_path
     last = err.rstrip().splitlines()[-1]
     assert re.fullmatch(
         r"rasd launch: every worker has exited: the job gave up \(worker \d's inprocess\.Wrapper, pid \d+: "
-        r"RestartAbort: RuntimeError: Numpy is not available \(raised at .*\): status 1",
+        r"RepeatedFault: RuntimeError: Numpy is not available \(raised at .*\) ended 3 restart iterations in a row "
+        r"with no progress\): status 1",
         last,
     ), report

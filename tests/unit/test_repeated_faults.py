@@ -1,30 +1,39 @@
-"""``rasd demo``'s rule for a fault that every restart meets (``torchras.demo_worker.RepeatedFaults``), without a job.
+"""The Wrapper's rule for a fault that every restart meets (``inprocess.repeated_faults``), without a job.
 
-What one rank does at each restart, played with a store and a ``CallWrapper`` made up here: the ``finalize`` writes
-the exception the Wrapper took for this rank's fault (``fn_exception``) and whether a step was completed into the
-failed iteration's store, the ``initialize`` of the next iteration reads them back and counts. Giving up is the
-``REPEATS``-th restart in a row caused by the same exception (type, message, the line that raised it) with no step
-completed in between; a verdict's restart, a step completed or another exception starts the count again. The Wrapper
-and the launcher around it are tests/acceptance/test_demo_repeats.py's.
+What the ranks of a job do at each restart, played with a store made up here: before the iteration barrier each
+rank records its progress and its exception into the failed iteration's store; after it, each computes the
+iteration's decision from that store and the decision of the iteration before, and the first written is everyone's.
+Giving up is the ``limit``-th iteration in a row that the same fault (an exception's type and the line that raised
+it, or a verdict's kind and ranks) ended with no progress in between. The Wrapper around it is
+tests/inprocess/test_repeated_faults_calls.py's; ``rasd demo``'s use of it tests/acceptance/test_demo_repeats.py's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from types import SimpleNamespace
-from typing import Any
+import logging
 
 import pytest
 
-from torchras.demo_worker import REPEATS, Fault, RepeatedFaults
+from inprocess import exception
+from inprocess.attribution import Interruption, InterruptionRecord
+from inprocess.repeated_faults import (
+    DECISION_KEY,
+    DEFAULT_LIMIT,
+    FAULT_KEY,
+    Decision,
+    Fault,
+    RepeatedFaults,
+    Tracker,
+    resolve,
+)
 
 
 class Store:
-    """The store operations the rule uses, as torch's stores answer them."""
+    """The store operations the rule uses, as the Wrapper's stores answer them."""
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
+        self.records: list[InterruptionRecord] = []
 
     def set(self, key: str, value: str) -> None:
         self.data[key] = value.encode()
@@ -40,14 +49,8 @@ class Store:
             self.data[key] = desired.encode()
         return self.data[key]
 
-
-@dataclasses.dataclass(frozen=True)
-class State:
-    """The fields of ``inprocess.FrozenState`` the rule reads."""
-
-    iteration: int
-    active_rank: int | None = 0
-    fn_exception: BaseException | None = None
+    def get_interruption_records(self) -> list[InterruptionRecord]:
+        return list(self.records)
 
 
 def raised(message: str = "Numpy is not available", kind: type[Exception] = RuntimeError) -> Exception:
@@ -70,114 +73,185 @@ def elsewhere(message: str = "Numpy is not available") -> Exception:
 
 
 class Job:
-    """One rank's Wrapper call, iteration after iteration: ``faults`` sees what the Wrapper would show it."""
+    """Ranks of one call, iteration after iteration, sharing the iterations' stores as the Wrapper's ranks do."""
 
-    def __init__(self, faults: RepeatedFaults, rank: int = 0) -> None:
-        self.faults = faults
-        self.rank = rank
-        self.call_wrapper: Any = SimpleNamespace(iteration=0, store=Store(), last_restart=None)
-        self.iteration = 0
-        self.faults.watch(self.call_wrapper)
+    def __init__(self, policy: RepeatedFaults | None = None, ranks: int = 2) -> None:
+        self.policy = policy or RepeatedFaults()
+        self.trackers = [Tracker(self.policy) for _ in range(ranks)]
+        self.stores = [Store()]
 
-    def fail(self, error: Exception | None, *, steps: int = 0, cause: str | None = None) -> Fault | None:
-        """The current iteration ends: ``steps`` completed, ``error`` raised here (None: it raised elsewhere, or
-        nowhere), ``cause`` the restart's first reason (default: ``error``'s, as the Wrapper records it). Then the
-        restart: the finalize, the barrier, the next iteration's initialize; what the initialize gave up on."""
-        for _ in range(steps):
-            self.faults.step_done()
-        self.faults.record(State(self.iteration, self.rank, error))
-        if cause is None:
-            cause = f"{type(error).__name__} on rank 1: {error}" if error else "RuntimeError on rank 1: elsewhere"
-        self.iteration += 1
-        self.call_wrapper.iteration = self.iteration
-        self.call_wrapper.store = Store()  # the next iteration's namespace
-        self.call_wrapper.last_restart = SimpleNamespace(reasons=(cause,))
-        given_up = self.faults.check(State(self.iteration, self.rank))
-        if given_up is None:
-            self.faults.watch(self.call_wrapper)  # the function starts the next iteration
-        return given_up
+    @property
+    def iteration(self) -> int:
+        return len(self.stores) - 1
+
+    def fail(
+        self, error: Exception | None, *, progress_on: int | None = None, verdict: str | None = None
+    ) -> list[bool]:
+        """The current iteration ends: ``error`` raised on rank 0 (and a consequence on rank 1), ``verdict`` (a
+        reason such as "PEER_DEAD of rank 1 ...") recorded about rank 1; then the restart on every rank. Whether
+        each rank gave up."""
+        store, iteration = self.stores[-1], self.iteration
+        for tracker in self.trackers:
+            tracker.new_iteration()
+        if progress_on is not None:
+            self.trackers[progress_on].progress("call")
+        reasons = []
+        if verdict is not None:
+            store.records.append(InterruptionRecord(1, Interruption.EXTERNAL))
+            store.set("initial_rank_1", "1")
+            reasons.append(verdict)
+        if error is not None:
+            reasons.append(f"{type(error).__name__} on rank 0: {error}")
+        for rank, tracker in enumerate(self.trackers):
+            tracker.record(store, error if rank == 0 else None, rank, iteration)
+        if error is not None:  # rank 1's collective failed because rank 0 left: recorded later, a consequence
+            self.trackers[1].record(store, elsewhere("Connection closed by peer"), 1, iteration)
+        previous = self.stores[-2] if len(self.stores) > 1 else None
+        decisions = [tracker.decide(store, previous, reasons, iteration) for tracker in self.trackers]
+        self.stores.append(Store())
+        return [decision is not None and decision.give_up for decision in decisions]
+
+    def count(self) -> int:
+        return Decision.from_json(self.stores[-2].get(DECISION_KEY), self.policy.limit).count
 
 
-def test_the_same_exception_with_no_step_between_gives_up_at_the_limit() -> None:
-    job = Job(RepeatedFaults())
+def test_the_same_exception_with_no_progress_between_gives_up_at_the_limit_on_every_rank_at_once() -> None:
+    job = Job()
     error = raised()
-    outcomes = [job.fail(error) for _ in range(REPEATS)]
-    assert outcomes[:-1] == [None] * (REPEATS - 1)
-    fault = outcomes[-1]
-    assert fault is not None and job.faults.gave_up == fault and job.faults.count == REPEATS
-    assert (fault.kind, fault.message) == ("RuntimeError", "Numpy is not available")
-    assert fault.location.endswith(", in _deep_inside") and "test_repeated_faults.py:" in fault.location
-    assert fault.iteration == REPEATS - 1 and fault.rank == 0
-    assert job.faults.reporter  # rank 0 says it
+    outcomes = [job.fail(error) for _ in range(DEFAULT_LIMIT)]
+    assert outcomes == [[False, False]] * (DEFAULT_LIMIT - 1) + [[True, True]]
+    assert job.count() == DEFAULT_LIMIT
 
 
-def test_only_rank_0_says_it() -> None:
-    job = Job(RepeatedFaults(), rank=2)
-    for _ in range(REPEATS):
-        fault = job.fail(raised())
-    assert fault is not None and not job.faults.reporter
+def test_the_fault_is_the_type_and_the_line_whatever_the_message_says() -> None:
+    job = Job()
+    for message in ("step 1: nan", "step 2: nan", "step 3: nan"):
+        outcome = job.fail(raised(message))
+    assert outcome == [True, True]
+    fault = Fault.from_json(job.stores[-2].get(FAULT_KEY))
+    assert fault.kind == "RuntimeError" and fault.function == "_deep_inside"
+    assert fault.place.endswith(f"test_repeated_faults.py:{_deep_inside.__code__.co_firstlineno + 1}")
+    assert "Traceback (most recent call last)" in fault.traceback and fault.traceback.rstrip().endswith("nan")
 
 
-def test_each_occurrence_counts_whichever_rank_raised_it() -> None:
-    # Rank 0 sends the broadcast and never raises; the ranks that receive raise, a different one each time.
-    faults = RepeatedFaults()
-    job = Job(faults)
-    for iteration in range(REPEATS):
-        store = job.call_wrapper.store
-        other = raised()
-        store.compare_set(RepeatedFaults.FAULT_KEY, "", Fault.of(other, 1 + iteration % 3, iteration).to_json())
-        fault = job.fail(None, cause="RuntimeError on rank 2: Numpy is not available")
-    assert fault is not None and fault.rank == 3, faults.count
+def test_another_line_or_another_type_is_another_fault() -> None:
+    job = Job()
+    for error in [raised(), elsewhere(), raised(kind=ValueError), raised(), elsewhere()]:
+        assert job.fail(error) == [False, False]
+        assert job.count() == 1
 
 
-def test_a_completed_step_starts_the_count_again() -> None:
-    job = Job(RepeatedFaults())
+def test_progress_on_any_rank_starts_the_count_again() -> None:
+    job = Job()
     error = raised()
-    assert job.fail(error) is None
-    assert job.fail(error, steps=1) is None  # progress: not a repeat
-    assert job.faults.count == 0
-    for _ in range(REPEATS - 1):
-        assert job.fail(error) is None
-    assert job.fail(error) is not None
+    assert job.fail(error) == [False, False]
+    assert job.fail(error, progress_on=1) == [False, False]  # progress, then the fault: the first of a new run
+    assert job.count() == 1
+    for _ in range(DEFAULT_LIMIT - 2):
+        assert job.fail(error) == [False, False]
+    assert job.fail(error) == [True, True]
 
 
-def test_another_message_or_another_line_is_another_fault() -> None:
-    job = Job(RepeatedFaults())
-    for error in [raised(), raised("Numpy is not available!"), elsewhere(), raised(kind=ValueError), raised()]:
-        assert job.fail(error) is None
-        assert job.faults.count == 1
+def test_a_verdict_about_the_same_rank_repeats_and_comes_before_the_exceptions_it_caused() -> None:
+    job = Job()
+    for _ in range(DEFAULT_LIMIT):
+        outcome = job.fail(raised("Connection closed by peer"), verdict="PEER_HUNG of rank 1 (silent for 10 s)")
+    assert outcome == [True, True]
+    fault = Decision.from_json(job.stores[-2].get(DECISION_KEY), DEFAULT_LIMIT).fault
+    assert fault is not None and (fault.kind, fault.place) == ("PEER_HUNG", "initial ranks 1")
 
 
-def test_a_restart_a_verdict_caused_is_not_counted() -> None:
-    # A kill: the survivors' collectives fail too, but the restart is the verdict's (it comes first in the reasons).
-    job = Job(RepeatedFaults())
-    error = raised("Connection closed by peer")
-    for _ in range(REPEATS + 1):
-        assert job.fail(error, cause="PEER_DEAD of rank 2 (pid 4711 exited)") is None
-    assert job.faults.count == 0
+def test_restarts_that_are_no_fault_end_a_run() -> None:
+    job = Job()
+    error = raised()
+    for _ in range(DEFAULT_LIMIT - 1):
+        job.fail(error)
+    assert job.fail(None, verdict="JOIN_WAITING: 1 process(es) wait to join the job (round 2)") == [False, False]
+    assert job.count() == 0
+    assert job.fail(error) == [False, False]
 
 
-def test_the_first_exception_written_in_an_iteration_is_its_fault() -> None:
-    faults = RepeatedFaults()
-    job = Job(faults)
-    first, second = raised(), elsewhere("Connection reset by peer")
-    faults.record(State(0, 0, first))
-    faults.record(State(0, 1, second))  # later, on another rank: a consequence
-    stored = Fault.from_json(job.call_wrapper.store.get(RepeatedFaults.FAULT_KEY))
-    assert stored.same(Fault.of(first, 5, 9)) and stored.rank == 0
-    assert "Traceback (most recent call last)" in stored.traceback and stored.traceback.rstrip().endswith(str(first))
+def test_the_first_decision_written_is_everyones() -> None:
+    job = Job()
+    error = raised()
+    job.fail(error)
+    job.fail(error)
+    store = job.stores[-1]
+    # A record that reaches the store after the first rank decided (a late verdict) cannot split the ranks.
+    first, second = job.trackers
+    first.new_iteration(), second.new_iteration()
+    first.record(store, error, 0, 2)
+    decided = first.decide(store, job.stores[-2], [f"RuntimeError on rank 0: {error}"], 2)
+    late = second.decide(store, job.stores[-2], ["PEER_DEAD of rank 3 (late)", "RuntimeError on rank 0"], 2)
+    assert decided is not None and late == decided and decided.give_up and decided.by == first.token
 
 
-def test_nothing_is_written_for_an_iteration_the_function_did_not_start() -> None:
-    faults = RepeatedFaults()
-    job = Job(faults)
-    faults.record(State(1, 0, raised()))  # the function never started iteration 1 here
-    assert job.call_wrapper.store.data == {}
+def test_only_the_rank_whose_decision_was_written_reports_once_with_the_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    job = Job(ranks=4)
+    with caplog.at_level(logging.ERROR, logger="inprocess.repeated_faults"):
+        for _ in range(DEFAULT_LIMIT):
+            job.fail(raised())
+    reports = [record for record in caplog.records if record.name == "inprocess.repeated_faults"]
+    assert len(reports) == 1, [record.getMessage() for record in reports]
+    text = reports[0].getMessage()
+    assert text.startswith("giving up: RuntimeError: Numpy is not available (raised at ")
+    assert f"ended {DEFAULT_LIMIT} restart iterations in a row with no progress between them" in text
+    assert text.rstrip().endswith("RuntimeError: Numpy is not available") and "Traceback" in text
 
 
-def test_a_process_that_joined_later_counts_from_its_first_iteration() -> None:
-    faults = RepeatedFaults()
-    assert faults.check(State(5, 0)) is None and faults.count == 0  # no iteration of its own to read yet
+def test_a_replayed_step_is_no_progress_a_step_beyond_is() -> None:
+    tracker = Tracker(RepeatedFaults())
+    for step in range(1, 11):
+        tracker.progress("step", step)
+    tracker.new_iteration()
+    tracker.progress("step", 8, counts=False)  # restored from the commit at step 8
+    tracker.progress("step", 9)
+    tracker.progress("step", 10)  # replayed: no further than before
+    assert not tracker.progressed
+    tracker.progress("step", 11)
+    assert tracker.progressed
+
+
+def test_a_position_loaded_from_another_rank_is_no_progress() -> None:
+    tracker = Tracker(RepeatedFaults())
+    tracker.progress("commit", 40, counts=False)  # sync() from the most advanced rank
+    tracker.progress("commit", 40)
+    assert not tracker.progressed
+    tracker.progress("commit", 41)
+    assert tracker.progressed
+
+
+def test_the_progress_sources_are_a_setting() -> None:
+    default = Tracker(RepeatedFaults())
+    default.progress("ping")
+    assert not default.progressed  # the reference's examples ping before anything can fail
+    pinging = Tracker(RepeatedFaults(progress=("ping",)))
+    pinging.progress("step", 5)
+    assert not pinging.progressed
+    pinging.progress("ping")
+    assert pinging.progressed
+    explicit = Tracker(RepeatedFaults(progress=()))
+    explicit.progress("call")  # call_wrapper.progress() always counts
+    assert explicit.progressed
+
+
+def test_the_first_progress_of_an_iteration_is_told_once() -> None:
+    told: list[int] = []
+    tracker = Tracker(RepeatedFaults(), lambda: told.append(1))
+    for step in range(1, 5):
+        tracker.progress("step", step)
+    tracker.new_iteration()
+    tracker.progress("step", 5)
+    assert told == [1, 1]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5])
+def test_the_limit_is_the_number_of_iterations(limit: int) -> None:
+    job = Job(RepeatedFaults(limit))
+    outcomes = [job.fail(raised())[0] for _ in range(limit)]
+    assert outcomes == [False] * (limit - 1) + [True]
 
 
 def test_a_store_that_fails_never_raises_into_the_wrapper() -> None:
@@ -188,39 +262,35 @@ def test_a_store_that_fails_never_raises_into_the_wrapper() -> None:
         def check(self, keys: list[str]) -> bool:
             raise RuntimeError("store gone")
 
-    faults = RepeatedFaults()
-    job = Job(faults)
-    job.call_wrapper.store = Broken()
-    faults.watch(job.call_wrapper)
-    faults.record(State(0, 0, raised()))  # logged, not raised: a Finalize that raises makes the rank leave
-    job.iteration = 1
-    job.call_wrapper.last_restart = SimpleNamespace(reasons=("RuntimeError on rank 0: Numpy is not available",))
-    assert faults.check(State(1, 0)) is None and faults.count == 0
+    tracker = Tracker(RepeatedFaults())
+    tracker.progress("call")
+    tracker.record(Broken(), raised(), 0, 0)  # logged, not raised: a rank must not leave for a count
+    assert tracker.decide(Broken(), None, ["RuntimeError on rank 0: x"], 0) is None
 
 
-def test_the_report_says_what_where_how_often_and_why_it_stops() -> None:
-    job = Job(RepeatedFaults())
-    for _ in range(REPEATS):
-        fault = job.fail(raised())
-    assert fault is not None
-    report = job.faults.report()
-    first, *traceback = report.splitlines()
-    assert first.startswith(f"rasd demo: RuntimeError: Numpy is not available (raised at {fault.location}) ended ")
-    assert f"ended {REPEATS} restart iterations in a row, with no training step completed in between" in first
-    assert "a restart does not heal it" in first and "a missing dependency" in first
-    assert (
-        traceback[0] == "Traceback (most recent call last):" and traceback[-1] == "RuntimeError: Numpy is not available"
-    )
+def test_the_settings_from_the_environment(caplog: pytest.LogCaptureFixture) -> None:
+    policy = RepeatedFaults.from_environment({"TORCHRAS_REPEATED_FAULTS": "5", "TORCHRAS_PROGRESS": "commit,ping"})
+    assert policy is not None and policy.limit == 5 and policy.progress == {"commit", "ping", "call"}
+    assert RepeatedFaults.from_environment({"TORCHRAS_REPEATED_FAULTS": "0"}) is None
+    with caplog.at_level(logging.WARNING, logger="inprocess.repeated_faults"):
+        bad = RepeatedFaults.from_environment({"TORCHRAS_REPEATED_FAULTS": "many", "TORCHRAS_PROGRESS": "epochs"})
+    assert bad is not None and bad.limit == DEFAULT_LIMIT and bad.progress == {"step", "commit", "call"}
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 2 and "TORCHRAS_REPEATED_FAULTS='many'" in warnings[0], warnings
+    assert resolve(None) is None
+    with pytest.raises(ValueError, match="limit"):
+        RepeatedFaults(limit=0)
+    with pytest.raises(ValueError, match="unknown progress"):
+        RepeatedFaults(progress=("epoch",))
 
 
-def test_a_fault_survives_its_trip_through_the_store() -> None:
-    fault = Fault.of(raised(), 1, 2)
-    assert Fault.from_json(fault.to_json()) == fault
-    assert json.loads(fault.to_json())["kind"] == "RuntimeError"
-
-
-@pytest.mark.parametrize("limit", [1, 2, 5])
-def test_the_limit_is_the_number_of_failed_iterations(limit: int) -> None:
-    job = Job(RepeatedFaults(limit))
-    outcomes = [job.fail(raised()) for _ in range(limit)]
-    assert [outcome is not None for outcome in outcomes] == [False] * (limit - 1) + [True]
+def test_giving_up_is_a_restart_abort_and_a_quiet_exit_status_1() -> None:
+    tracker = Tracker(RepeatedFaults(1))
+    store = Store()
+    tracker.record(store, raised(), 0, 0)
+    decision = tracker.decide(store, None, ["RuntimeError on rank 0: Numpy is not available"], 0)
+    assert decision is not None and decision.give_up
+    error = tracker.give_up(decision)
+    assert isinstance(error, exception.RestartAbort) and isinstance(error, SystemExit) and error.code == 1
+    assert str(error).startswith("RuntimeError: Numpy is not available (raised at ")
+    assert str(error).endswith("ended 1 restart iterations in a row with no progress")

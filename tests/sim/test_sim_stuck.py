@@ -6,6 +6,7 @@ import pytest
 from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord
 from rasd.core.config import Timers
 from rasd.core.events import Kind
+from rasd.core.work import WorkSample
 from rasd.sim import Simulation
 
 AR = OP_TYPES.index("AllReduce")
@@ -84,3 +85,39 @@ def test_a_gather_right_after_a_hang_ends_when_the_silent_leg_is_purged_not_at_t
         assert done.snapshot.timeouts >= 1
         assert set(done.snapshot.responses) == {sim.addr(i) for i in range(8) if i != victim}
         assert done_at - started <= t.unresponsive + t.tick, f"victim {victim}: waited {done_at - started:.2f}s"
+
+
+@pytest.mark.slow
+def test_a_rank_behind_that_works_is_slow_everywhere_never_stuck_until_it_stops_working():
+    """Issue 39 on the simulated mesh: rank 5 writes a checkpoint (its CPU grows with the clock) while the others
+    wait inside the next all-reduce. Every node hears COMM_SLOW, none COMM_STUCK, for many idle limits; once rank 5
+    stops working (wedged idle), COMM_STUCK names it within the idle limit and a few sweeps."""
+    c = Counters()
+    sim = Simulation(N, seed=12, timers=TIMERS, local_data=c.data)
+    working = [True]
+    cpu = [0.0]
+    last = [0.0]
+
+    def counters() -> WorkSample:
+        if working[0]:
+            cpu[0] += sim.now - last[0]  # one core, all the time
+        last[0] = sim.now
+        return WorkSample(cpu_s=cpu[0], io_bytes=0)
+
+    sim.nodes[5].node.work_sample = counters
+    sim.start()
+    sim.run_until(3 * TIMERS.stuck)
+    for i in range(N):
+        if i != 5:
+            c.launched[i] = 11
+    assert sim.run_while(lambda: len(sim.events(Kind.COMM_SLOW)) < N, TIMERS.stuck + 4 * TIMERS.sweep)
+    slow = sim.events(Kind.COMM_SLOW)[0][2]
+    assert "AllReduce operation 11 slow; rank 5 behind (not launched)" in slow.details
+    assert "rank 5 working" in slow.details
+    sim.run_until(sim.now + 10 * TIMERS.stuck)  # ten idle limits: still only SLOW
+    assert sim.events(Kind.COMM_STUCK) == []
+    working[0] = False
+    t0 = sim.now
+    assert sim.run_while(lambda: len(sim.events(Kind.COMM_STUCK)) < N, TIMERS.stuck + 5 * TIMERS.sweep)
+    assert max(t for _, t, _ in sim.events(Kind.COMM_STUCK)) - t0 <= TIMERS.stuck + 4 * TIMERS.sweep
+    assert "rank 5 behind (not launched)" in sim.events(Kind.COMM_STUCK)[0][2].details

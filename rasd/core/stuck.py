@@ -105,6 +105,8 @@ class _Watch:
     #: The longest a rank behind was seen idle (not working, in no phase, waiting on nothing else) while these
     #: counters stood: what the communicator's cadence learns when they move again without a verdict.
     idle_seen: float = 0.0
+    #: When a verdict can next fall due, as the last sweep judged the ranks behind (None: at ``since`` + the limit).
+    due: float | None = None
 
 
 @dataclass
@@ -186,6 +188,8 @@ class StuckDetector:
             stood, limit = now - watch.since, self.idle_limit(key)
             ranks = judge.ranks(key)
             watch.idle_seen = max([watch.idle_seen] + [r.idle for r in ranks])
+            # A rank idle for less than the limit is stuck once it has been idle for the limit, if nothing moves.
+            watch.due = max(watch.since + limit, min((now + limit - r.idle for r in ranks), default=now + limit))
             if stood < limit:
                 continue
             stuck = not ranks or any(r.holding for r in ranks)
@@ -209,9 +213,14 @@ class StuckDetector:
 
     def due(self) -> float | None:
         """When the next verdict falls due if nothing moves: the earliest ``since + limit`` of a communicator whose
-        ranks disagree and that has no verdict yet. The sweeper sweeps then, so a verdict lands at the limit rather
-        than up to a sweep after it."""
-        times = [w.since + self.idle_limit(key) for key, w in self._watches.items() if w.disagree and w.verdict is None]
+        ranks disagree and that has no verdict yet, or later where the last sweep found its ranks behind idle for
+        less than the limit (a rank that worked until a moment ago: due once idle for the limit). The sweeper sweeps
+        then, so a verdict lands at the limit rather than up to a sweep after it."""
+        times = [
+            w.since + self.idle_limit(key) if w.due is None else w.due
+            for key, w in self._watches.items()
+            if w.disagree and (w.verdict is None or w.verdict.slow)
+        ]
         return min(times) if times else None
 
     def active(self) -> list[StuckVerdict]:

@@ -214,3 +214,12 @@ def test_the_idle_limit_learns_from_idle_stands_the_communicator_ended_by_itself
     # Never past the ceiling; a working stand teaches nothing past what its ranks were idle.
     d._cadences[key].stands.append(100.0)
     assert d.idle_limit(key) == CEILING
+
+
+def test_a_verdict_falls_due_when_the_rank_behind_has_been_idle_for_the_limit():
+    d = detector()
+    # Rank 0 worked until 0.5 s after the others entered the collective (counters still since 0).
+    run(d, lambda t: snap(Work(idle_ms=int((t - 0.5) * 1000)), at=t), [1.0, 5.0])
+    assert d.due() == 5.5  # idle 4.5 s at the sweep at 5 s: due half a second later, not a whole sweep later
+    (v,) = run(d, lambda t: snap(Work(idle_ms=int((t - 0.5) * 1000)), at=t), [5.5])[0][1]
+    assert not v.slow

@@ -112,7 +112,7 @@ class Node:
         self.work_sample: Callable[[], WorkSample | None] = lambda: None
         self.declared_phase: Callable[[], DeclaredPhase | None] = lambda: None
         self.work_meter = WorkMeter(
-            lambda: self.work_sample(), self.position, lambda: self.declared_phase(), self.timers.keepalive
+            lambda: self.work_sample(), self.position, lambda: self.declared_phase(), self.timers.keepalive / 2
         )
         # The rooms, each with its own state (the module docstrings say what belongs in each); each reads the
         # world through this node's queries (view.World).

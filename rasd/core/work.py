@@ -12,7 +12,8 @@ Belongs here: the rule that turns successive samples into "last worked at" (``Wo
 with a sweep (``comms.Work``: ages, so that clocks of different hosts never meet), and the thresholds. Reading the
 counters is the runtime's; judging a communicator with them is ``stuck.py``'s.
 
-The rule, for each window between two samples (one a keepalive interval apart, a second by default):
+The rule, for each window between two samples (half a keepalive interval apart, half a second by default, so that a
+rank that stopped working is dated to within that):
 
     working in the window  <=>  CPU >= WORK_CPU_SHARE of one core   (a training step: 100-200 %)
                                 or bytes >= WORK_IO_RATE per second  (a checkpoint to disk: 100+ MB/s)

@@ -1,6 +1,6 @@
 """This process's work counters and declared phase, read for the node's work meter (``rasd.core.work``).
 
-The counters are the kernel's, read from ``/proc`` on the RAS thread about once a second (five small files; tens of
+The counters are the kernel's, read from ``/proc`` on the RAS thread twice a second (five small files; tens of
 microseconds): the process's CPU time and bytes read and written (``/proc/self/stat``, ``/proc/self/io``), less the
 RAS thread's own (``/proc/self/task/<tid>/...``: its keepalives and gathers must not make an idle rank look busy),
 plus its live child processes' (data-loader workers, asynchronous checkpoint writers), found through the kernel's

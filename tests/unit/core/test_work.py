@@ -27,7 +27,7 @@ def snap(
     at: float = 0.0,
     extra: dict[int, tuple[CommRecord, ...]] | None = None,
     rank0_launched: int = 9,
-    others: Work | None = Work(),
+    others: Work | None = None,
 ) -> JobSnapshot:
     """At ``at``: rank 0 behind (launched 9) with ``behind_work``; ranks 1-3 inside operation 10 of communicator 77;
     the counters still since time 0."""
@@ -39,7 +39,7 @@ def snap(
             77, 4, (RankRecord(rank, launched=ops(launched), completed=ops(9), idle_ms=idle_ms),), ((0, 4, 1),)
         )
         comms = (comm,) + (extra or {}).get(rank, ())
-        responses[addr(rank)] = ProcessData(comms=comms, work=behind_work if rank == 0 else others)
+        responses[addr(rank)] = ProcessData(comms=comms, work=behind_work if rank == 0 else (others or Work()))
     peers = tuple(PeerInfo(addr(r), pid=r, hostname="h", incarnation=r) for r in range(4))
     return JobSnapshot(peers=peers, responses=responses)
 

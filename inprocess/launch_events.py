@@ -1,8 +1,13 @@
 """What a worker tells the launcher that started it: a few JSON lines in a file the launcher reads.
 
-Why a channel at all. A launcher sees its workers from outside: pids, exit codes, output. Four things it needs
+Why a channel at all. A launcher sees its workers from outside: pids, exit codes, output. What it needs that
 only the Wrapper knows:
 
+* that the worker runs the Wrapper at all, before the job's first round (``wrapper_starting``, before the start-up
+  barrier) and once every initial rank met (``wrapper``): a worker lost before that restarts the group
+  (``torchras.launch.startup``);
+* which iteration the worker runs, with which world size (``iteration``): the launcher's "trains at N rank(s)" line,
+  and, on one node, a worker still running that the job's world goes on without (a hung worker it excluded);
 * whether a replacement could be admitted at all: only a Wrapper with joining (``inprocess.elastic.Joining``) takes
   a process that starts later, so ``rasd launch`` respawns a dead worker only once one of its workers said so;
 * when a replacement was admitted, with which rank, into which world: the launcher's "joined" line;

@@ -343,7 +343,14 @@ class JoinDriver:
         self.rendezvous.apply(rendezvous.Join(self.node, self.joined_at))
 
     def wait_for_admission(self) -> Admission:
-        """Poll (``Tick``) until a round newer than the last one admits this process; ``JoinFailed`` otherwise."""
+        """Poll (``Tick``) until a round newer than the last one admits this process; ``JoinFailed`` otherwise.
+
+        The rules fail a join ``join_timeout`` after it began (``Tick``). This process keeps a deadline of its own
+        on top, a little later, so that no wait here outlives it whatever the store holds (a rendezvous value that
+        no longer lists this process, a job whose members all died with nobody left to record it): one line says
+        what was waited for and for how long, and the process fails with ``JoinFailed`` (timeout)."""
+        started = time.monotonic()
+        limit = self.joining.join_timeout + 2 * self.rendezvous.settings.last_call + 5.0
         while True:
             state = self.rendezvous.read()
             found = admitted_in(state, self.node, self.round)
@@ -356,7 +363,24 @@ class JoinDriver:
                 return Admission(round_number, iteration, rank, world_size)
             reason = self.rendezvous.failure(self.node)
             if reason is not None:
+                if reason == rendezvous.Failure.TIMEOUT.value:
+                    log.warning(
+                        "process %s waited its join timeout (%.0f s) and no round of the job admitted it: it gives up "
+                        "(JoinFailed: timeout)",
+                        self.node,
+                        self.joining.join_timeout,
+                    )
                 raise JoinFailed(self.node, reason)
+            waited = time.monotonic() - started
+            if waited >= limit:
+                log.warning(
+                    "process %s waited %.0f s to be admitted to the running job (round %s) and no round admitted it "
+                    "(is any member of the job left?): it gives up (JoinFailed: timeout)",
+                    self.node,
+                    waited,
+                    state.round if state is not None else "unknown",
+                )
+                raise JoinFailed(self.node, rendezvous.Failure.TIMEOUT.value)
             time.sleep(self.joining.poll_interval)
             self.rendezvous.apply(rendezvous.Tick(time.time()))
 

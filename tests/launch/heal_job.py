@@ -13,6 +13,11 @@ Test and benchmark devices, not part of what a user writes:
 
 * ``--kill R:S``: the worker started as rank R kills itself (SIGKILL) before step S; a replacement never does;
 * ``--die L``: every replacement of local rank L kills itself as soon as it starts (a worker that keeps dying);
+* ``--die-at-start L``: the first worker of local rank L kills itself once torch is imported, before the Wrapper
+  starts (a worker lost at start-up); ``--die-in-init L``: it kills itself in iteration 0, right before
+  ``init_process_group`` (lost during the first rendezvous); ``--stop R:S``: the worker started as rank R stops
+  itself (SIGSTOP, a hang) before step S. Only in the group's first start (``TORCHELASTIC_RESTART_COUNT`` 0), never
+  in a replacement;
 * it trains until ``DIR/finish`` exists and every rank has reached ``--steps`` (agreed by an all-reduce each step);
 * it appends JSON lines to ``DIR/<pid>.jsonl``: ``start``, ``synced`` (iteration, rank, world, step, model hash),
   ``step`` (one per step, with its wall-clock time), ``done`` (step, model hash, world), ``killing``.
@@ -42,6 +47,9 @@ def main() -> int:
     ap.add_argument("--commit-every", type=int, default=5)
     ap.add_argument("--kill", default="", help="RANK:STEP")
     ap.add_argument("--die", type=int, default=None, help="LOCAL_RANK whose replacements die at once")
+    ap.add_argument("--die-at-start", type=int, default=None, help="LOCAL_RANK that dies after importing torch")
+    ap.add_argument("--die-in-init", type=int, default=None, help="LOCAL_RANK that dies before init_process_group")
+    ap.add_argument("--stop", default="", help="RANK:STEP")
     ap.add_argument("--wrapper", choices=("torchras", "nvrx", "none"), default="torchras")
     ap.add_argument("--checkpoint", default="", help="--wrapper none: where torch.save keeps the state")
     args = ap.parse_args()
@@ -60,6 +68,12 @@ def main() -> int:
     kill_rank, _, kill_step = args.kill.partition(":")
     first = not replacement and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # not after a restart
     kill_at = int(kill_step) if kill_rank and first and int(os.environ["RANK"]) == int(kill_rank) else None
+    stop_rank, _, stop_step = args.stop.partition(":")
+    stop_at = int(stop_step) if stop_rank and first and int(os.environ["RANK"]) == int(stop_rank) else None
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if first and args.die_at_start == local_rank:
+        record("killing", reason="die-at-start")
+        os.kill(os.getpid(), signal.SIGKILL)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -75,6 +89,9 @@ def main() -> int:
             if kill_at is not None and state.step == kill_at:
                 record("killing", step=state.step, rank=rank)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if stop_at is not None and state.step == stop_at and iteration == 0:
+                record("stopping", step=state.step, rank=rank)
+                os.kill(os.getpid(), signal.SIGSTOP)
             generator = torch.Generator().manual_seed(state.step * 1000 + rank)
             optimizer.zero_grad()
             ddp(torch.randn(16, 32, generator=generator)).square().mean().backward()
@@ -136,6 +153,9 @@ def main() -> int:
     @inprocess.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1})
     def train(call_wrapper: inprocess.CallWrapper) -> None:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if first and args.die_in_init == local_rank and call_wrapper.iteration == 0:
+            record("killing", reason="die-in-init")
+            os.kill(os.getpid(), signal.SIGKILL)
         dist.init_process_group(
             "gloo", store=call_wrapper.store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
         )

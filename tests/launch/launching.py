@@ -106,6 +106,24 @@ class Launch:
         except subprocess.TimeoutExpired as error:
             raise AssertionError(f"rasd launch still runs after {timeout} s:\n{self.tail()}") from error
 
+    def run_id(self) -> str:
+        """``TORCHELASTIC_RUN_ID`` of the job, from the launcher's first line."""
+        found = re.search(r"TORCHELASTIC_RUN_ID=(\S+);", self.err())
+        assert found, self.tail()
+        return found.group(1)
+
+    def assert_nothing_left(self, timeout: float = 30) -> None:
+        """No process of the job runs ``timeout`` s after the launcher ended: no worker, no monitor process, no
+        store server (each inherits ``TORCHELASTIC_RUN_ID``; the store server's linger is 10 s)."""
+        assert self.process.poll() is not None, "the launcher still runs"
+        run_id = self.run_id()
+        wait_until(
+            lambda: not job_processes(run_id),
+            timeout,
+            0.5,
+            what=lambda: f"every process of job {run_id} to end; left: {job_processes(run_id)}\n{self.tail()}",
+        )
+
     def tail(self) -> str:
         return f"--- stderr ---\n{self.err()[-6000:]}\n--- stdout ---\n{self.out()[-3000:]}"
 
@@ -145,3 +163,23 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def job_processes(run_id: str) -> list[str]:
+    """The living processes (not zombies) whose environment has ``TORCHELASTIC_RUN_ID=run_id``: ``pid command``."""
+    marker = f"TORCHELASTIC_RUN_ID={run_id}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as file:
+                if marker not in file.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as file:
+                command = file.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if alive(int(name)):
+            found.append(f"{name} {command[:200]}")
+    return found

@@ -46,8 +46,12 @@ def test_a_failed_worker_leaves_the_others_running_and_is_the_jobs_status(
     launch = _run(tmp_path, "--nproc-per-node", "3", WORKER, "exit", str(tmp_path), str(code), "1", "3")
     assert launch.process.returncode == status, launch.tail()
     assert sorted(p.name for p in tmp_path.glob("*.done")) == ["0.done", "2.done"]  # trained on to their end
-    ended = [line for line in launch.lines() if "worker 1 " in line and "ended" in line]
-    assert len(ended) == 1 and how in ended[0] and "nothing could admit a replacement" in ended[0], ended
+    # It ended before any worker said it runs inprocess.Wrapper: the launcher waits for that verdict (a Wrapper job
+    # would restart its group), and once the others ended without a word it is a plain script's failure.
+    lines = [line for line in launch.lines() if "worker 1 (pid" in line and "rank 1)" in line]
+    assert len(lines) == 2 and how in lines[0] and "before the job started" in lines[0], lines
+    assert "the other workers ended without saying that they run inprocess.Wrapper" in lines[1], lines
+    assert "nothing could admit a replacement" in lines[1], lines
     assert "the job failed: worker 1 (pid " in launch.lines()[-1] and f"status {status}" in launch.lines()[-1]
 
 

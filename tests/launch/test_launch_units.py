@@ -10,7 +10,7 @@ import string
 
 import pytest
 
-from torchras.launch import args as launch_args, environment, output, status, workers
+from torchras.launch import args as launch_args, environment, output, startup, status, workers
 
 torch_run = pytest.importorskip("torch.distributed.run")
 
@@ -365,7 +365,15 @@ def test_the_job_status() -> None:
     done = _exit(0, 10.0, completed=True)
     assert status.job_status([done, _exit(0, 11.0, completed=True)]) == 0
     assert status.job_status([_exit(-9, 1.0), done]) == 0  # survived: the job completed after it
-    assert status.job_status([done, _exit(3, 12.0)]) == 3  # broke while finishing
+    # The final world is the workers whose call completed: one that never completed and failed after the end was
+    # outside it (a hung worker the job excluded, a replacement still waiting), one of it that failed is the job's.
+    assert status.job_status([done, _exit(3, 12.0)]) == 0
+    assert status.job_status([done, _exit(3, 12.0, completed=True)]) == 3  # a rank of the final world, in teardown
+    # What the launcher ended itself (a start-up restart of the group, an excluded worker) never counts...
+    assert status.job_status([_exit(-9, 1.0, by_launcher=True), done]) == 0
+    assert status.job_status([_exit(-9, 1.0), _exit(-9, 1.1, by_launcher=True)]) == 137
+    # ... unless nothing completed and it is all there is: the job did not finish, so not 0.
+    assert status.job_status([_exit(-15, 1.0, by_launcher=True), _exit(0, 2.0)]) == 143
     assert status.job_status([_exit(-9, 1.0), _exit(1, 2.0)]) == 137  # nothing completed: the first failure
     assert status.job_status([_exit(0, 1.0), _exit(-9, 2.0)]) == 137  # exit 0 without completing: left early
     assert status.job_status([_exit(1, 1.0, refused=True), done]) == 0  # a replacement that came too late
@@ -445,3 +453,25 @@ def test_a_worker_announces_whole_lines_and_never_raises(tmp_path, monkeypatch: 
     assert second["event"] == "completed"
     monkeypatch.setenv(launch_events.ENVIRONMENT, str(tmp_path))  # a folder: the write fails, training does not
     launch_events.announce("iteration", iteration=1)
+
+
+def test_a_worker_lost_before_the_first_round_restarts_the_group_only_under_the_wrapper() -> None:
+    """``torchras.launch.startup``: the group restarts for a job of Wrapper workers; without a word from them yet
+    the verdict waits (bounded), and a job nobody said runs the Wrapper keeps the usual rules (a plain script)."""
+    base = dict(started=False, nnodes=1, max_respawns=3, newcomer=False, ending=False)
+    assert startup.eligible(**base)
+    for change in ({"started": True}, {"nnodes": 2}, {"max_respawns": 0}, {"newcomer": True}, {"ending": True}):
+        assert not startup.eligible(**{**base, **change}), change
+    verdict = startup.Verdict
+    assert startup.classify(wrapper_built=True, others_alive=True, deadline_passed=False) is verdict.RESTART
+    assert startup.classify(wrapper_built=True, others_alive=False, deadline_passed=True) is verdict.RESTART
+    assert startup.classify(wrapper_built=False, others_alive=True, deadline_passed=False) is verdict.WAIT
+    assert startup.classify(wrapper_built=False, others_alive=True, deadline_passed=True) is verdict.PLAIN
+    assert startup.classify(wrapper_built=False, others_alive=False, deadline_passed=False) is verdict.PLAIN
+
+
+def test_a_replacement_that_timed_out_waiting_to_join_is_not_respawned() -> None:
+    common = dict(respawns_done=0, max_respawns=3, respawn_backoff=1.0, stopping=False, refused=False, heals=True)
+    assert workers.decide(1, completed=False, **common).respawn
+    decision = workers.decide(1, completed=False, join_timed_out=True, **common)
+    assert not decision.respawn and "join timeout" in decision.reason

@@ -14,7 +14,8 @@ job of ``n`` nodes with ``p`` workers each:
 ``MASTER_ADDR``, ``MASTER_PORT``    the store the launcher of node 0 serves (``init_process_group("env://")``)
 ``TORCHELASTIC_USE_AGENT_STORE``    ``True``: env:// connects to that store as a client, no worker hosts it
 ``TORCHELASTIC_RUN_ID``             ``--rdzv-id`` (``none``), a fresh uuid with ``--standalone``
-``TORCHELASTIC_RESTART_COUNT``      ``0``: the job is never restarted as a whole. A replacement keeps it at 0 too:
+``TORCHELASTIC_RESTART_COUNT``      ``0``, or how many times the group was restarted because a worker was lost
+                                    at start-up (the only whole-group restart). A replacement keeps the group's:
                                     the Wrapper finds the running job by run id and restart count
 ``TORCHELASTIC_MAX_RESTARTS``       ``0`` (``--max-restarts`` is not a group restart here)
 ``TORCHELASTIC_ERROR_FILE``         where torch's ``@record`` writes a worker's uncaught exception
@@ -59,8 +60,10 @@ def worker_environment(
     error_file: str,
     events_file: str,
     newcomer: bool,
+    restart_count: int = 0,
 ) -> dict[str, str]:
-    """The environment of the worker of ``local_rank`` (``newcomer``: a replacement that joins the running job)."""
+    """The environment of the worker of ``local_rank`` (``newcomer``: a replacement that joins the running job;
+    ``restart_count``: how many times the launcher restarted its group at start-up, ``torchras.launch.main``)."""
     env = dict(base)
     rank = node_rank * plan.nproc_per_node + local_rank
     env.update(
@@ -74,7 +77,7 @@ def worker_environment(
         ROLE_WORLD_SIZE=str(plan.world_size),
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
-        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_RESTART_COUNT=str(restart_count),
         TORCHELASTIC_MAX_RESTARTS="0",
         TORCHELASTIC_RUN_ID=run_id,
         TORCHELASTIC_USE_AGENT_STORE="True",

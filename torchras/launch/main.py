@@ -36,7 +36,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import args as args_module, environment, output, status as status_module, workers as workers_module
+from . import (
+    args as args_module,
+    environment,
+    output,
+    reaper,
+    startup,
+    status as status_module,
+    workers as workers_module,
+)
 from .store import LaunchError, LaunchStore, Rendezvous
 
 log = logging.getLogger("torchras.launch")
@@ -46,6 +54,12 @@ log = logging.getLogger("torchras.launch")
 DRAIN_S = 2.0
 #: The longest wait of the loop: a worker's end wakes it at once (SIGCHLD), this is the fallback.
 MAX_WAIT_S = 0.5
+#: How often the launcher reaps what its workers left (orphans it adopted as a subreaper, ``reaper``).
+REAP_EVERY_S = 1.0
+#: Why a group restart: a worker lost at start-up (``startup``).
+STARTUP_WHEN = "before the job's first round (the workers had not all met)"
+#: How long what the workers left (monitor processes, the Wrapper's store server) gets after SIGTERM.
+LEFTOVER_GRACE_S = 5.0
 
 
 class _EventLines(logging.Handler):
@@ -84,6 +98,15 @@ class Launcher:
         self.completed = False  # a worker of this node finished
         self.gave_up: str | None = None  # a worker's Wrapper gave up: which one and why, for the last line
         self.world_seen: tuple[int, int] | None = None  # (iteration, world size) last reported
+        self.restart_count = 0  # start-up restarts of the group so far (TORCHELASTIC_RESTART_COUNT)
+        self.wrapper_built = False  # a worker said it builds an inprocess.Wrapper (before its start-up barrier)
+        self.job_started = False  # a worker of this group passed the Wrapper's start-up barrier (``startup``)
+        self.startup_losses: dict[int, float] = {}  # local rank -> deadline of a start-up loss's pending verdict
+        self.group_restart_at: float | None = None  # when the group starts again, once every worker has ended
+        self.ending: str | None = None  # the launcher ends the job itself (it cannot start): why
+        self.outsiders_at: float | None = None  # when workers outside the completed job's final world are stopped
+        self.subreaper = False
+        self._reaped_at = 0.0
         self.streams: dict[int, output.Stream] = {}  # pipe read end -> the worker stream it carries
         self.draining: dict[int, float] = {}  # pipe read end of an ended worker -> give up reading it at
         self.rendezvous: Rendezvous | None = None
@@ -111,6 +134,8 @@ class Launcher:
             for local_rank in range(plan.nproc_per_node)
         ]
         previous = self._install_signals()
+        self.subreaper = reaper.become_subreaper()
+        self.job_started = self.rendezvous.relaunched  # its workers join a running job
         try:
             for slot in self.slots:
                 self._start(slot, newcomer=self.rendezvous.relaunched)
@@ -120,15 +145,19 @@ class Launcher:
                 self._act_on_signals()
                 self._reap()
                 self._read_announcements()
+                self._settle_startup_losses()
+                self._check_members()
                 self._respawn_due()
                 self._flush_partial_lines()
                 self._enforce_deadline()
+                self._reap_orphans()
         finally:
             self._restore_signals(previous)
             for slot in self.slots:  # never leave a worker behind, whatever happened here
                 if slot.alive and slot.worker is not None:
                     slot.worker.signal_group(signal.SIGKILL)
                     slot.worker.process.wait()
+            self._end_leftovers()
             self._close_pipes()
             self._stop_store()
         code = status_module.job_status(self.exits, self.stopping, self.wrapped, self.gave_up is not None)
@@ -138,7 +167,8 @@ class Launcher:
     # ---- starting -------------------------------------------------------------------------------------------
 
     def _log_folder(self) -> Path:
-        """torchrun's layout: ``<log-dir or a temporary folder>/<run id>_<random>/attempt_0``."""
+        """torchrun's layout: ``<log-dir or a temporary folder>/<run id>_<random>/attempt_0`` (``attempt_N`` after
+        N start-up restarts of the group)."""
         base = self.plan.log_dir or tempfile.mkdtemp(prefix="torchelastic_")
         os.makedirs(base, exist_ok=True)
         run = tempfile.mkdtemp(prefix=f"{self.plan.run_id}_", dir=base)
@@ -164,6 +194,7 @@ class Launcher:
             error_file=str(error_file),
             events_file=str(folder / "events.jsonl"),
             newcomer=newcomer,
+            restart_count=self.restart_count,
         )
         destinations = output.destinations(
             slot.local_rank, plan.redirects, plan.tee, plan.local_ranks_filter, str(folder)
@@ -233,6 +264,11 @@ class Launcher:
         deadlines += list(self.draining.values())
         if self.kill_at is not None:
             deadlines.append(self.kill_at)
+        if self.group_restart_at is not None:
+            deadlines.append(self.group_restart_at)
+        deadlines += list(self.startup_losses.values())
+        if self.outsiders_at is not None:
+            deadlines.append(self.outsiders_at)
         deadlines += [w.kill_at for slot in self.slots if slot.alive and (w := slot.worker) and w.kill_at is not None]
         deadlines += [due for stream in self.streams.values() if (due := stream.due()) is not None]
         timeout = max(0.0, min([now + MAX_WAIT_S, *deadlines]) - now)
@@ -341,6 +377,10 @@ class Launcher:
                     name,
                     self.plan.shutdown_timeout,
                 )
+                if self.group_restart_at is not None:
+                    log.info("the group's restart is cancelled: the launcher stops")
+                self.group_restart_at = None
+                self.startup_losses.clear()
                 for slot in self.slots:
                     slot.respawn_at = None
                     if slot.alive and slot.worker is not None:
@@ -352,6 +392,9 @@ class Launcher:
 
     def _enforce_deadline(self) -> None:
         now = time.monotonic()
+        if self.outsiders_at is not None and now >= self.outsiders_at:
+            self.outsiders_at = None
+            self._stop_outsiders()
         if self.kill_at is not None and now >= self.kill_at:
             if any(slot.alive for slot in self.slots):
                 log.warning("workers still running %.0f s after the signal: SIGKILL", self.plan.shutdown_timeout)
@@ -400,21 +443,34 @@ class Launcher:
                     worker.refused,
                     worker.completed,
                     worker.gave_up,
+                    worker.by_launcher,
                 )
             )
             if worker.returncode == 0 and not self.wrapped:
                 self._job_completed()  # a plain script: a worker that finished is the job finishing
+            if self.group_restart_at is not None and worker.by_launcher:
+                log.info(
+                    "worker %s (pid %s, rank %s) ended: %s; stopped for the group's restart",
+                    slot.local_rank,
+                    worker.pid,
+                    slot.rank,
+                    status_module.describe(worker.returncode),
+                )
+                continue
+            if worker.returncode != 0 and self._startup_loss(slot, worker):
+                continue
             decision = workers_module.decide(
                 worker.returncode,
                 respawns_done=slot.respawns,
                 max_respawns=self.plan.max_respawns,
                 respawn_backoff=self.plan.respawn_backoff,
-                stopping=self.stopping is not None,
+                stopping=self.stopping is not None or self.ending is not None,
                 refused=worker.refused,
                 completed=self.completed,
                 heals=self.heals,
                 gave_up=worker.gave_up,
                 job_gave_up=self.gave_up is not None,
+                join_timed_out=worker.join_timed_out,
             )
             cause = self._root_cause(slot)
             how = status_module.describe(worker.returncode)
@@ -447,14 +503,286 @@ class Launcher:
             message = message.get("message", "")
         return str(message).strip().splitlines()[0][:300] if str(message).strip() else ""
 
+    # ---- start-up losses and the group's restart (``torchras.launch.startup``) -------------------------------
+
+    def _startup_loss(self, slot: workers_module.Slot, worker: workers_module.Worker) -> bool:
+        """A worker lost before the job's first round: the group restarts, or the verdict waits for the others
+        to say whether they run the Wrapper. False: not a start-up loss, the usual rules decide."""
+        if not startup.eligible(
+            started=self.job_started,
+            nnodes=self.plan.nnodes,
+            max_respawns=self.plan.max_respawns,
+            newcomer=worker.newcomer,
+            ending=self.stopping is not None or self.gave_up is not None or self.ending is not None,
+        ):
+            return False
+        if worker.by_launcher or worker.returncode is None:
+            return False
+        how = status_module.describe(worker.returncode)
+        verdict = startup.classify(wrapper_built=self.wrapper_built, others_alive=True, deadline_passed=False)
+        if verdict is startup.Verdict.RESTART:
+            self._restart_group(f"worker {slot.local_rank} (pid {worker.pid}, rank {slot.rank}) ended: {how}")
+            return True
+        self.startup_losses[slot.local_rank] = time.monotonic() + startup.VERDICT_S
+        log.warning(
+            "worker %s (pid %s, rank %s) ended: %s, before the job started; waiting up to %.0f s for the other "
+            "workers to say whether they run inprocess.Wrapper (then the group restarts) or not",
+            slot.local_rank,
+            worker.pid,
+            slot.rank,
+            how,
+            startup.VERDICT_S,
+        )
+        return True
+
+    def _settle_startup_losses(self) -> None:
+        """The pending verdicts of start-up losses, once the workers said what they run (or could not)."""
+        if not self.startup_losses:
+            return
+        if self.stopping is not None or self.gave_up is not None or self.ending is not None or self.job_started:
+            self.startup_losses.clear()
+            return
+        now = time.monotonic()
+        others_alive = any(slot.alive for slot in self.slots)
+        for local_rank, deadline in sorted(self.startup_losses.items()):
+            verdict = startup.classify(
+                wrapper_built=self.wrapper_built, others_alive=others_alive, deadline_passed=now >= deadline
+            )
+            if verdict is startup.Verdict.WAIT:
+                continue
+            slot = self.slots[local_rank]
+            worker = slot.worker
+            assert worker is not None and worker.returncode is not None
+            if verdict is startup.Verdict.RESTART:
+                self.startup_losses.clear()
+                self._restart_group(
+                    f"worker {local_rank} (pid {worker.pid}, rank {slot.rank}) ended: "
+                    f"{status_module.describe(worker.returncode)}"
+                )
+                return
+            del self.startup_losses[local_rank]
+            why = (
+                f"no worker said within {startup.VERDICT_S:.0f} s that it runs inprocess.Wrapper"
+                if others_alive
+                else "the other workers ended without saying that they run inprocess.Wrapper"
+            )
+            decision = workers_module.decide(
+                worker.returncode,
+                respawns_done=slot.respawns,
+                max_respawns=self.plan.max_respawns,
+                respawn_backoff=self.plan.respawn_backoff,
+                stopping=False,
+                refused=False,
+                completed=False,
+                heals=self.heals,
+            )
+            log.warning("worker %s (pid %s, rank %s): %s; %s", local_rank, worker.pid, slot.rank, why, decision.reason)
+            if decision.respawn:
+                slot.respawns += 1
+                slot.respawn_at = now + decision.delay
+
+    def _restart_group(self, cause: str, when: str = STARTUP_WHEN) -> None:
+        """Stop every worker of the node and start the group again (``startup``), within ``--max-respawns``."""
+        plan = self.plan
+        if self.restart_count >= plan.max_respawns:
+            self.ending = f"{cause}, after {self.restart_count} restart(s) of the group"
+            log.warning(
+                "%s, %s; the group was restarted %s time(s) already (--max-respawns %s): "
+                "the job cannot start at full size; stopping every worker (SIGTERM, SIGKILL in %.0f s)",
+                cause,
+                when,
+                self.restart_count,
+                plan.max_respawns,
+                plan.shutdown_timeout,
+            )
+            self._stop_workers(signal.SIGTERM)
+            return
+        delay = workers_module.backoff(self.restart_count, plan.respawn_backoff)
+        self.restart_count += 1
+        self.group_restart_at = time.monotonic() + delay
+        for slot in self.slots:
+            slot.respawn_at = None
+        alive = [slot for slot in self.slots if slot.alive]
+        log.warning(
+            "%s, %s: the group restarts (%s of %s)%s: %s"
+            "every worker of this node is started again as a fresh group, TORCHELASTIC_RESTART_COUNT=%s",
+            cause,
+            when,
+            self.restart_count,
+            plan.max_respawns,
+            f" in {delay:.1f} s" if delay else "",
+            f"SIGKILL to the {len(alive)} other worker(s); " if alive else "",
+            self.restart_count,
+        )
+        self._stop_workers(signal.SIGKILL)
+
+    def _stop_workers(self, signum: int) -> None:
+        """``signum`` (and SIGCONT) to every worker still running, which the launcher ends itself."""
+        for slot in self.slots:
+            worker = slot.worker
+            if slot.alive and worker is not None:
+                worker.by_launcher = True
+                if signum != signal.SIGKILL and worker.kill_at is None:
+                    worker.kill_at = time.monotonic() + self.plan.shutdown_timeout
+                worker.signal_group(signum)
+                worker.signal_group(signal.SIGCONT)
+
+    def _start_group(self) -> None:
+        """The group's restart, once every worker of the old one has ended: what they left is ended too (the
+        Wrapper's store server must free its port), then every local rank starts as an initial member."""
+        self.group_restart_at = None
+        self._end_leftovers(at_once=True)
+        run = self.folder.parent
+        self.folder = run / f"attempt_{self.restart_count}"
+        self.folder.mkdir(exist_ok=True)
+        self.job_started = False
+        self.world_seen = None
+        for slot in self.slots:
+            slot.events_offset = 0
+            slot.respawn_at = None
+            self._start(slot, newcomer=False)
+        log.info(
+            "the group started again (attempt %s): %s",
+            self.restart_count,
+            ", ".join(f"{slot.local_rank}: pid {slot.pids[-1]}" for slot in self.slots),
+        )
+
+    # ---- the job's members ------------------------------------------------------------------------------------
+
+    def _check_members(self) -> None:
+        """On one node, where the launcher sees every worker of the job: a job with no member left, and a worker
+        that the job's world goes on without."""
+        if (
+            self.plan.nnodes != 1
+            or not self.heals
+            or not self.job_started
+            or self.completed
+            or self.stopping is not None
+            or self.gave_up is not None
+            or self.ending is not None
+            or self.group_restart_at is not None
+        ):
+            return
+        members = [slot for slot in self.slots if slot.alive and slot.worker and not slot.worker.waiting_to_join]
+        waiting = [slot for slot in self.slots if slot.alive and slot.worker and slot.worker.waiting_to_join]
+        due = [slot for slot in self.slots if slot.respawn_at is not None]
+        if not members and (waiting or due):
+            self._restart_group(
+                f"no member of the job is left ({len(waiting)} replacement(s) waiting to join, {len(due)} due)",
+                "so nothing can admit them, and the training state in memory is gone with the members",
+            )
+            return
+        self._stop_excluded()
+
+    def _stop_excluded(self) -> None:
+        """A worker still running that the job's latest iteration does without (its world is complete with the
+        other workers: a hung worker the Wrapper excluded) is ended (SIGTERM, SIGKILL after the shutdown timeout)
+        and respawned like any lost worker, so the world grows back to its size."""
+        if self.world_seen is None:
+            return
+        iteration, world = self.world_seen
+        inside = [s for s in self.slots if s.alive and s.worker is not None and s.worker.iteration == iteration]
+        if len(inside) < world:
+            return
+        for slot in self.slots:
+            worker = slot.worker
+            if (
+                not slot.alive
+                or worker is None
+                or worker.waiting_to_join
+                or worker.kill_at is not None
+                or worker.iteration is None
+                or worker.iteration >= iteration
+            ):
+                continue
+            log.warning(
+                "worker %s (pid %s, rank %s) is no longer part of the job: iteration %s trains at %s rank(s) "
+                "without it (its last was iteration %s: it hung or left); SIGTERM, SIGKILL in %.0f s, then it is "
+                "respawned",
+                slot.local_rank,
+                worker.pid,
+                slot.rank,
+                iteration,
+                world,
+                worker.iteration,
+                self.plan.shutdown_timeout,
+            )
+            worker.by_launcher = True
+            worker.kill_at = time.monotonic() + self.plan.shutdown_timeout
+            worker.signal_group(signal.SIGTERM)
+            worker.signal_group(signal.SIGCONT)
+
+    def _stop_outsiders(self) -> None:
+        """The job completed ``--shutdown-timeout`` ago: a worker still running that was not in its final world (a
+        hung worker, a replacement still waiting) has nothing left to do: SIGTERM, SIGKILL after the timeout."""
+        for slot in self.slots:
+            worker = slot.worker
+            if not slot.alive or worker is None or worker.completed or worker.kill_at is not None:
+                continue
+            log.warning(
+                "worker %s (pid %s, rank %s) still running %.0f s after the job completed, outside its final world: "
+                "SIGTERM, SIGKILL in %.0f s",
+                slot.local_rank,
+                worker.pid,
+                slot.rank,
+                self.plan.shutdown_timeout,
+                self.plan.shutdown_timeout,
+            )
+            worker.by_launcher = True
+            worker.kill_at = time.monotonic() + self.plan.shutdown_timeout
+            worker.signal_group(signal.SIGTERM)
+            worker.signal_group(signal.SIGCONT)
+
+    # ---- what the workers leave behind (``reaper``) --------------------------------------------------------
+
+    def _worker_pids(self) -> set[int]:
+        return {pid for slot in self.slots for pid in slot.pids}
+
+    def _reap_orphans(self) -> None:
+        """Reap (never end) the orphans the launcher adopted that have exited, at most once per ``REAP_EVERY_S``."""
+        now = time.monotonic()
+        if self.subreaper and now - self._reaped_at >= REAP_EVERY_S:
+            self._reaped_at = now
+            reaper.children(self._worker_pids())
+
+    def _end_leftovers(self, at_once: bool = False) -> None:
+        """Every worker has ended: end what they left (monitor processes, the Wrapper's store server). On one node,
+        or when the launcher stops, at once; on several nodes the store server may serve the other nodes' last
+        barriers: what is left gets its linger (``INPROCESS_STORE_LINGER``, 10 s) plus a grace to end by itself."""
+        if not self.subreaper:
+            return
+        left = reaper.children(self._worker_pids())
+        if left and not at_once and self.plan.nnodes > 1 and self.stopping is None:
+            linger = float(os.environ.get("INPROCESS_STORE_LINGER", "10")) + LEFTOVER_GRACE_S
+            deadline = time.monotonic() + linger
+            while left and time.monotonic() < deadline:
+                time.sleep(0.2)
+                left = reaper.children(self._worker_pids())
+            if left:
+                log.info("process(es) the workers left still running %.0f s after the job's end", linger)
+        reaper.end(left, LEFTOVER_GRACE_S, "the workers left (monitor processes, store servers)")
+
     def _respawn_due(self) -> None:
         now = time.monotonic()
+        if (
+            self.group_restart_at is not None
+            and self.group_restart_at <= now
+            and not any(slot.alive for slot in self.slots)
+        ):
+            try:
+                self._start_group()
+            except OSError as error:
+                log.error("the group could not be started again: %s", error)
+                self.ending = f"the group could not be started again: {error}"
+            return
         for slot in self.slots:
             if (
                 slot.respawn_at is not None
                 and slot.respawn_at <= now
                 and self.stopping is None
                 and self.gave_up is None
+                and self.ending is None
+                and self.group_restart_at is None
             ):
                 try:
                     self._start(slot, newcomer=True)
@@ -463,6 +791,8 @@ class Launcher:
                     slot.respawn_at = None
 
     def _finished(self) -> bool:
+        if self.group_restart_at is not None or self.startup_losses:
+            return False
         for slot in self.slots:
             if slot.alive or slot.respawn_at is not None:
                 return False
@@ -499,8 +829,11 @@ class Launcher:
         kind = event.get("event")
         worker = slot.worker
         current = worker is not None and event.get("pid") == worker.pid
-        if kind == "wrapper":
+        if kind in ("wrapper", "wrapper_starting"):
             self.wrapped = True
+            self.wrapper_built = True
+        if kind == "wrapper" and current and not event.get("newcomer"):
+            self.job_started = True  # its start-up barrier passed: every initial rank met (``startup``)
         if kind == "wrapper" and event.get("joining") and not self.heals:
             self.heals = True
             if self.plan.max_respawns:
@@ -518,6 +851,7 @@ class Launcher:
             )
         elif kind == "join_failed" and current and worker is not None:
             worker.refused = event.get("reason") == "closed"
+            worker.join_timed_out = event.get("reason") == "timeout"
         elif kind == "completed" and current and worker is not None:
             worker.completed = True
             self._job_completed()
@@ -527,6 +861,8 @@ class Launcher:
             self._job_gave_up(slot, event)
         elif kind == "iteration":
             iteration, world = int(event.get("iteration", 0)), int(event.get("world_size", 0))
+            if current and worker is not None:
+                worker.iteration = iteration
             if self.world_seen is None or iteration > self.world_seen[0]:
                 if self.world_seen is not None and world != self.world_seen[1]:
                     log.info("the job trains at %s rank(s) now (iteration %s)", world, iteration)
@@ -537,6 +873,8 @@ class Launcher:
         if self.completed:
             return
         self.completed = True
+        if self.wrapped:  # the final world exits by itself; what is outside it gets a deadline (_stop_outsiders)
+            self.outsiders_at = time.monotonic() + self.plan.shutdown_timeout
         for slot in self.slots:
             if slot.respawn_at is not None:
                 slot.respawn_at = None
@@ -593,6 +931,9 @@ class Launcher:
             return
         if self.gave_up is not None:
             log.warning("every worker has exited: the job gave up (%s): status %s", self.gave_up, code)
+            return
+        if self.ending is not None:
+            log.warning("every worker has exited: the job could not start: %s: status %s", self.ending, code)
             return
         failure = status_module.first_real_failure(self.exits, self.wrapped)
         if failure is None:

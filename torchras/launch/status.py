@@ -1,16 +1,21 @@
 """The job's exit status, and how a worker's end reads in one line. Pure functions of what the launcher saw.
 
-The rule (issue 25): 0 when training finished, the first real failure otherwise.
+The rule (issues 25 and 38): 0 when the job completed its work, whatever died on the way and was healed; the cause
+otherwise.
 
-* **Training finished** when a worker completed: exit code 0, and under ``inprocess.Wrapper`` its wrapped call
-  completed (a worker that left the job early with exit code 0 did not finish training). Under the Wrapper a
-  failure before that was survived: the Wrapper restarted the others in place, the job went on without that
-  worker (respawned, or smaller) and completed, so it is not the job's failure. A failure after the first
-  completion is real: something broke while the job was finishing.
+* **The job completed its work**, under ``inprocess.Wrapper``: a worker's wrapped call completed (its Wrapper
+  announced ``completed``) and every worker whose call completed, the final world, exited 0. The Wrapper announces
+  ``completed`` only after the completion barrier of every rank of that world, so those workers are the final world.
+  A failure of any other worker does not count: it was survived (the job went on without it, respawned or smaller,
+  and completed), or it came after the end from a process that was no longer part of the job (a hung worker the job
+  had excluded, a replacement that waited to join). A rank of the final world that fails after its call completed
+  (in its teardown) is the job's failure: the last line names it.
 * **No Wrapper** (no worker announced one, ``inprocess.launch_events``): nothing survives a failure in place, so
   every failure is real, as under torchrun, even when the other workers ran to their end.
 * **No worker completed**: the first failure is the job's status (a crash, a kill, a hard-timeout kill).
-* A replacement refused because the job had completed (``JoinFailed``, closed) is neither: it came too late.
+* Never a failure: a replacement refused because the job had completed (``JoinFailed``, closed: it came too late),
+  and a worker the launcher ended itself (``by_launcher``: stopped for a start-up restart of the group, or excluded
+  from the job and still running when the job completed); the launcher's own line says why.
 * **The job gave up** (a worker's Wrapper announced ``gave_up``: it raised ``RestartAbort``): never 0, whatever the
   workers' codes, since training did not finish. The code of the first worker whose Wrapper gave up (1 for a script
   that lets ``RestartAbort`` out, as torchrun's own status for failed workers), or the first failure's if that
@@ -39,6 +44,7 @@ class Exit:
     refused: bool = False  # a replacement the job turned away because it had completed
     completed: bool = False  # its Wrapper said the wrapped call completed (training finished)
     gave_up: bool = False  # its Wrapper gave up (``RestartAbort``): the job ended
+    by_launcher: bool = False  # the launcher ended it itself (a start-up restart, excluded from the job)
 
 
 def shell_code(returncode: int) -> int:
@@ -79,12 +85,14 @@ def gave_up_failure(exits: list[Exit]) -> Exit | None:
 
 
 def first_real_failure(exits: list[Exit], wrapped: bool = True) -> Exit | None:
-    """The exit that ``job_status`` reports (None when the job finished)."""
-    ordered = sorted(exits, key=lambda item: item.time)
-    completions = [item.time for item in ordered if item.returncode == 0 and (item.completed or not wrapped)]
-    for item in ordered:
-        if item.returncode == 0 or item.refused:
-            continue
-        if not wrapped or not completions or item.time > completions[0]:
-            return item
-    return None
+    """The exit that ``job_status`` reports (None when the job completed its work)."""
+    ordered = [item for item in sorted(exits, key=lambda item: item.time) if not item.refused]
+    failures = [item for item in ordered if item.returncode != 0 and not item.by_launcher]
+    if not wrapped:
+        return next(iter(failures), None)
+    final_world = [item for item in ordered if item.completed]
+    if final_world:
+        return next((item for item in final_world if item.returncode != 0), None)
+    # Nothing completed: the first failure; one the launcher caused only if there is no other (the job did not
+    # finish, so its status is not 0).
+    return next(iter(failures), next((item for item in ordered if item.returncode != 0), None))

@@ -19,6 +19,7 @@ was a replacement the job refused (it had completed)      done                  
 ended after the job completed (its Wrapper said so; a     done                            the job completed
 plain script: a worker exited 0)
 ended after the job gave up (another worker's Wrapper)     done                            the job ended
+was a replacement no round admitted in its join timeout   done, the job goes on smaller   it would wait again
 ended, ``--max-respawns 0``                               done, the job goes on smaller   the user said so
 ended, and no worker of the job said its Wrapper joins    done, the job goes on smaller   nothing could admit
                                                                                           a replacement
@@ -83,6 +84,7 @@ def decide(
     heals: bool,
     gave_up: bool = False,
     job_gave_up: bool = False,
+    join_timed_out: bool = False,
 ) -> Decision:
     """The table in this module's docstring. ``gave_up``: this worker's Wrapper gave up; ``job_gave_up``: a worker's
     Wrapper of this job gave up (this one or another)."""
@@ -98,6 +100,13 @@ def decide(
         return Decision(False, 0.0, "the job has completed")
     if job_gave_up:
         return Decision(False, 0.0, "not respawned: the job gave up")
+    if join_timed_out:
+        return Decision(
+            False,
+            0.0,
+            "not respawned: it waited its join timeout and no round admitted it (a replacement would wait as long); "
+            "the job goes on without it",
+        )
     if max_respawns == 0:
         return Decision(False, 0.0, "not respawned (--max-respawns 0): the job goes on without it")
     if not heals:
@@ -139,7 +148,12 @@ class Worker:
         self.completed = False  # its Wrapper said the wrapped call completed (inprocess.launch_events)
         self.gave_up = False  # its Wrapper gave up (inprocess.launch_events: gave_up)
         self.joined = False  # a replacement its Wrapper says was admitted (inprocess.launch_events: joined)
+        self.join_timed_out = False  # a replacement no round admitted within its join timeout (join_failed)
+        self.iteration: int | None = None  # the last iteration its Wrapper said it runs (inprocess.launch_events)
         self.kill_at: float | None = None  # monotonic time it gets SIGKILL, if it was asked to leave
+        #: The launcher ended it itself (a start-up restart of the group; no longer part of the job): its end is
+        #: never the job's failure (``torchras.launch.status``).
+        self.by_launcher = False
 
     @property
     def waiting_to_join(self) -> bool:

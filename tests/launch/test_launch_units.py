@@ -326,6 +326,14 @@ def test_a_dead_worker_is_respawned_at_once_then_with_a_growing_back_off() -> No
     assert "--max-respawns 3" in _decide(respawns_done=3).reason
 
 
+def test_a_worker_the_job_excluded_is_respawned_however_it_ends() -> None:
+    """A hung worker the Wrapper excluded, ended by the launcher, may resume and leave cleanly (exit 0): it is
+    respawned all the same, so the world grows back (the demo's ``--inject stop``)."""
+    assert _decide(0, excluded=True).respawn
+    assert _decide(-9, excluded=True).respawn
+    assert not _decide(0, excluded=True, completed=True).respawn
+
+
 @pytest.mark.parametrize(
     ("returncode", "overrides", "because"),
     [

@@ -471,6 +471,7 @@ class Launcher:
                 gave_up=worker.gave_up,
                 job_gave_up=self.gave_up is not None,
                 join_timed_out=worker.join_timed_out,
+                excluded=worker.excluded,
             )
             cause = self._root_cause(slot)
             how = status_module.describe(worker.returncode)
@@ -707,7 +708,7 @@ class Launcher:
                 worker.iteration,
                 self.plan.shutdown_timeout,
             )
-            worker.by_launcher = True
+            worker.by_launcher = worker.excluded = True
             worker.kill_at = time.monotonic() + self.plan.shutdown_timeout
             worker.signal_group(signal.SIGTERM)
             worker.signal_group(signal.SIGCONT)

@@ -85,12 +85,13 @@ def decide(
     gave_up: bool = False,
     job_gave_up: bool = False,
     join_timed_out: bool = False,
+    excluded: bool = False,
 ) -> Decision:
     """The table in this module's docstring. ``gave_up``: this worker's Wrapper gave up; ``job_gave_up``: a worker's
     Wrapper of this job gave up (this one or another)."""
     if gave_up:
         return Decision(False, 0.0, "not respawned: its Wrapper gave up")
-    if returncode == 0:
+    if returncode == 0 and not excluded:
         return Decision(False, 0.0, "it finished")
     if stopping:
         return Decision(False, 0.0, "the launcher is stopping")
@@ -154,6 +155,9 @@ class Worker:
         #: The launcher ended it itself (a start-up restart of the group; no longer part of the job): its end is
         #: never the job's failure (``torchras.launch.status``).
         self.by_launcher = False
+        #: The launcher ended it because the job's latest iteration trains without it (a hung worker the Wrapper
+        #: excluded): it is respawned however it ends, a clean exit included (a hung rank that resumes leaves with 0).
+        self.excluded = False
 
     @property
     def waiting_to_join(self) -> bool:

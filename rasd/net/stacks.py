@@ -23,6 +23,8 @@ from rasd.core.peers import PeerInfo
 from rasd.core.wire import MAX_ANSWER_BYTES
 from rasd.report import stacks as report
 
+from . import work
+
 log = logging.getLogger("rasd")
 
 #: A thread's stack keeps at most this many innermost frames.
@@ -71,6 +73,7 @@ def answer(me: PeerInfo, all_threads: bool, last_seen: Iterable[dict[str, Any]] 
     """This process's STACKS answer: who it is, its threads' stacks, and the last positions it holds of processes
     it hears nothing from. Within ``MAX_ANSWER_BYTES``: the outermost frames go first."""
     threads = thread_stacks(all_threads)
+    declared = work.declared_phase()
     doc = {
         "format": report.FORMAT,
         "host": me.hostname,
@@ -79,6 +82,9 @@ def answer(me: PeerInfo, all_threads: bool, last_seen: Iterable[dict[str, Any]] 
         "wall": time.time(),
         "threads": threads,
         "last_seen": list(last_seen),
+        "phase": None
+        if declared is None
+        else {"name": declared.name, "seconds": time.monotonic() - declared.started, "limit": declared.limit},
     }
     data, size = report.encode(doc)
     while len(data) > MAX_ANSWER_BYTES or size > report.MAX_DECODED:

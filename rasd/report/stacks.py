@@ -61,12 +61,24 @@ class Missing:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """A phase a process's code declared (``rasd.phase``) when it answered: its name, how long it had lasted, and
+    its limit (0: the busy limit)."""
+
+    proc: Proc
+    name: str
+    seconds: float
+    limit: float
+
+
+@dataclass(frozen=True)
 class Stacks:
     groups: tuple[Group, ...]
     missing: tuple[Missing, ...]
     answered: int
     collection_time: float
     all_threads: bool
+    phases: tuple[Phase, ...] = ()
 
 
 def _order(p: Proc) -> tuple[int, int, str, int]:
@@ -113,6 +125,7 @@ def fold(
     # once per frame of every process (the folding of 4,096 processes' stacks, bench/README.md).
     groups: dict[tuple[tuple[Any, ...], ...], Group] = {}
     seen: dict[tuple[str, int], tuple[tuple[Frame, ...], float]] = {}
+    phases: list[Phase] = []
     answered = 0
     unreadable = set()
     for addr, data in answers.items():
@@ -131,11 +144,19 @@ def fold(
                 age = float(s["age_s"])
                 if key not in seen or age < seen[key][1]:
                     seen[key] = (_frames(s["frames"]), age)
+            declared = doc.get("phase")
+            phase = (
+                Phase(proc, str(declared["name"]), float(declared["seconds"]), float(declared["limit"]))
+                if declared
+                else None
+            )
         except (KeyError, TypeError, ValueError):
             unreadable.add(addr)
             continue
         if ranks is not None and proc.rank not in ranks:
             continue
+        if phase is not None:
+            phases.append(phase)
         answered += 1  # of the processes asked about, as ``missing`` counts them
         for name, raw, cut in threads:
             group = groups[raw]
@@ -153,7 +174,8 @@ def fold(
         missing.append(Missing(proc, *last) if last is not None else Missing(proc))
     ordered = sorted((g for g in groups.values() if g.threads), key=lambda g: (-len(g.threads), _order(g.procs[0])))
     missing.sort(key=lambda m: _order(m.proc))
-    return Stacks(tuple(ordered), tuple(missing), answered, collection_time, all_threads)
+    phases.sort(key=lambda p: _order(p.proc))
+    return Stacks(tuple(ordered), tuple(missing), answered, collection_time, all_threads, tuple(phases))
 
 
 def _who(procs: Sequence[Proc]) -> str:
@@ -197,6 +219,12 @@ def render_text(stacks: Stacks) -> str:
             lines.append("    ... (outermost frames left out)")
         lines += [f"    {frame}" for frame in group.frames] or ["    (no Python frames)"]
         lines.append("")
+    if stacks.phases:
+        lines.append("In a phase their code declared (rasd.phase):")
+        for ph in stacks.phases:
+            limit = f"limit {ph.limit:.0f} s" if ph.limit else "the busy limit"
+            lines.append(f"    {ph.proc.name}: {ph.name}, for {ph.seconds:.1f} s ({limit})")
+        lines.append("")
     if stacks.missing:
         lines.append("Not answering (stopped, its RAS thread starved by a GIL hog, or dead and not yet known):")
         for m in stacks.missing:
@@ -228,6 +256,17 @@ def render_json(stacks: Stacks, host: str, pid: int, timestamp: float) -> str:
                     "frames": frames(g.frames),
                 }
                 for g in stacks.groups
+            ],
+            "phases": [
+                {
+                    "host": ph.proc.host,
+                    "pid": ph.proc.pid,
+                    "rank": ph.proc.rank,
+                    "name": ph.name,
+                    "seconds": round(ph.seconds, 3),
+                    "limit_sec": ph.limit,
+                }
+                for ph in stacks.phases
             ],
             "missing": [
                 {

@@ -444,3 +444,35 @@ def test_a_provider_that_cannot_read_answers_empty_and_warns_once(breaks: str, m
     warnings = [r for r in caplog.records if r.name == "rasd" and r.levelno >= logging.WARNING]
     assert [r.levelno for r in warnings] == [logging.WARNING]
     assert "stacks" in warnings[0].getMessage() and warnings[0].exc_info is not None
+
+
+def test_a_declared_phase_travels_with_the_answer_and_the_report_names_it():
+    """``rasd.phase`` (issue 39): the process that declared one says so in its answer, and the folded report lists
+    it, read from this test's own process."""
+    import rasd
+
+    with rasd.phase("checkpoint", limit=900):
+        mine = stacks.decode(reading.answer(PEERS[0], all_threads=False))
+    assert mine is not None and mine["phase"]["name"] == "checkpoint" and mine["phase"]["limit"] == 900.0
+    assert stacks.decode(reading.answer(PEERS[0], all_threads=False))["phase"] is None  # the phase has ended
+    doc = dict(mine, phase={"name": "checkpoint", "seconds": 45.25, "limit": 900.0})
+    folded = fold({0: stacks.encode(doc)[0], 1: answer(1), 2: answer(2), 3: answer(3)})
+    assert [(p.proc.rank, p.name) for p in folded.phases] == [(0, "checkpoint")]
+    text = stacks.render_text(folded)
+    assert (
+        "In a phase their code declared (rasd.phase):\n    rank 0 (node0:100): checkpoint, for 45.2 s (limit 900 s)"
+        in text
+    )
+    assert json.loads(stacks.render_json(folded, "h", 1, 0.0))["stacks"]["phases"][0]["name"] == "checkpoint"
+
+
+def test_a_bad_phase_limit_is_one_warning_and_the_busy_limit(caplog: pytest.LogCaptureFixture) -> None:
+    import rasd
+    from rasd.net import work
+
+    with caplog.at_level(logging.WARNING, logger="rasd"), rasd.phase("eval", limit="soon"):  # type: ignore[arg-type]
+        declared = work.declared_phase()
+    assert declared is not None and declared.limit == 0.0
+    assert [r.getMessage() for r in caplog.records] == [
+        "rasd.phase('eval', limit='soon'): the limit is not a number of seconds; using the busy limit"
+    ]

@@ -36,7 +36,15 @@ Figures (median over the samples):
 Both modes run the Wrapper with ``joining=Joining(max_nodes=4, last_call=0.1)``: a restart below 4 ranks waits
 the 0.1 s last call for latecomers, in both modes alike.
 
+Sharded rows (``--sharded``, issue 43): FSDP2 (``fully_shard``) on 4 gloo ranks, 4 x Linear(1600, 1600) with
+AdamW (123 MB of state), ``inprocess.elastic.ShardedState`` with k = 1 against ``dcp.save``/``dcp.load`` on local
+disk and a full copy per rank (what ``rasd demo``'s Replica did), in the same processes: commit / save time (the
+slowest rank, best of 3), the restore at 3 ranks after rank 3 left without a word (the state alone: the fault's
+detection and the Wrapper's restart are the rows above), the restore at 4 once a fresh process joined, and the
+bytes each rank holds against (1 + k) / N of the state.
+
     .venv/bin/python bench/elastic.py [--samples 2]
+    .venv/bin/python bench/elastic.py --sharded
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # The job plumbing of bench/restart.py: free ports, a rank's event log, a rank's environment (bench/ is the
 # script's folder, so on sys.path).
@@ -251,6 +260,173 @@ def median(samples: list[float]) -> float | None:
     return statistics.median(samples) if samples else None
 
 
+# ---- sharded state (FSDP2): memory with redundancy against DCP on disk and a full copy per rank ------------------
+
+SHARDED_WIDTH = 1600  # 4 x Linear(1600, 1600): 10.2 M parameters, 41 MB; with AdamW's two moments 123 MB of state
+SHARDED_REPEATS = 3
+
+
+def sharded_rank(rank: int, ports: list[int], folder: str, results: Any) -> None:
+    """One process of the sharded figures (no Wrapper: the restarts are done by hand, to time the state alone).
+    Ranks 0-3 train at 4, commit, time the three ways of keeping state; rank 3 then leaves (as a killed rank does:
+    no goodbye) and 0-2 restore at 3; then rank 4, a fresh process, joins and all restore at 4."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from inprocess.elastic import ShardedState
+
+    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(SHARDED_WIDTH, SHARDED_WIDTH) for _ in range(LAYERS)])
+        fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def group(port: int, new_rank: int, world: int) -> None:
+        store = dist.TCPStore("127.0.0.1", port, world, new_rank == 0, timeout=datetime.timedelta(seconds=300))
+        dist.init_process_group("gloo", store=store, rank=new_rank, world_size=world)
+
+    def train(state: ShardedState) -> None:
+        assert state.model is not None and state.optimizer is not None
+        state.optimizer.zero_grad()
+        state.model(torch.randn(2, SHARDED_WIDTH)).sum().backward()
+        state.optimizer.step()
+        state.step += 1
+
+    def timed(action: Any) -> float:
+        dist.barrier()
+        started = time.perf_counter()
+        action()
+        dist.barrier()
+        return time.perf_counter() - started
+
+    state = ShardedState(build, step=0)
+    figures: dict[str, Any] = {"rank": rank}
+    if rank < WORLD_SIZE:
+        group(ports[0], rank, WORLD_SIZE)
+        state.sync()
+        train(state)
+        assert state.model is not None and state.optimizer is not None
+        model, optimizer = state.model, state.optimizer
+        figures["commit_s"] = min(timed(state.commit) for _ in range(SHARDED_REPEATS))
+        figures["memory_bytes"] = state.memory_bytes()
+        sharded = get_state_dict(model, optimizer)
+        figures["state_bytes"] = sum(
+            t.numel() * t.element_size()
+            for t in _tensors(get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True)))
+        )
+        path = Path(folder) / "dcp"
+        figures["dcp_save_s"] = min(
+            timed(lambda: dcp.save({"model": sharded[0], "optim": sharded[1]}, checkpoint_id=path))
+            for _ in range(SHARDED_REPEATS)
+        )
+        copies: list[Any] = []
+
+        def full_copy() -> None:  # what rasd demo's Replica did: every rank the whole state
+            full = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+            copies[:] = [[t.clone() for t in _tensors(full)]]
+
+        figures["full_copy_s"] = min(timed(full_copy) for _ in range(SHARDED_REPEATS))
+        figures["full_copy_bytes"] = sum(t.numel() * t.element_size() for t in copies[0])
+        copies.clear()
+        dist.destroy_process_group()
+        if rank == VICTIM:
+            results.put(figures)
+            return
+        group(ports[1], rank, WORLD_SIZE - 1)
+        started = time.perf_counter()
+        outcome = state.sync()
+        figures["restore_memory_3_s"] = time.perf_counter() - started
+        figures["restore_memory_3_load_s"] = outcome.load_s
+        figures["restore_memory_3_build_s"] = outcome.build_s
+        model3, optimizer3 = build()
+        template = get_state_dict(model3, optimizer3)
+        both: dict[str, Any] = {"model": template[0], "optim": template[1]}
+        figures["dcp_load_3_s"] = timed(lambda: dcp.load(both, checkpoint_id=path))
+        set_state_dict(model3, optimizer3, model_state_dict=both["model"], optim_state_dict=both["optim"])
+        train(state)
+        state.commit()
+        dist.destroy_process_group()
+        group(ports[2], rank, WORLD_SIZE)
+    else:
+        group(ports[2], WORLD_SIZE - 1, WORLD_SIZE)
+    started = time.perf_counter()
+    outcome = state.sync()
+    figures["restore_memory_4_s"] = time.perf_counter() - started
+    figures["restore_memory_4_load_s"] = outcome.load_s
+    figures["restore_memory_4_build_s"] = outcome.build_s
+    figures["source_4"] = outcome.source
+    dist.destroy_process_group()
+    results.put(figures)
+
+
+def _tensors(tree: Any) -> list[Any]:
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for value in tree.values() for t in _tensors(value)]
+    if isinstance(tree, (list, tuple)):
+        return [t for value in tree for t in _tensors(value)]
+    return []
+
+
+def sharded_main() -> None:
+    """The sharded rows: FSDP2 on 4 gloo ranks, ``ShardedState`` (k = 1) against DCP on local disk and a full copy."""
+    import torch
+    import torch.multiprocessing as mp
+
+    ports = [free_port() for _ in range(3)]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory(prefix="elastic-sharded-", dir="/tmp") as folder:
+        processes = [
+            context.Process(target=sharded_rank, args=(rank, ports, folder, results)) for rank in range(WORLD_SIZE + 1)
+        ]
+        for process in processes:
+            process.start()
+        rows = [results.get(timeout=600) for _ in processes]
+        for process in processes:
+            process.join(60)
+    rows.sort(key=lambda row: row["rank"])
+    first = rows[:WORLD_SIZE]
+    state_mb = first[0]["state_bytes"] / 1e6
+    expected = (1 + 1) / WORLD_SIZE * first[0]["state_bytes"]
+    memory = [row["memory_bytes"] for row in first]
+    print(
+        f"sharded state: FSDP2 on {WORLD_SIZE} gloo ranks, torch {torch.__version__}, {os.cpu_count()} cores, "
+        f"4 x Linear({SHARDED_WIDTH}, {SHARDED_WIDTH}) + AdamW: {state_mb:.0f} MB of state; k = 1"
+    )
+
+    def worst(key: str, subset: list[dict] = first) -> float:
+        return max(row[key] for row in subset if key in row)
+
+    survivors = [row for row in rows if "restore_memory_3_s" in row]
+    table = [
+        ("commit, ShardedState in memory (k = 1), s", worst("commit_s")),
+        ("save, dcp.save to local disk, s", worst("dcp_save_s")),
+        ("full copy per rank (full state dict + clone), s", worst("full_copy_s")),
+        ("restore at 3 after rank 3 left, from memory (sync), s", worst("restore_memory_3_s", survivors)),
+        ("  of which build() (model, fully_shard, optimizer state)", worst("restore_memory_3_build_s", survivors)),
+        ("  of which the load from memory (agree, fetch, dcp.load)", worst("restore_memory_3_load_s", survivors)),
+        ("restore at 3, dcp.load from local disk, s", worst("dcp_load_3_s", survivors)),
+        ("restore at 4 with a newcomer, from memory (sync), s", worst("restore_memory_4_s", rows)),
+        ("  of which build() (the newcomer's first FSDP2 module)", worst("restore_memory_4_build_s", rows)),
+        ("  of which the load from memory", worst("restore_memory_4_load_s", rows)),
+        ("memory per rank, ShardedState, MB (max)", max(memory) / 1e6),
+        ("memory per rank, ShardedState, MB (min)", min(memory) / 1e6),
+        ("(1 + k) / N of the state, MB", expected / 1e6),
+        ("memory per rank, full copy, MB", first[0]["full_copy_bytes"] / 1e6),
+    ]
+    for name, value in table:
+        print(f"{name:<62} {value:>10.3f}")
+    print(json.dumps({name: round(value, 4) for name, value in table}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", action="store_true")
@@ -261,9 +437,12 @@ def main() -> None:
     parser.add_argument("--until-world", action="store_true")
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=420)
+    parser.add_argument("--sharded", action="store_true", help="the sharded rows only (FSDP2, ShardedState)")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if args.sharded:
+        return sharded_main()
 
     import torch
 

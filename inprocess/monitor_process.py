@@ -17,6 +17,9 @@ timeout. It does three things:
   hard timeout, as the reference ends it, instead of restarting for ever. The carry is dropped when the trainer
   reports progress (``PROGRESS``: a step or commit beyond any before, ``inprocess.repeated_faults``), or stamps
   progress more than ``soft_timeout`` into an iteration (it got past where it blocked before).
+* **busy is not hung**: both timeouts wait while the trainer's stamps carry evidence that it works, or waits in a
+  collective for a rank that works (``inprocess.busy``), for at most the busy limit without a progress stamp; one
+  INFO line says so (``postpone``). Then the ladder goes on from where it waited: soft, then hard.
 
 * **sibling heartbeats**: the monitor bumps a counter ``heartbeat_{rank}`` every ``heartbeat_interval`` and
   watches its successor's counter in the ring of the iteration's ranks. A counter that does not move for
@@ -65,6 +68,9 @@ log = logging.getLogger("inprocess.monitor_process")
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+#: The longest the monitor's loop waits is ``monitor_process_interval``, but never less than this (``next_wakeup``).
+POLL_FLOOR = 0.05
 
 # The monitor's start-up (a fresh interpreter, importing torch for stores other than a TCPStore) may take this long
 # whatever barrier_timeout is.
@@ -315,7 +321,11 @@ class MonitorProcess:
         )
 
     def send_timestamp(self, timestamp: Any) -> None:
-        self._send(dict(t=Message.TIMESTAMP, auto=timestamp.auto, manual=timestamp.manual))
+        message = dict(t=Message.TIMESTAMP, auto=timestamp.auto, manual=timestamp.manual)
+        until = getattr(timestamp, "until", None)  # the busy evidence (inprocess.busy), when there is some
+        if until is not None:
+            message.update(until=until, why=timestamp.why, busy=timestamp.busy_limit)
+        self._send(message)
 
     def disable_timeouts(self) -> None:
         self._send(dict(t=Message.DISABLE_TIMEOUTS))
@@ -363,6 +373,15 @@ class _Monitor:
         #: timeout counts them: a function that blocks again in every iteration must not restart for ever).
         self.carried = 0.0
         self.soft_stale = 0.0  # the staleness at which this iteration's soft timeout fired
+        # The busy evidence (inprocess.busy): until when it holds, why, and the busy limit that bounds it.
+        self.until: float | None = None
+        self.why = ""
+        self.busy_limit = 0.0
+        #: Seconds this iteration's timeouts were postponed for a rank that is busy, not hung: the ladder counts
+        #: ``staleness - held`` (``check``).
+        self.held = 0.0
+        self.held_from = 0.0  # the progress stamp ``held`` counts from: a newer one starts it again
+        self.postponed: set[str] = set()  # why this iteration's timeouts were postponed (one INFO line each)
         self.iteration_started = time.monotonic()
         self.stop_requested = False
         self.buffer = b""
@@ -376,6 +395,7 @@ class _Monitor:
         kind = message.get("t")
         if kind == Message.TIMESTAMP:
             self.auto, self.manual = message.get("auto"), message.get("manual")
+            self.until, self.why, self.busy_limit = message.get("until"), message.get("why", ""), message.get("busy", 0)
         elif kind == Message.ITERATION_START:
             self.rank, self.world_size = message["rank"], message["world_size"]
             self.iteration = message["iteration"]
@@ -383,6 +403,7 @@ class _Monitor:
             self.initial_world_size = message["initial_world_size"]
             self.carried = self.carried + self.soft_stale if self.soft_fired else 0.0
             self.soft_fired, self.soft_stale = False, 0.0
+            self.held, self.postponed, self.until = 0.0, set(), None
             self.iteration_started = time.monotonic()
             self.auto, self.manual = None, None
             self.baseline = time.monotonic()
@@ -390,6 +411,7 @@ class _Monitor:
         elif kind in (Message.DISABLE_TIMEOUTS, Message.ENABLE_TIMEOUTS):
             self.timeouts_enabled = kind == Message.ENABLE_TIMEOUTS
             self.baseline = time.monotonic()
+            self.held = 0.0  # the staleness starts again from the baseline
         elif kind == Message.PROGRESS:
             self.carried = 0.0
         elif kind == Message.STORE_READY:
@@ -446,7 +468,9 @@ class _Monitor:
         return max(now - max(stamp, self.baseline) for stamp in stamps)
 
     def next_wakeup(self, now: float) -> float:
-        interval = self.config["interval"]
+        # Every deadline is computed (and messages wake the loop): the interval only bounds the wait, and a floor
+        # keeps a monitor of 1 ms from spinning a core, which the trainer's RAS node would count as its work.
+        interval = max(self.config["interval"], POLL_FLOOR)
         if self.iteration is not None and self.base_store is not None:
             if self.heartbeat is not None:
                 due = [self.heartbeat.next_due, self.sibling_monitor.next_due]
@@ -456,10 +480,19 @@ class _Monitor:
         if self.iteration is None or not self.timeouts_enabled:
             return interval
         stale = self.staleness(now)
-        deadlines = [self.config["hard_timeout"] - self.carried - stale]
+        ladder = stale - self.held
+        deadlines = [self.config["hard_timeout"] - self.carried - ladder]
         if not self.soft_fired:
-            deadlines.append(self.config["soft_timeout"] - stale)
+            deadlines.append(self.config["soft_timeout"] - ladder)
+        if self.excused(now, stale) and self.until is not None:  # the due ones wait: until the evidence lapses
+            deadlines = [d for d in deadlines if d > 0] + [self.until - now, self.busy_limit - stale]
         return max(0.0, min([interval] + [deadline + 0.001 for deadline in deadlines]))
+
+    def excused(self, now: float, stale: float) -> bool:
+        """The trainer's evidence that it is busy, not hung (``inprocess.busy``), holds now: it was renewed within
+        its deadline, and no progress was stamped for less than the busy limit. Only before this iteration's soft
+        timeout: once it fired, the restart is due and the hard timeout bounds it as before."""
+        return not self.soft_fired and self.until is not None and now <= self.until and stale < self.busy_limit
 
     def check(self, now: float) -> None:
         if self.iteration is None or not self.timeouts_enabled or self.base_store is None:
@@ -467,22 +500,52 @@ class _Monitor:
         stale = self.staleness(now)
         if self.carried and now - stale - self.iteration_started > self.config["soft_timeout"]:
             self.carried = 0.0  # progress stamped later than soft_timeout into the iteration: not the same hang
-        if stale + self.carried > self.config["hard_timeout"]:
+        self.postpone(now, stale)
+        ladder = stale - self.held  # the staleness the timeouts count: less the time they were postponed
+        held = f"; postponed {self.held:.1f} s while the rank was busy" if self.held else ""
+        if ladder + self.carried > self.config["hard_timeout"]:
             log.warning(
-                "hard timeout in iteration %s: no progress for %.1f s%s, terminating the trainer",
+                "hard timeout in iteration %s: no progress for %.1f s%s%s, terminating the trainer",
                 self.iteration,
-                stale + self.carried,
+                ladder + self.carried,
                 f" ({self.carried:.1f} s of it in earlier iterations that its soft timeout restarted)"
                 if self.carried
                 else "",
+                held,
             )
             self.record("HARD_TIMEOUT", terminated=True)
             self.kill_trainer()
             self.timeouts_enabled = False
-        elif stale > self.config["soft_timeout"] and not self.soft_fired:
-            log.warning("soft timeout in iteration %s: no progress for %.1f s", self.iteration, stale)
-            self.soft_fired, self.soft_stale = True, stale
+        elif ladder > self.config["soft_timeout"] and not self.soft_fired:
+            log.warning("soft timeout in iteration %s: no progress for %.1f s%s", self.iteration, ladder, held)
+            self.soft_fired, self.soft_stale = True, ladder
             self.record("SOFT_TIMEOUT", terminated=False)
+
+    def postpone(self, now: float, stale: float) -> None:
+        """While the trainer is busy, not hung, hold the ladder where the first timeout would fire: the soft one
+        (or the hard one, where the time carried from earlier iterations brings it first). When the evidence
+        lapses, or the busy limit passes, the ladder moves on from there: the soft timeout fires first, the hard
+        one ``hard_timeout - soft_timeout`` later, as for a rank that just stopped stamping progress."""
+        stamped = now - stale  # the progress stamp the ladder counts from
+        if stamped > self.held_from + 1e-6:  # progress since: what was held is no longer owed
+            self.held, self.held_from = 0.0, stamped
+        if not self.excused(now, stale):
+            return
+        threshold = max(0.0, min(self.config["soft_timeout"], self.config["hard_timeout"] - self.carried))
+        if stale - self.held <= threshold:
+            return
+        self.held = stale - threshold
+        if self.why not in self.postponed:  # the first postponement of the iteration, or for another reason
+            self.postponed.add(self.why)
+            (busy,) = _import_torch_free("busy")
+            log.info(
+                "soft timeout postponed: %s; no progress stamp for %.1f s in iteration %s. The soft and hard "
+                "timeouts act when it stops, or once %.0f s pass without progress (the busy limit)",
+                busy.describe(self.why, self.initial_rank),
+                stale,
+                self.iteration,
+                self.busy_limit,
+            )
 
     # ---- sibling heartbeats (inprocess.sibling_monitor) ------------------------------------------------------
 

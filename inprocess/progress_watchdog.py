@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from . import exception, logs  # noqa: F401 - names of the reference's module
+from . import busy, exception, logs  # noqa: F401 - names of the reference's module
 from .param_utils import as_seconds
 
 log = logs.get_logger(__name__)
@@ -68,10 +68,18 @@ class _Semaphore:
 
 @dataclasses.dataclass
 class Timestamp:
-    """Latest evidence of progress (``time.monotonic()``, a clock shared by all processes of a host)."""
+    """Latest evidence of progress (``time.monotonic()``, a clock shared by all processes of a host).
+
+    Ours beside the reference's two stamps: ``until``, the deadline of this process's evidence that it is busy,
+    not hung (``inprocess.busy``: it works, or waits in a collective for a peer that works), with ``why`` and the
+    ``busy_limit`` that bounds it; None while there is none. The monitor process postpones the soft and hard
+    timeouts while ``until`` is ahead (``inprocess.monitor_process``)."""
 
     auto: float | None = None
     manual: float | None = None
+    until: float | None = None
+    why: str = ""
+    busy_limit: float = 0.0
 
 
 class ProgressWatchdog(threading.Thread):
@@ -95,6 +103,8 @@ class ProgressWatchdog(threading.Thread):
         self._stop_event = threading.Event()
         self._paused = threading.Event()
         self._turn = threading.RLock()  # held for one turn of the loop (observe + send)
+        self._judged = float("-inf")  # when the busy evidence was last read (``inprocess.busy``)
+        self._sent: Timestamp | None = None  # the stamps last sent
 
     def _observe(self) -> None:
         """Stamp if the main thread ran the pending call since the last look; keep one call pending."""
@@ -110,6 +120,20 @@ class ProgressWatchdog(threading.Thread):
                 self._pending += 1
                 self._scheduled_at = scheduled_at
 
+    def _judge(self) -> None:
+        """Renew the busy evidence (at most every ``busy.EVERY``): it holds until two turns from now, with slack."""
+        now = time.monotonic()
+        if now - self._judged < busy.EVERY:
+            return
+        self._judged = now
+        excuse = busy.current()
+        with self._lock:
+            if excuse is None:
+                self.timestamp.until, self.timestamp.why = None, ""
+            else:
+                self.timestamp.until = now + 2 * max(self.interval, busy.EVERY) + busy.SLACK
+                self.timestamp.why, self.timestamp.busy_limit = excuse.why, excuse.busy_limit
+
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):
             with self._turn:
@@ -117,13 +141,20 @@ class ProgressWatchdog(threading.Thread):
                     continue
                 try:
                     self._observe()
-                    self.send()
+                    self._judge()
+                    self.send(changed_only=True)
                 except Exception:  # the watchdog must not die of a transient error
                     log.warning("progress watchdog error", exc_info=True)
 
-    def send(self) -> None:
+    def send(self, changed_only: bool = False) -> None:
+        """Send the stamps to the monitor process; a turn of the loop sends them only when they changed. A main
+        thread blocked in a call changes nothing, and a watchdog of 1 ms that sent anyway would keep the monitor
+        process busy, which the RAS node would count as this process's work (``inprocess.busy``)."""
         with self._lock:
             timestamp = dataclasses.replace(self.timestamp)
+            if changed_only and timestamp == self._sent:
+                return
+            self._sent = timestamp
         self.monitor_process.send_timestamp(timestamp)
 
     def ping(self) -> None:
@@ -135,6 +166,7 @@ class ProgressWatchdog(threading.Thread):
         """Fresh start of an iteration: auto stamp now, no manual stamp until the first ``ping()``."""
         with self._lock:
             self.timestamp = Timestamp(auto=time.monotonic())
+            self._judged = float("-inf")  # the busy evidence is read again at the next turn
         self.send()
 
     def pause(self) -> None:

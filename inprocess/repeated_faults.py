@@ -17,10 +17,17 @@ such as ``RetryController`` bounds it; the Wrapper here bounds it by default:
 * **Progress** (``PROGRESS_SOURCES``): the training got further than ever before in this call, on any rank. By
   default a ``step`` (``state.step`` of an ``inprocess.elastic`` state set above its highest value so far: the
   README's ``state.step += 1``, with no change to the script), a ``commit`` (``state.commit()`` above the highest
-  commit count so far) or ``call_wrapper.progress()`` (``call``, always on). Replaying the steps after the last
-  commit is no progress: a fault at step 1000 that each restart from the commit at step 990 meets again is a loop.
-  ``ping`` (``call_wrapper.ping()``) may be added; it is off by default, because the reference's own examples ping
-  at the top of the function, before anything that can fail.
+  commit count so far), ``call_wrapper.ping()`` (``ping``: see below) or ``call_wrapper.progress()`` (``call``,
+  always on). Replaying the steps after the last commit is no progress: a fault at step 1000 that each restart from
+  the commit at step 990 meets again is a loop.
+* **Pings** count by how many an iteration makes: an iteration progressed when it pings more often than the
+  iteration before it did before its fault. A script of nvidia-resiliency-ext's kind pings every step and keeps no
+  ``state.step``: an iteration that trained further than the one before pinged more. A ping as such is no progress:
+  the reference's own examples ping once at the top of the function, before anything that can fail, and a fault at
+  the same step of every iteration meets the same number of pings each time; neither is ever more than the
+  iteration before. (Against the highest count of any earlier iteration instead, a job whose restarts resume from
+  its last checkpoint would have to outrun its longest iteration ever: a second fault soon after a long healthy run
+  would count as a repeat of a fault that had nothing to do with it.)
 
 How every rank leaves the same iteration. Each restarting rank writes, into the failed iteration's store and
 before the iteration barrier, whether it progressed and (the first writer wins) the exception that was its fault.
@@ -31,7 +38,7 @@ says, once, what the fault was, with its traceback; every rank then raises ``exc
 ``RestartAbort``, so ``except RestartAbort`` and the launcher's ``gave_up`` see it, and a ``SystemExit`` with
 code 1, so that a script that lets it go exits with status 1 without printing it again on every rank).
 
-Settings: ``Wrapper(repeated_faults=RepeatedFaults(limit=3, progress=("step", "commit")))``, ``None`` to turn it
+Settings: ``Wrapper(repeated_faults=RepeatedFaults(limit=3, progress=("step", "commit", "ping")))``, ``None`` to turn it
 off; without the keyword, ``TORCHRAS_REPEATED_FAULTS`` (the limit; ``0`` turns it off) and ``TORCHRAS_PROGRESS``
 (the sources, comma-separated) apply. A bad value gets one warning and the default.
 """
@@ -54,7 +61,7 @@ LIMIT_ENVIRONMENT = "TORCHRAS_REPEATED_FAULTS"
 PROGRESS_ENVIRONMENT = "TORCHRAS_PROGRESS"
 #: What may count as progress; ``call`` (``call_wrapper.progress()``) always does.
 PROGRESS_SOURCES = ("step", "commit", "ping", "call")
-DEFAULT_PROGRESS = ("step", "commit")
+DEFAULT_PROGRESS = ("step", "commit", "ping")
 #: Restarts that are no fault: processes join or leave the job at a commit (inprocess.elastic.joining).
 NOT_FAULTS = frozenset({"JOIN_WAITING", "HOSTS_UPDATED"})
 
@@ -185,10 +192,19 @@ class Tracker:
         self.on_first_progress = on_first_progress
         self.marks: dict[str, int] = {}  # the highest position each source reached in this call
         self.progressed = False  # in the current iteration, on this rank
+        self.pings = 0  # ``ping()`` calls in the current iteration, on this rank
+        self.pings_before = 0  # and in the iteration before (until its fault)
         self.token = f"{os.getpid()}:{id(self)}:{os.urandom(4).hex()}"  # names this tracker's decisions
 
     def new_iteration(self) -> None:
         self.progressed = False
+        self.pings_before, self.pings = self.pings, 0
+
+    def ping(self) -> None:
+        """``call_wrapper.ping()``: progress at the first ping beyond the count of the iteration before."""
+        self.pings += 1
+        if self.pings == self.pings_before + 1:
+            self.progress("ping")
 
     def progress(self, source: str = "call", position: int | None = None, counts: bool = True) -> None:
         """``source`` moved to ``position`` (None: progress whatever the position). ``counts=False``: a position
@@ -308,7 +324,7 @@ def _progress_words(policy: RepeatedFaults) -> str:
     words = {
         "step": "no state.step above its highest",
         "commit": "no new state.commit()",
-        "ping": "no call_wrapper.ping()",
+        "ping": "no more call_wrapper.ping() than the iteration before",
         "call": "no call_wrapper.progress()",
     }
     return ", ".join(words[source] for source in PROGRESS_SOURCES if source in policy.progress)

@@ -84,7 +84,8 @@ class SiblingMonitor:
         self.seen_unresponsive_ranks: set[int] = set()
         self.sibling_rank: int | None = (rank + 1) % world_size if world_size > 1 else None
         now = time.monotonic()
-        self.next_due = now + self.interval
+        # A world of one watches nobody: never due (a due time in the past would spin the monitor's loop).
+        self.next_due = now + self.interval if self.sibling_rank is not None else float("inf")
         self._value: bytes | None = None
         self._since = now
 

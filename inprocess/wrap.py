@@ -47,7 +47,7 @@ from .abort import Abort, AbortTorchDistributed, connection_key, established_con
 from .attribution import Interruption, InterruptionRecord
 from .completion import Completion
 from .compose import Compose
-from .elastic import joining as joining_module
+from .elastic import caches as dtensor_caches, joining as joining_module
 from .exception import HealthCheckError, InternalError  # noqa: F401 - names of the reference's module
 from .finalize import Finalize
 from .health_check import ChainedGPUHealthCheck, ChainedNicHealthCheck, ChainedNVLHealthCheck, HealthCheck
@@ -422,11 +422,12 @@ class CallWrapper:
         return self.state.iteration
 
     def ping(self) -> None:
-        """Manual progress stamp; the first ping of an iteration arms the timeout on manual stamps."""
+        """Manual progress stamp; the first ping of an iteration arms the timeout on manual stamps. An iteration
+        that pings more often than the one before it did is progress (``inprocess.repeated_faults``)."""
         if self.watchdog is not None:
             self.watchdog.ping()
         if self.repeats is not None:
-            self.repeats.progress("ping")
+            self.repeats.ping()
 
     def progress(self) -> None:
         """The training got further than ever before in this call (a step, a commit): a fault that comes back after
@@ -783,6 +784,7 @@ class CallWrapper:
         frozen = state.freeze()
         if w.finalize is not None:
             w.finalize(frozen)
+        dtensor_caches.forget_dtensor_caches()  # their specs hold the old device meshes (docs/elastic.md §9)
         for hook in list(self.restart_hooks):  # docs/elastic.md section 3: restore the last commit
             hook()
         _run_health_check(w.restart_health_check, frozen, "restart health check")

@@ -12,6 +12,7 @@ from rasd.api import (
     stop,
     subscribe,
     sync_journal,
+    work_state,
 )
 from rasd.core.events import Event, Kind
 
@@ -41,5 +42,6 @@ __all__ = [
     "stop",
     "subscribe",
     "sync_journal",
+    "work_state",
     "__version__",
 ]

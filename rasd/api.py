@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NamedTuple
 
 from rasd.core import node as core
 from rasd.core.comms import ProcessData
@@ -277,6 +277,64 @@ def phase(name: str, limit: float | None = None) -> AbstractContextManager[None]
     CPU or I/O moving) is SLOW by itself (docs/operations.md §5). Costs nothing without a RAS node; never raises
     (a bad ``limit`` is one WARNING and the busy limit)."""
     return work.phase(name, limit)
+
+
+class WorkState(NamedTuple):
+    """What ``work_state`` tells: whether this process is busy rather than hung, as the mesh measures it."""
+
+    #: Seconds since this process last worked (its CPU or I/O moving, or its main thread's position; measured by
+    #: the node twice a second, less the RAS thread's own); None where it cannot be measured (no ``/proc``).
+    idle: float | None
+    #: Whether one of its ranks is inside an operation of a communicator the mesh holds SLOW (``COMM_SLOW``): it
+    #: waits in a collective for a peer that works (rank 0 writing a checkpoint while the others wait in a barrier).
+    slow: bool
+    #: The busy limit in seconds (``TORCHRAS_BUSY_LIMIT``, scaled by ``TORCHRAS_TIMEOUT_FACTOR``): how long the mesh
+    #: lets a working rank hold a communicator before COMM_STUCK.
+    busy_limit: float
+    #: Seconds between two measurements of the work (``idle`` is known to within this).
+    interval: float
+
+
+def work_state() -> WorkState | None:
+    """Whether this process works or waits for a working peer, for a watchdog of its own (``inprocess.Wrapper``'s
+    soft and hard timeouts, which must not restart a rank busy in a 2-minute checkpoint that does not ping).
+
+    None when no RAS node runs (``TORCHRAS_ENABLE=0``, or rasd not started). Cheap (it reads what the RAS thread
+    measured; no ``/proc`` read, no message), callable from any thread, never raises (None on any error)."""
+    try:
+        rt = _runtime
+        if rt is None or not rt.running or rt.node is None:
+            return None
+        node = rt.node
+        meter = node.work_meter
+        worked = meter.worked_at
+        idle = max(0.0, time.monotonic() - worked) if worked is not None else None
+        return WorkState(idle, _waits_on_slow(node), float(rt.timers.busy), float(meter.interval))
+    except Exception:  # never into training
+        log.debug("rasd: could not read the work state", exc_info=True)
+        return None
+
+
+def _waits_on_slow(node: core.Node) -> bool:
+    """A rank of this process is inside the operation of a communicator the mesh holds SLOW, and still is (its
+    own counters: launched, not completed). The verdicts are read from the RAS thread's dict: a change under the
+    read is retried, and after three it says False (the next call reads again)."""
+    slow: dict[int, Any] = {}
+    for _ in range(3):
+        try:
+            slow = {v.comm_hash: v for v in list(node.standing_stuck().values()) if v.slow}
+            break
+        except RuntimeError:  # the RAS thread changed the dict while it was read
+            continue
+    torch_side = sys.modules.get("rasd.torch")  # the hooks count this process's collectives (never imported here)
+    hooks = torch_side.installed() if slow and torch_side is not None else None
+    if hooks is None:
+        return False
+    for comm in hooks.registry.comms():
+        v = slow.get(comm.comm_hash)
+        if v is not None and comm.rank in v.inside and comm.completed[v.op] < comm.launched[v.op]:
+            return True
+    return False
 
 
 def record_waiting(waiting: bool) -> None:

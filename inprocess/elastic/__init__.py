@@ -10,12 +10,16 @@
             ...
             state.commit()               # in memory, no collective
 
+FSDP2, tensor parallelism, DTensor: ``ShardedState(build, step=0)`` (``sharded``) rebuilds the model and optimizer
+each iteration and keeps the state sharded in memory with redundancy, resharded at every restore.
+
 With ``inprocess.Wrapper(joining=Joining(...))``, processes started later with ``INPROCESS_JOIN=1`` join the running
 job at the next rendezvous round (``joining``, ``discovery``). See docs/elastic.md.
 """
 
-from . import discovery, joining, rendezvous, snapshot, state, sync  # noqa: F401 - part of the public surface
+from . import caches, discovery, disk, joining, rendezvous, sharded, snapshot, state, sync  # noqa: F401 - public
 from .joining import HostRemoved, JoinFailed, Joining
+from .sharded import ShardedState, ShardedSyncOutcome
 from .state import Commit, ObjectState, State, SyncOutcome, TorchState
 
 __all__ = [
@@ -25,6 +29,8 @@ __all__ = [
     "Joining",
     "ObjectState",
     "State",
+    "ShardedState",
+    "ShardedSyncOutcome",
     "SyncOutcome",
     "TorchState",
     "rendezvous",

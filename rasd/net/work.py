@@ -3,9 +3,10 @@
 The counters are the kernel's, read from ``/proc`` on the RAS thread twice a second (five small files; tens of
 microseconds): the process's CPU time and bytes read and written (``/proc/self/stat``, ``/proc/self/io``), less the
 RAS thread's own (``/proc/self/task/<tid>/...``: its keepalives and gathers must not make an idle rank look busy),
-plus its live child processes' (data-loader workers, asynchronous checkpoint writers), found through the kernel's
-``children`` lists. Where ``/proc`` is not there (not Linux) or a file cannot be read, the sample is None and the
-node sends no work: a rank behind is then judged idle, as before processes measured their work.
+plus its live child processes' in its own session (data-loader workers, asynchronous checkpoint writers; not the
+Wrapper's monitor process, which starts a session of its own), found through the kernel's ``children`` lists.
+Where ``/proc`` is not there (not Linux) or a file cannot be read, the sample is None and the node sends no work: a
+rank behind is then judged idle, as before processes measured their work.
 
 The phase is what the training thread declared with ``rasd.phase(...)`` (``rasd.api``): one slot per process,
 written by the training thread and read here; a tuple assignment is atomic under the GIL.
@@ -30,12 +31,17 @@ _DEPTH = 3
 _MAX_CHILDREN = 256
 
 
-def _cpu_seconds(stat_path: str) -> float:
-    """utime + stime of a ``stat`` file, in seconds (fields 14 and 15; the command name may hold spaces)."""
+def _stat(stat_path: str) -> tuple[float, int]:
+    """utime + stime of a ``stat`` file, in seconds (fields 14 and 15), and its session (field 6); the command
+    name, in parentheses, may hold spaces."""
     with open(stat_path, "rb") as f:
         data = f.read()
     fields = data[data.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[3])
+
+
+def _cpu_seconds(stat_path: str) -> float:
+    return _stat(stat_path)[0]
 
 
 def _io_bytes(io_path: str) -> int:
@@ -90,13 +96,17 @@ class WorkCounters:
             return None
         pid, tid = self._pid, threading.get_native_id()
         try:
-            cpu = _cpu_seconds(f"/proc/{pid}/stat") - _cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
+            own, session = _stat(f"/proc/{pid}/stat")
+            cpu = own - _cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
             io = _io_bytes(f"/proc/{pid}/io") - _io_bytes(f"/proc/{pid}/task/{tid}/io")
         except (OSError, ValueError, IndexError):
             return None
         for child in _descendants(pid):
             with contextlib.suppress(OSError, ValueError, IndexError):
-                cpu += _cpu_seconds(f"/proc/{child}/stat")
+                child_cpu, child_session = _stat(f"/proc/{child}/stat")
+                if child_session != session:
+                    continue  # a helper detached into a session of its own (the Wrapper's monitor process): not work
+                cpu += child_cpu
                 io += _io_bytes(f"/proc/{child}/io")
         return WorkSample(cpu_s=max(cpu, 0.0), io_bytes=max(io, 0))
 

@@ -85,14 +85,21 @@ class Job:
         return len(self.stores) - 1
 
     def fail(
-        self, error: Exception | None, *, progress_on: int | None = None, verdict: str | None = None
+        self,
+        error: Exception | None,
+        *,
+        progress_on: int | None = None,
+        verdict: str | None = None,
+        pings: int = 0,
     ) -> list[bool]:
         """The current iteration ends: ``error`` raised on rank 0 (and a consequence on rank 1), ``verdict`` (a
         reason such as "PEER_DEAD of rank 1 ...") recorded about rank 1; then the restart on every rank. Whether
-        each rank gave up."""
+        each rank gave up. ``pings``: how many times every rank called ``call_wrapper.ping()`` before the fault."""
         store, iteration = self.stores[-1], self.iteration
         for tracker in self.trackers:
             tracker.new_iteration()
+            for _ in range(pings):
+                tracker.ping()
         if progress_on is not None:
             self.trackers[progress_on].progress("call")
         reasons = []
@@ -225,12 +232,15 @@ def test_a_position_loaded_from_another_rank_is_no_progress() -> None:
 
 def test_the_progress_sources_are_a_setting() -> None:
     default = Tracker(RepeatedFaults())
-    default.progress("ping")
-    assert not default.progressed  # the reference's examples ping before anything can fail
+    assert default.policy.progress == {"step", "commit", "ping", "call"}
+    without_pings = Tracker(RepeatedFaults(progress=("step", "commit")))
+    for _ in range(5):
+        without_pings.ping()
+    assert not without_pings.progressed
     pinging = Tracker(RepeatedFaults(progress=("ping",)))
     pinging.progress("step", 5)
     assert not pinging.progressed
-    pinging.progress("ping")
+    pinging.ping()
     assert pinging.progressed
     explicit = Tracker(RepeatedFaults(progress=()))
     explicit.progress("call")  # call_wrapper.progress() always counts
@@ -274,7 +284,7 @@ def test_the_settings_from_the_environment(caplog: pytest.LogCaptureFixture) -> 
     assert RepeatedFaults.from_environment({"TORCHRAS_REPEATED_FAULTS": "0"}) is None
     with caplog.at_level(logging.WARNING, logger="inprocess.repeated_faults"):
         bad = RepeatedFaults.from_environment({"TORCHRAS_REPEATED_FAULTS": "many", "TORCHRAS_PROGRESS": "epochs"})
-    assert bad is not None and bad.limit == DEFAULT_LIMIT and bad.progress == {"step", "commit", "call"}
+    assert bad is not None and bad.limit == DEFAULT_LIMIT and bad.progress == {"step", "commit", "ping", "call"}
     warnings = [record.getMessage() for record in caplog.records]
     assert len(warnings) == 2 and "TORCHRAS_REPEATED_FAULTS='many'" in warnings[0], warnings
     assert resolve(None) is None
@@ -294,3 +304,49 @@ def test_giving_up_is_a_restart_abort_and_a_quiet_exit_status_1() -> None:
     assert isinstance(error, exception.RestartAbort) and isinstance(error, SystemExit) and error.code == 1
     assert str(error).startswith("RuntimeError: Numpy is not available (raised at ")
     assert str(error).endswith("ended 1 restart iterations in a row with no progress")
+
+
+def test_pings_count_when_an_iteration_makes_more_than_the_one_before() -> None:
+    """A script that pings every step and keeps no ``state.step`` (nvidia-resiliency-ext's kind): faults that come
+    after ever longer training are no loop (issue 39's benchmark: three false restarts 35 s of training apart)."""
+    job = Job()
+    error = raised()
+    for pings in (40, 80, 120, 160, 200):
+        assert job.fail(error, pings=pings) == [False, False]
+        assert job.count() == 1
+
+
+def test_a_script_that_pings_once_at_the_top_and_then_fails_gives_up() -> None:
+    job = Job()
+    error = raised()
+    outcomes = [job.fail(error, pings=1) for _ in range(DEFAULT_LIMIT)]
+    assert outcomes == [[False, False]] * (DEFAULT_LIMIT - 1) + [[True, True]]
+
+
+def test_a_fault_at_the_same_step_of_every_iteration_gives_up_however_many_pings_before_it() -> None:
+    job = Job()
+    error = raised("nan at step 17")
+    outcomes = [job.fail(error, pings=17) for _ in range(DEFAULT_LIMIT)]
+    assert outcomes == [[False, False]] * (DEFAULT_LIMIT - 1) + [[True, True]]
+
+
+def test_fewer_or_as_many_pings_as_the_iteration_before_are_no_progress() -> None:
+    tracker = Tracker(RepeatedFaults())
+    tracker.new_iteration()
+    for _ in range(10):
+        tracker.ping()
+    assert tracker.progressed  # the first iteration: more than none before it
+    tracker.new_iteration()
+    for _ in range(10):
+        tracker.ping()
+    assert not tracker.progressed  # as many as before: the same place
+    tracker.ping()
+    assert tracker.progressed  # the eleventh: further than the iteration before
+    tracker.new_iteration()
+    for _ in range(5):
+        tracker.ping()
+    assert not tracker.progressed  # fewer than the 11 before
+    tracker.new_iteration()
+    for _ in range(6):
+        tracker.ping()
+    assert tracker.progressed  # more than the 5 of the iteration before

@@ -1,0 +1,137 @@
+"""A user's FSDP2 training script written from the README's pattern for sharded state (``ShardedState``): torch's
+own ``fully_shard`` on a CPU device mesh over gloo, the training function wrapped in ``inprocess.Wrapper``,
+launched by plain ``torchrun`` or by ``rasd launch``.
+
+    torchrun --nproc-per-node 4 fsdp_job.py --out DIR --steps 30 [--fault stall:2:12] [--fault kill:2:12]
+
+The data are the same whatever the world size: step S's global batch of 12 samples is drawn from seed S, and rank
+r of a world of w trains on its slice; FSDP2 averages the gradients, so every world computes the same update (up to
+the order of floating-point sums). ``--fault KIND:RANK:STEP`` (repeatable): ``stall`` (a wedged data loader:
+``time.sleep(600)``, once), ``kill`` (kill -9 of itself), both before the forward pass of step STEP, by the process
+whose *initial* rank is RANK (a replacement started by ``rasd launch`` never injects).
+
+Each process appends JSON lines to ``DIR/rank<initial rank or pid>.jsonl``: ``sync`` (where the state came from,
+the step, the world, rank 0's digest of the full parameters), ``commit`` (step, world, digest) and ``done``
+(rank 0 also saves the full parameters to ``DIR/final.pt``). ``--min-world W``: once trained, keep committing (each
+commit lets a waiting replacement join) until the world is W again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import signal
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+import inprocess  # noqa: E402
+from inprocess.elastic import ShardedState  # noqa: E402
+
+BATCH = 12  # divisible by 3 and 4: every world trains on equal slices
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--commit-every", type=int, default=3)
+    ap.add_argument("--fault", action="append", default=[])
+    ap.add_argument("--checkpoint-dir")
+    ap.add_argument("--redundancy", type=int, default=1)
+    ap.add_argument("--min-world", type=int, default=0, help="once trained, commit until the world is this big")
+    args = ap.parse_args()
+    joiner = os.environ.get("INPROCESS_JOIN") == "1"
+    initial = -1 if joiner else int(os.environ["RANK"])
+    out = Path(args.out)
+    name = f"rank{initial}" if initial >= 0 else f"joiner{os.getpid()}"
+    faults = [(kind, int(rank), int(step)) for kind, rank, step in (f.split(":") for f in args.fault)]
+    faults = [fault for fault in faults if fault[1] == initial]
+
+    def emit(**fields: object) -> None:
+        with open(out / f"{name}.jsonl", "a") as lines:
+            lines.write(json.dumps(fields) + "\n")
+
+    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 40), torch.nn.ReLU(), torch.nn.Linear(40, 4))
+        fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+    disk = {"checkpoint_dir": args.checkpoint_dir} if args.checkpoint_dir else {}
+    state = ShardedState(build, redundancy=args.redundancy, step=0, **disk)
+
+    def digest(model: torch.nn.Module) -> tuple[str, dict[str, torch.Tensor]]:
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # collective
+        hashed = hashlib.sha256()
+        for key in sorted(full):
+            hashed.update(full[key].numpy().tobytes())
+        return hashed.hexdigest()[:16], full
+
+    @inprocess.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1})
+    def train(call_wrapper: inprocess.CallWrapper) -> None:
+        dist.init_process_group(
+            "gloo",
+            store=call_wrapper.store,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=datetime.timedelta(seconds=120),
+        )
+        outcome = state.sync()
+        model, optimizer = state.model, state.optimizer
+        assert model is not None and optimizer is not None
+        rank, world = dist.get_rank(), dist.get_world_size()
+        emit(
+            event="sync",
+            iteration=call_wrapper.iteration,
+            source=outcome.source,
+            step=state.step,
+            world=world,
+            rank=rank,
+            digest=digest(model)[0],
+            memory=state.memory_bytes(),
+        )
+        while state.step < args.steps:
+            step = state.step + 1
+            for fault in [fault for fault in faults if fault[2] == step]:
+                faults.remove(fault)
+                emit(event="fault", kind=fault[0], step=step)
+                if fault[0] == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(600)  # a stall: the restart wakes it
+            generator = torch.Generator().manual_seed(step)
+            x = torch.randn(BATCH, 16, generator=generator)
+            share = BATCH // world
+            optimizer.zero_grad()
+            model(x[rank * share : (rank + 1) * share]).pow(2).mean().backward()
+            optimizer.step()
+            state.step = step
+            if step % args.commit_every == 0:
+                state.commit()
+                emit(event="commit", step=step, world=world, digest=digest(model)[0], memory=state.memory_bytes())
+        while world < args.min_world:  # each commit checks for waiting processes: a replacement's join restarts
+            time.sleep(0.5)
+            state.commit()
+        hashed, full = digest(model)
+        if rank == 0:
+            torch.save(full, out / "final.pt")
+        emit(event="done", step=state.step, world=world, digest=hashed, iteration=call_wrapper.iteration)
+        dist.barrier()
+        dist.destroy_process_group()
+
+    train()
+
+
+if __name__ == "__main__":
+    main()

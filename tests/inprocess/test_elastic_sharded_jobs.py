@@ -1,0 +1,131 @@
+"""A user's FSDP2 script (``fsdp_job.py``, written from the README's pattern: ``ShardedState`` with a build function)
+recovers in place, its sharded state from the ranks' memory or, past the redundancy, from disk:
+
+- under plain ``torchrun``, a rank stalled in a call (COMM_STUCK): one restart, the world stays 4, the state
+  restored is the commit of a run without the fault at the same step, and the final parameters are that run's;
+- under ``rasd launch``, a kill -9: the survivors reshard the commit to 3 ranks from memory, the replacement joins
+  and the commit is resharded to 4 from memory, the job finishes at 4 with the parameters of a run without the
+  fault (to the order of floating-point sums: 3 ranks sum the gradients in another order);
+- under ``rasd launch``, two neighbouring ranks killed at once with k = 1 (rank 1's blob and its only copy, on
+  rank 2, are gone): the survivors load the disk checkpoint (``checkpoint_dir``), then grow back to 4.
+
+Each test checks that no process of the job is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "launch"))
+
+from launching import Launch, free_base_port, job_processes
+from polling import wait_until
+
+pytestmark = pytest.mark.slow
+
+JOB = str(Path(__file__).with_name("fsdp_job.py"))
+REPOSITORY = Path(__file__).resolve().parents[2]
+STEPS = ["--steps", "30"]
+FAULT_STEP = 14  # before step 14's forward pass: the last commit is step 12 (every 3 steps)
+
+
+def events(out: Path) -> dict[str, list[dict]]:
+    return {path.stem: [json.loads(line) for line in path.read_text().splitlines()] for path in out.glob("*.jsonl")}
+
+
+def torchrun(tmp_path: Path, name: str, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path / name
+    out.mkdir()
+    run_id = f"fsdp-{uuid.uuid4().hex[:8]}"
+    environ = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", PYTHONUNBUFFERED="1")
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), environ.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", f"--rdzv-id={run_id}"]
+    command += ["--master-addr=127.0.0.1", f"--master-port={free_base_port()}", JOB, "--out", str(out), *args]
+    with open(tmp_path / f"{name}.log", "w") as log:
+        try:
+            done = subprocess.run(command, env=environ, stdout=log, stderr=subprocess.STDOUT, timeout=300)
+        finally:
+            wait_until(lambda: not job_processes(run_id), 30, 0.5, what=lambda: f"left: {job_processes(run_id)}")
+    assert done.returncode == 0, (tmp_path / f"{name}.log").read_text()[-5000:]
+    return out, done
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A run without a fault: the digest of the full parameters at each commit, and the final parameters."""
+    out, _ = torchrun(tmp_path_factory.mktemp("reference"), "out", *STEPS)
+    rank0 = events(out)["rank0"]
+    commits = {item["step"]: item["digest"] for item in rank0 if item["event"] == "commit"}
+    return {"commits": commits, "final": torch.load(out / "final.pt"), "done": rank0[-1]["digest"]}
+
+
+def syncs(lines: list[dict]) -> list[dict]:
+    return [item for item in lines if item["event"] == "sync"]
+
+
+def test_torchrun_a_stalled_rank_restarts_once_from_memory(tmp_path: Path, reference: dict) -> None:
+    out, _ = torchrun(tmp_path, "out", *STEPS, "--fault", f"stall:2:{FAULT_STEP}")
+    found = events(out)
+    assert sorted(found) == ["rank0", "rank1", "rank2", "rank3"], found
+    for name, lines in found.items():
+        restored = syncs(lines)[1:]
+        assert len(restored) == 1, (name, lines)  # one restart
+        (sync,) = restored
+        assert sync["source"] == "memory" and sync["world"] == 4 and sync["step"] == FAULT_STEP - 2, sync
+        assert sync["digest"] == reference["commits"][FAULT_STEP - 2], (sync, reference)
+        assert lines[-1]["event"] == "done" and lines[-1]["digest"] == reference["done"], lines[-1]
+
+
+def test_rasd_launch_kill_reshards_to_three_and_back_to_four_from_memory(tmp_path: Path, reference: dict) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), *STEPS, "--fault", f"kill:2:{FAULT_STEP}"]
+    launch = Launch(tmp_path, *argv, "--min-world", "4")
+    try:
+        assert launch.wait(300) == 0, launch.tail()
+        launch.assert_nothing_left()
+    finally:
+        launch.close()
+    found = events(out)
+    survivors = [found[name] for name in ("rank0", "rank1", "rank3")]
+    (joiner,) = [lines for name, lines in found.items() if name.startswith("joiner")]
+    for lines in survivors:
+        shrunk, grown = syncs(lines)[1:]  # exactly two restarts: the kill, the join
+        assert shrunk["source"] == "memory" and shrunk["world"] == 3 and shrunk["step"] == FAULT_STEP - 2, shrunk
+        assert shrunk["digest"] == reference["commits"][FAULT_STEP - 2], (shrunk, reference)
+        assert grown["source"] == "memory" and grown["world"] == 4, grown
+    (joined,) = syncs(joiner)
+    assert joined["source"] == "memory" and joined["world"] == 4, joined
+    digests = {lines[-1]["digest"] for lines in [*survivors, joiner]}
+    assert len(digests) == 1 and all(lines[-1]["event"] == "done" for lines in [*survivors, joiner]), found
+    final = torch.load(out / "final.pt")
+    for key, value in reference["final"].items():
+        torch.testing.assert_close(final[key], value, rtol=1e-4, atol=1e-6)
+
+
+def test_rasd_launch_two_neighbours_killed_with_k_1_take_the_disk_path(tmp_path: Path, reference: dict) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    faults = ["--fault", f"kill:1:{FAULT_STEP}", "--fault", f"kill:2:{FAULT_STEP}"]
+    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), *STEPS, *faults]
+    launch = Launch(tmp_path, *argv, "--min-world", "4", "--checkpoint-dir", str(tmp_path / "checkpoints"))
+    try:
+        assert launch.wait(300) == 0, launch.tail()
+        launch.assert_nothing_left()
+    finally:
+        launch.close()
+    found = events(out)
+    (shrunk,) = [sync for sync in syncs(found["rank0"]) if sync["iteration"] > 0 and sync["world"] < 4]
+    assert shrunk["source"] == "disk" and shrunk["world"] in (2, 3) and shrunk["step"] == FAULT_STEP - 2, shrunk
+    assert shrunk["digest"] == reference["commits"][FAULT_STEP - 2], (shrunk, reference)
+    assert "the memory lost the blobs of rank(s) [1]" in launch.err() + launch.out(), launch.tail()
+    finished = [lines[-1] for lines in found.values() if lines[-1]["event"] == "done"]
+    assert len(finished) == 4 and {item["world"] for item in finished} == {4}, found

@@ -60,6 +60,7 @@ from .rank_assignment import ActivateAllRanks, RankAssignment, RankAssignmentCtx
 from .state import FrozenState, Mode, State
 from .store import PrefixStore, StoreMixin, TCPStore  # noqa: F401 - names of the reference's module
 from .terminate import Terminate
+from .user_store import UserStoreConnection
 from .utils import log_exc  # noqa: F401 - names of the reference's module
 
 log = logs.get_logger(__name__)
@@ -292,6 +293,8 @@ class CallWrapper:
         #: reference's attribute of the same name is its base store; this one is a fresh namespace per iteration.
         self.store: Any = None
         self._user_connection: Any = None
+        #: Makes and cuts the connection behind ``self.store`` (inprocess.user_store): cut at every restart.
+        self._user: UserStoreConnection | None = None
         self._monitor_connection: Any = None
         self._fault_connection: Any = None
         self._protected: set[tuple] = set()
@@ -377,7 +380,8 @@ class CallWrapper:
                 w.joining, raw_store, self.base_store, initial_rank, initial_world_size
             )
         del raw_store, newcomer_store
-        self._user_connection = self._new_connection()
+        self._user = UserStoreConnection(self._new_connection)
+        self._user_connection = self._user.connection
         self._monitor_connection = self._new_connection()
         self._fault_connection = self._new_connection()
         if not self._newcomer:
@@ -465,6 +469,15 @@ class CallWrapper:
             self.monitor_process.enable_timeouts()
 
     # ---- what the abort uses ----------------------------------------------------------------------------------
+
+    def _abort(self, state: Any) -> Any:
+        """The Wrapper's ``abort``, then the function's store connection cut (inprocess.user_store): a rank blocked
+        in ``init_process_group`` waiting for a dead peer's address leaves it at once."""
+        try:
+            return self.wrapper.abort(state) if self.wrapper.abort is not None else state
+        finally:
+            if self._user is not None:
+                self._user.cut_now()
 
     def store_ports(self) -> set[int]:
         ports = set()
@@ -654,7 +667,9 @@ class CallWrapper:
         state.set_distributed_vars()
         launch_events.announce("iteration", iteration=state.iteration, rank=state.rank, world_size=state.world_size)
         store = self.base_store.iteration_store(state.iteration)
-        self.store = self._user_connection.user_store(state.iteration)
+        assert self._user is not None
+        self.store = self._user.store(state.iteration)
+        self._user_connection = self._user.connection
         assert self.monitor_process is not None and self.watchdog is not None
         rank = _assigned(state.rank, "the rank")
         self.monitor_process.start_iteration(
@@ -672,7 +687,7 @@ class CallWrapper:
         monitor = MonitorThread(
             state_fn=lambda: self.state.freeze(),
             store=self._monitor_connection.iteration_store(state.iteration),
-            abort=w.abort,
+            abort=self._abort,
             last_call_wait=w.last_call_wait,
             soft_timeout=w.soft_timeout,
             atomic_lock=self.atomic_lock,
@@ -920,7 +935,7 @@ class CallWrapper:
         self.monitor_thread = None
         with self._verdict_lock:
             self.base_store = self._monitor_connection = self._fault_connection = None
-            self.store = self._user_connection = None
+            self.store = self._user_connection = self._user = None
             self.joining = None  # its rendezvous holds a store connection of this call
         gc.collect()
 

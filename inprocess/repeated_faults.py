@@ -57,6 +57,10 @@ from . import exception, fault_source, logs
 log = logs.get_logger(__name__)
 
 DEFAULT_LIMIT = 3
+#: The bound for a training that says nothing of its progress (no ``inprocess.elastic`` state, no ``ping()``, no
+#: ``progress()``): the same fault this many iterations in a row. Larger, since its restarts may be progress that
+#: cannot be seen (the reference's example injects random faults at one line and checkpoints to disk).
+SILENT_LIMIT = 10
 LIMIT_ENVIRONMENT = "TORCHRAS_REPEATED_FAULTS"
 PROGRESS_ENVIRONMENT = "TORCHRAS_PROGRESS"
 #: What may count as progress; ``call`` (``call_wrapper.progress()``) always does.
@@ -67,6 +71,8 @@ NOT_FAULTS = frozenset({"JOIN_WAITING", "HOSTS_UPDATED"})
 
 FAULT_KEY = "repeats/fault"
 PROGRESS_KEY = "repeats/progress"
+#: Some rank's training can say when it progresses (an ``inprocess.elastic`` state exists, or it reported a source).
+SPEAKS_KEY = "repeats/speaks"
 DECISION_KEY = "repeats/decision"
 
 
@@ -118,14 +124,15 @@ class Decision:
 
     def to_json(self) -> str:
         fault = dataclasses.asdict(self.fault) if self.fault else None
-        return json.dumps(dict(fault=fault, count=self.count, by=self.by))
+        return json.dumps(dict(fault=fault, count=self.count, give_up=self.give_up, by=self.by))
 
     @classmethod
     def from_json(cls, text: str | bytes, limit: int) -> Decision:
         data = json.loads(text)
         fault = Fault(**data["fault"]) if data.get("fault") else None
         count = int(data["count"])
-        return cls(fault, count, fault is not None and count >= limit, str(data.get("by", "")))
+        give_up = bool(data["give_up"]) if "give_up" in data else count >= limit  # the writer's bound decided
+        return cls(fault, count, fault is not None and give_up, str(data.get("by", "")))
 
 
 class RepeatedFaults:
@@ -195,6 +202,8 @@ class Tracker:
         self.pings = 0  # ``ping()`` calls in the current iteration, on this rank
         self.pings_before = 0  # and in the iteration before (until its fault)
         self.token = f"{os.getpid()}:{id(self)}:{os.urandom(4).hex()}"  # names this tracker's decisions
+        #: The training reported progress of some source in this call (whether the policy counts it or not).
+        self.spoke = False
 
     def new_iteration(self) -> None:
         self.progressed = False
@@ -202,6 +211,7 @@ class Tracker:
 
     def ping(self) -> None:
         """``call_wrapper.ping()``: progress at the first ping beyond the count of the iteration before."""
+        self.spoke = True
         self.pings += 1
         if self.pings == self.pings_before + 1:
             self.progress("ping")
@@ -209,6 +219,7 @@ class Tracker:
     def progress(self, source: str = "call", position: int | None = None, counts: bool = True) -> None:
         """``source`` moved to ``position`` (None: progress whatever the position). ``counts=False``: a position
         loaded from a commit or another rank (a restore, a sync), which raises the mark but is no progress."""
+        self.spoke = True
         if source not in self.policy.progress:
             return
         if position is not None:
@@ -232,6 +243,8 @@ class Tracker:
         try:
             if self.progressed:
                 store.set(PROGRESS_KEY, "1")
+            if self.spoke or _states:
+                store.set(SPEAKS_KEY, "1")
             if error is not None:
                 store.compare_set(FAULT_KEY, "", Fault.of_exception(error, initial_rank, iteration).to_json())
         except Exception:  # a rank must not leave the job for a count
@@ -257,6 +270,9 @@ class Tracker:
         fault = fault_of(store, reasons, iteration)
         if fault is None:
             return Decision(None, 0, False, self.token)
+        # A training that says nothing of its progress (no inprocess.elastic state, no ping, no progress(): the
+        # reference's examples, which checkpoint to disk) may progress where this cannot see it: a larger bound.
+        limit = self.policy.limit if store.check([SPEAKS_KEY]) else max(self.policy.limit, SILENT_LIMIT)
         if store.check([PROGRESS_KEY]):
             count = 1
         else:
@@ -264,7 +280,7 @@ class Tracker:
             if previous is not None and previous.check([DECISION_KEY]):
                 last = Decision.from_json(previous.get(DECISION_KEY), self.policy.limit)
             count = last.count + 1 if last is not None and fault.same(last.fault) else 1
-        return Decision(fault, count, count >= self.policy.limit, self.token)
+        return Decision(fault, count, count >= limit, self.token)
 
     def _report(self, decision: Decision) -> None:
         fault = decision.fault
@@ -328,6 +344,16 @@ def _progress_words(policy: RepeatedFaults) -> str:
         "call": "no call_wrapper.progress()",
     }
     return ", ".join(words[source] for source in PROGRESS_SOURCES if source in policy.progress)
+
+
+#: How many ``inprocess.elastic`` states this process holds: a training that keeps one says when it progresses.
+_states = 0
+
+
+def state_created() -> None:
+    """An ``inprocess.elastic`` state was made (``TorchState``, ``ShardedState``): the training speaks progress."""
+    global _states
+    _states += 1
 
 
 def report_progress(source: str, position: int | None = None, counts: bool = True) -> None:

@@ -122,6 +122,7 @@ class ShardedState:
         for name in values:
             if name.startswith("_") or name in dir(type(self)):
                 raise ValueError(f"{name!r} cannot be a state value: it starts with '_' or names an attribute")
+        repeated_faults.state_created()  # a training that keeps a state says when it progresses
         if redundancy < 0:
             raise ValueError("redundancy must be 0 or more")
         object.__setattr__(self, "_loading", False)

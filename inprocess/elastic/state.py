@@ -62,6 +62,7 @@ class State:
     """Base class: the commit/restore/sync machinery over a tree that subclasses capture and apply."""
 
     def __init__(self) -> None:
+        repeated_faults.state_created()  # a training that keeps a state says when it progresses
         self._reset_callbacks: list[Callable[[], Any]] = []
         # (committed, spare tree): replaced as a whole by one attribute store, never edited in place.
         self._slots: tuple[Commit, Any] = (Commit(snapshot.copy_tree(self._capture()), 0, _new_lineage()), None)

@@ -181,10 +181,13 @@ class StuckDetector:
             if verdict is not None:
                 standing[key] = (comm, verdict)
         judge = _Judge(self, snapshot, now, standing, _inside_by_process(merged))
+        silent = _Silent(snapshot)
         for key, (comm, verdict) in standing.items():
             watch = self._watches[key]
             if watch.verdict is not None and not watch.verdict.slow:
                 continue  # COMM_STUCK already: it stands until the counters move
+            if silent.holds(comm):
+                continue  # a rank's process did not answer (stopped, starved): the liveness verdicts judge it
             stood, limit = now - watch.since, self.idle_limit(key)
             ranks = judge.ranks(key)
             watch.idle_seen = max([watch.idle_seen] + [r.idle for r in ranks])
@@ -225,6 +228,31 @@ class StuckDetector:
 
     def active(self) -> list[StuckVerdict]:
         return [w.verdict for w in self._watches.values() if w.verdict is not None]
+
+
+class _Silent:
+    """Whether a communicator has a rank whose process is in the job but did not answer this sweep (SIGSTOP, its RAS
+    thread starved of the GIL): such a communicator is not judged stuck, since its counters cannot tell where that
+    rank is, and the hang limit (10 s) makes the verdict that names the process (PEER_HUNG, which terminates it,
+    where COMM_STUCK would restart every rank, the silent one too)."""
+
+    def __init__(self, snapshot: JobSnapshot) -> None:
+        self.snapshot = snapshot
+        self._by_rank: dict[int, Addr] | None = None
+
+    def holds(self, comm: MergedCommunicator) -> bool:
+        missing = set(range(comm.size)) - comm.present
+        if not missing:
+            return False
+        s = self.snapshot
+        if self._by_rank is None:
+            self._by_rank = {p.rank: p.addr for p in s.peers if p.rank >= 0}
+        for rank in missing:
+            g = comm.global_rank(rank)
+            addr = self._by_rank.get(g) if g is not None else None
+            if addr is not None and addr not in s.responses and addr not in s.dead and addr not in s.left:
+                return True
+        return False
 
 
 def _held(comm: MergedCommunicator, verdict: StuckVerdict) -> list[tuple[int, int]]:

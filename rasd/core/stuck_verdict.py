@@ -51,9 +51,9 @@ class StuckVerdict:
             parts.append(f"{_ranks(self.busy)} working (CPU or I/O moving)")
         if self.phase:
             parts.append(f"in phase {self.phase!r}")
-        parts += [f"rank {rank} in {position_text(position, short=True)}" for rank, position in self.positions]
         if self.stood_ms:
             parts.append(f"no progress for {self.stood_ms / 1000:.0f} s")
+        parts += [f"rank {rank} in {position_text(position, short=True)}" for rank, position in self.positions]
         return "; ".join(parts)
 
     @property

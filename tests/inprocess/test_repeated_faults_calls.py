@@ -54,10 +54,12 @@ def test_the_same_exception_in_every_iteration_ends_the_call_after_three(
     events = tmp_path / "events.jsonl"
     monkeypatch.setenv(ENVIRONMENT, str(events))
     iterations: list[int] = []
+    state = TorchState(step=0)  # the README's pattern: the training keeps a state, so it says when it progresses
 
     @inprocess.Wrapper(store_kwargs={"port": one_rank}, **fast())
     def train(call_wrapper: inprocess.CallWrapper) -> None:
         iterations.append(call_wrapper.iteration)
+        state.sync()
         raise AssertionError(f"shapes differ in iteration {call_wrapper.iteration}")  # a message that varies
 
     with (

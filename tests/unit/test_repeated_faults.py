@@ -20,6 +20,7 @@ from inprocess.repeated_faults import (
     DECISION_KEY,
     DEFAULT_LIMIT,
     FAULT_KEY,
+    SILENT_LIMIT,
     Decision,
     Fault,
     RepeatedFaults,
@@ -75,9 +76,13 @@ def elsewhere(message: str = "Numpy is not available") -> Exception:
 class Job:
     """Ranks of one call, iteration after iteration, sharing the iterations' stores as the Wrapper's ranks do."""
 
-    def __init__(self, policy: RepeatedFaults | None = None, ranks: int = 2) -> None:
+    def __init__(self, policy: RepeatedFaults | None = None, ranks: int = 2, speaks: bool = True) -> None:
+        """``speaks``: the training can say when it progresses (it keeps an ``inprocess.elastic`` state, as the
+        README's pattern does; here its trackers are told so directly)."""
         self.policy = policy or RepeatedFaults()
         self.trackers = [Tracker(self.policy) for _ in range(ranks)]
+        for tracker in self.trackers:
+            tracker.spoke = speaks
         self.stores = [Store()]
 
     @property
@@ -296,6 +301,7 @@ def test_the_settings_from_the_environment(caplog: pytest.LogCaptureFixture) -> 
 
 def test_giving_up_is_a_restart_abort_and_a_quiet_exit_status_1() -> None:
     tracker = Tracker(RepeatedFaults(1))
+    tracker.spoke = True
     store = Store()
     tracker.record(store, raised(), 0, 0)
     decision = tracker.decide(store, None, ["RuntimeError on rank 0: Numpy is not available"], 0)
@@ -350,3 +356,15 @@ def test_fewer_or_as_many_pings_as_the_iteration_before_are_no_progress() -> Non
     for _ in range(6):
         tracker.ping()
     assert tracker.progressed  # more than the 5 of the iteration before
+
+
+def test_a_training_that_says_nothing_of_its_progress_gets_the_larger_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``inprocess.elastic`` state, no ``ping()``, no ``progress()`` (the reference's examples, which checkpoint
+    to disk and inject random faults at one line): its restarts may be progress the rule cannot see, so it gives up
+    at ``SILENT_LIMIT`` faults in a row, not at the limit."""
+    monkeypatch.setattr("inprocess.repeated_faults._states", 0)
+    job = Job(speaks=False)
+    assert [any(job.fail(raised())) for _ in range(SILENT_LIMIT)] == [False] * (SILENT_LIMIT - 1) + [True]
+    monkeypatch.setattr("inprocess.repeated_faults._states", 1)  # a state made in this process: it speaks
+    job = Job(speaks=False)
+    assert [any(job.fail(raised())) for _ in range(3)] == [False, False, True]

@@ -28,6 +28,8 @@ def snap(
     extra: dict[int, tuple[CommRecord, ...]] | None = None,
     rank0_launched: int = 9,
     others: Work | None = None,
+    silent: frozenset[int] = frozenset(),
+    dead: frozenset[int] = frozenset(),
 ) -> JobSnapshot:
     """At ``at``: rank 0 behind (launched 9) with ``behind_work``; ranks 1-3 inside operation 10 of communicator 77;
     the counters still since time 0."""
@@ -39,9 +41,10 @@ def snap(
             77, 4, (RankRecord(rank, launched=ops(launched), completed=ops(9), idle_ms=idle_ms),), ((0, 4, 1),)
         )
         comms = (comm,) + (extra or {}).get(rank, ())
-        responses[addr(rank)] = ProcessData(comms=comms, work=behind_work if rank == 0 else (others or Work()))
-    peers = tuple(PeerInfo(addr(r), pid=r, hostname="h", incarnation=r) for r in range(4))
-    return JobSnapshot(peers=peers, responses=responses)
+        if rank not in silent:
+            responses[addr(rank)] = ProcessData(comms=comms, work=behind_work if rank == 0 else (others or Work()))
+    peers = tuple(PeerInfo(addr(r), pid=r, hostname="h", incarnation=r, rank=r) for r in range(4))
+    return JobSnapshot(peers=peers, responses=responses, dead=frozenset(addr(r) for r in dead))
 
 
 def detector() -> StuckDetector:
@@ -223,3 +226,17 @@ def test_a_verdict_falls_due_when_the_rank_behind_has_been_idle_for_the_limit():
     assert d.due() == 5.5  # idle 4.5 s at the sweep at 5 s: due half a second later, not a whole sweep later
     (v,) = run(d, lambda t: snap(Work(idle_ms=int((t - 0.5) * 1000)), at=t), [5.5])[0][1]
     assert not v.slow
+
+
+def test_a_communicator_with_a_rank_whose_process_did_not_answer_is_left_to_the_liveness_verdicts():
+    """Rank 3's process is stopped (it answers no sweep): ranks 0-2 wait inside the operation, and nothing in the
+    counters says where rank 3 is. No COMM_STUCK (which would restart every rank, the stopped one too): the hang
+    limit makes the PEER_HUNG that names it. Once it is known dead, the communicator is judged again."""
+
+    def stopped(t: float, dead: frozenset[int] = frozenset()) -> JobSnapshot:
+        return snap(Work(idle_ms=int(t * 1000)), at=t, rank0_launched=10, silent=frozenset({3}), dead=dead)
+
+    d = detector()
+    assert run(d, stopped, [1.0, 6.0, 30.0]) == [(1.0, [], []), (6.0, [], []), (30.0, [], [])]
+    (_, new, _) = run(d, lambda t: stopped(t, frozenset({3})), [31.0])[0]
+    assert [v.inside for v in new] == [(0, 1, 2)] and not new[0].slow

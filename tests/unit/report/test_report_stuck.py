@@ -98,7 +98,7 @@ def test_a_slow_communicator_gets_a_slow_item_naming_the_ranks_that_work():
     warnings = render_tail(build_report(_snapshot({0xAB: verdict}))).split("Warnings\n========\n\n", 1)[1]
     assert warnings.startswith(
         "#0-0 (00000000000000ab) SLOW\n  AllReduce operation 20 slow; rank 1 behind (not launched); rank 0 inside it "
-        "(launched, not completed); rank 1 working (CPU or I/O moving); rank 1 in train.py:88 (save) -> "
-        "serialization.py:967 (save); no progress for 45 s\n\n"
+        "(launched, not completed); rank 1 working (CPU or I/O moving); no progress for 45 s; rank 1 in "
+        "train.py:88 (save) -> serialization.py:967 (save)\n\n"
     )
     assert "STUCK" not in warnings

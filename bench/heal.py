@@ -28,6 +28,18 @@ It also times ``python -c "import torch"`` in the same run: issue 25's target fo
     .venv/bin/python bench/heal.py --samples 1 --only torchras
 
 Prints a table, then, as its last line, one JSON object: ``{system}_{figure}_s`` (medians), ``import_torch_s``.
+
+``--group`` (issue 40) measures the other rows instead: scripts that know nothing of torchras, restarted as a group.
+A plain DDP script (``tests/launch/plain_ddp_job.py``, 4 gloo ranks, a ``torch.save`` checkpoint every 5 steps)
+and a PyTorch Lightning script (``tests/launch/lightning_job.py``, ``strategy="ddp"`` on the CPU, 2 ranks,
+``ModelCheckpoint(save_last=True)``, ``fit(ckpt_path="last")``); rank 1 is killed (SIGKILL) or wedged (blocks in
+``time.sleep``) in the first attempt; under ``rasd launch --max-restarts 2`` and ``torchrun --standalone
+--max-restarts 2``, the same options, in the same run. The figure: seconds from the fault (the rank's own clock just
+before it) to training again (every rank of a later attempt has completed a step), or ``-`` with what happened when
+the job did not train again within ``GROUP_CAP_S`` of the fault (a wedge under torchrun waits for gloo's timeout,
+30 minutes).
+
+    .venv/bin/python bench/heal.py --group --samples 1
 """
 
 from __future__ import annotations
@@ -183,12 +195,111 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+# ---- group restarts of scripts without torchras (--group, issue 40) -------------------------------------------
+
+#: script, ranks, the step before which rank 1 is killed or wedged, steps in all
+GROUP_JOBS = {"ddp": ("plain_ddp_job.py", 4, 15, 40), "lightning": ("lightning_job.py", 2, 12, 30)}
+GROUP_FAULTS = ("kill", "stall")
+GROUP_LAUNCHERS = ("rasd launch", "torchrun")
+GROUP_CAP_S = 120.0
+
+
+def group_command(launcher: str, job: str, fault: str, out: Path) -> list[str]:
+    script, nproc, at, steps = GROUP_JOBS[job]
+    options = ["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=2"]
+    head = ["-m", "torchras.cli", "launch"] if launcher == "rasd launch" else ["-m", "torch.distributed.run"]
+    argv = [sys.executable, *head, *options, str(JOB.parent / script), "--out", str(out), "--steps", str(steps)]
+    if job == "ddp":
+        argv += ["--checkpoint", str(out / "ckpt.pt")]
+    return [*argv, f"--{fault}", f"1:{at}"]
+
+
+def group_sample(launcher: str, job: str, fault: str, folder: Path) -> tuple[float | None, str]:
+    """Seconds from the fault to every rank of a later attempt having trained a step; or None and why not."""
+    out = folder / f"{job}-{fault}-{launcher.replace(' ', '-')}"
+    out.mkdir(parents=True)
+    nproc = GROUP_JOBS[job][1]
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
+    with open(out / "launcher.log", "wb") as log:
+        process = subprocess.Popen(
+            group_command(launcher, job, fault, out), env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    fault_at: float | None = None
+    figure: float | None = None
+    deadline = time.monotonic() + CAP_S + GROUP_CAP_S
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.5)
+            found = records(out)
+            faults = [r["time"] for r in found if r["event"] in ("killing", "stalling")]
+            if faults and fault_at is None:
+                fault_at = faults[0]
+                deadline = time.monotonic() + GROUP_CAP_S
+            if fault_at is None:
+                continue
+            firsts: dict[int, float] = {}
+            for r in found:
+                if r["event"] == "step" and r.get("attempt", 0) >= 1 and r["time"] > fault_at:
+                    firsts.setdefault(r["pid"], r["time"])
+            if len(firsts) >= nproc:
+                figure = max(firsts.values()) - fault_at
+                break
+    finally:
+        code = process.poll()  # before the bench stops it: None, still waiting
+        if code is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(40)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+    if figure is not None:
+        return figure, ""
+    text = (out / "launcher.log").read_text(errors="replace")
+    why = "connectFullMesh failed" if "connectFullMesh" in text else ""
+    if fault_at is None:
+        return None, f"no fault recorded (exit {process.returncode})"
+    state = f"exited {code}" if code is not None else f"still waiting {GROUP_CAP_S:.0f} s after the fault"
+    return None, f"not training again: {state}" + (f" ({why})" if why else "")
+
+
+def group_rows(samples: int, launchers: tuple[str, ...] = GROUP_LAUNCHERS) -> None:
+    load_before = os.getloadavg()[0]
+    results: dict[tuple[str, str, str], list[tuple[float | None, str]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-heal-group-") as folder:
+        for index in range(samples):
+            for job in GROUP_JOBS:
+                for fault in GROUP_FAULTS:
+                    for launcher in launchers:
+                        sample = group_sample(launcher, job, fault, Path(folder) / str(index))
+                        results.setdefault((job, fault, launcher), []).append(sample)
+                        print(f"  {job} {fault} {launcher} sample {index + 1}: {sample}", file=sys.stderr, flush=True)
+    after = os.getloadavg()[0]
+    print(f"\nfault to training again; medians of {samples}; load {load_before:.1f} before, {after:.1f} after\n")
+    print(f"{'script':<10} {'fault':<7} {'launcher':<12} {'seconds':>8}  note")
+    figures: dict[str, float | None] = {}
+    for (job, fault, launcher), values in results.items():
+        value = median([v for v, _ in values])
+        notes = "; ".join(sorted({note for _, note in values if note}))
+        cell = f"{value:>6.2f} s" if value is not None else f"{'-':>8}"
+        print(f"{job:<10} {fault:<7} {launcher:<12} {cell}  {notes}")
+        figures[f"{job}_{fault}_{launcher.replace(' ', '_')}_s"] = round(value, 2) if value is not None else None
+    print(json.dumps(figures))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--only", choices=SYSTEMS, action="append")
     parser.add_argument("--nvrx-venv", type=Path, default=Path("/tmp/torchras-bench-nvrx-venv"))
+    parser.add_argument("--group", action="store_true", help="the group-restart rows of scripts without torchras")
+    parser.add_argument("--launcher", choices=GROUP_LAUNCHERS, action="append", help="--group: only these")
     args = parser.parse_args()
+    if args.group:
+        group_rows(args.samples, tuple(args.launcher or GROUP_LAUNCHERS))
+        return
     systems = args.only or list(SYSTEMS)
     nvrx = None
     if "nvrx" in systems:

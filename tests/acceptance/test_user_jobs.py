@@ -1,7 +1,7 @@
 """A user's DDP and FSDP2 script (``user_job.py``) under plain ``torchrun``, 4 gloo ranks, changed only by wrapping
 its training function in ``inprocess.Wrapper``:
 
-- rank 0 writing a checkpoint for 25 s (``torch.save``, again and again) while the others wait in
+- rank 0 writing a checkpoint for 15 s (three idle limits) (``torch.save``, again and again) while the others wait in
   ``dist.barrier()``, at the default limits, is SLOW in the report (rank 0 working), never COMM_STUCK: no restart
   (issue 39, "first, do no harm");
 - a rank blocked in one long call (``time.sleep``, ``queue.Queue.get``, a socket read) is named in the report while
@@ -124,7 +124,7 @@ def _check_counts(job: Job, results: dict[int, dict]) -> None:
         assert counts["AllReduce"] + counts["ReduceScatter"] >= res["steps"], counts  # the gradients of each step
 
 
-@pytest.mark.parametrize(("model", "kind", "checkpoint"), [("ddp", "sleep", 25), ("fsdp", "queue", 0)])
+@pytest.mark.parametrize(("model", "kind", "checkpoint"), [("ddp", "sleep", 15), ("fsdp", "queue", 0)])
 def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(
     tmp_path: Path, model: str, kind: str, checkpoint: int
 ) -> None:

@@ -167,7 +167,9 @@ def test_what_torchrun_refuses_is_refused() -> None:
 
 def test_options_rasd_launch_does_not_use_are_named_once() -> None:
     plan = _plan("--max-restarts", "2", "--start-method", "fork", "t.py")
-    assert plan.ignored == ("--max-restarts", "--start-method")
+    assert plan.ignored == ("--start-method",) and plan.max_restarts == 2  # one node: torchrun's group restarts
+    several = _plan("--nnodes", "2", "--master-port", "29500", "--max-restarts", "2", "t.py")
+    assert several.ignored == ("--max-restarts",) and several.max_restarts == 0
     assert _plan("t.py").ignored == ()
 
 

@@ -18,9 +18,11 @@ no endpoint, no ``--master-port``, 1 node       the same as ``--standalone``
 ``--rdzv-backend c10d --rdzv-endpoint H:P``     node ranks in order of arrival at the store on ``H:P``
 ==============================================  ====================================================================
 
-The options rasd launch adds are its own words: ``--max-respawns`` and ``--respawn-backoff``. torchrun's options for
-what rasd launch does differently are accepted and read as near as they can be: ``--max-restarts`` (a group
-restart) is not done, a dead worker is respawned instead; ``--start-method``, ``--monitor-interval``,
+The options rasd launch adds are its own words: ``--max-respawns``, ``--respawn-backoff`` and ``--no-rasd``.
+``--max-restarts`` means torchrun's (a whole-group restart, ``torchras.launch.restarts``) for a job without
+inprocess.Wrapper on one node; a Wrapper's job respawns its dead worker instead, and on several nodes it is not used.
+torchrun's options for what rasd launch does differently are accepted and read as near as they can be:
+``--start-method``, ``--monitor-interval``,
 ``--event-log-handler``, ``--logs-specs``, ``--numa-binding``, ``--duplicate-*-filters`` are accepted and ignored
 (``resolve`` says which, once, in ``Plan.ignored``).
 """
@@ -117,8 +119,9 @@ def parser() -> argparse.ArgumentParser:
         "max-restarts",
         type=int,
         default=0,
-        help="torchrun's whole-group restarts: rasd launch never restarts the group, it respawns the dead worker "
-        "(--max-respawns); accepted for compatibility",
+        help="torchrun's whole-group restarts, for a job without inprocess.Wrapper on one node: a worker that fails, "
+        "or a verdict of the RAS mesh (a dead, hung or stuck rank), stops every worker and starts the group again, "
+        "at most this many times (a Wrapper's job respawns the dead worker instead: --max-respawns)",
     )
     _option(p, "monitor-interval", type=float, default=0.1, help="seconds between looks at the workers")
     _option(
@@ -190,6 +193,12 @@ def parser() -> argparse.ArgumentParser:
         help="seconds before a local rank's second replacement, doubled for each one after (the first starts at "
         f"once; default {DEFAULT_RESPAWN_BACKOFF})",
     )
+    own.add_argument(
+        "--no-rasd",
+        action="store_true",
+        help="start no RAS node in the workers (by default every Python worker runs one, as under "
+        "python -m rasd.run; TORCHRAS_ENABLE=0 turns it off too)",
+    )
     p.add_argument("training_script", type=str, help="the script (or module, or executable) every worker runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
     return p
@@ -223,6 +232,8 @@ class Plan:
     virtual_local_rank: bool
     join_timeout: float
     ignored: tuple[str, ...] = ()
+    max_restarts: int = 0  # torchrun's group restarts, for a job without the Wrapper on one node
+    ras_node: bool = True  # a RAS node in every Python worker (``torchras.launch.ras_node``)
 
     @property
     def world_size(self) -> int:
@@ -370,7 +381,7 @@ def resolve(args: argparse.Namespace) -> Plan:
     ignored = [
         name
         for name, value, default in (
-            ("--max-restarts", args.max_restarts, 0),
+            ("--max-restarts", args.max_restarts if high > 1 else 0, 0),
             ("--start-method", args.start_method, "spawn"),
             ("--monitor-interval", args.monitor_interval, 0.1),
             ("--event-log-handler", args.event_log_handler, "null"),
@@ -405,6 +416,8 @@ def resolve(args: argparse.Namespace) -> Plan:
         virtual_local_rank=bool(args.virtual_local_rank),
         join_timeout=_rendezvous_timeout(args.rdzv_conf),
         ignored=tuple(ignored),
+        max_restarts=args.max_restarts if high == 1 else 0,
+        ras_node=not args.no_rasd,
     )
 
 

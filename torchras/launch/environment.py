@@ -14,10 +14,11 @@ job of ``n`` nodes with ``p`` workers each:
 ``MASTER_ADDR``, ``MASTER_PORT``    the store the launcher of node 0 serves (``init_process_group("env://")``)
 ``TORCHELASTIC_USE_AGENT_STORE``    ``True``: env:// connects to that store as a client, no worker hosts it
 ``TORCHELASTIC_RUN_ID``             ``--rdzv-id`` (``none``), a fresh uuid with ``--standalone``
-``TORCHELASTIC_RESTART_COUNT``      ``0``, or how many times the group was restarted because a worker was lost
-                                    at start-up (the only whole-group restart). A replacement keeps the group's:
-                                    the Wrapper finds the running job by run id and restart count
-``TORCHELASTIC_MAX_RESTARTS``       ``0`` (``--max-restarts`` is not a group restart here)
+``TORCHELASTIC_RESTART_COUNT``      ``0``, or how many times the group was restarted (a worker lost at start-up;
+                                    a job without the Wrapper: ``--max-restarts``, ``torchras.launch.restarts``).
+                                    A replacement keeps the group's: the Wrapper finds the running job by run id
+                                    and restart count
+``TORCHELASTIC_MAX_RESTARTS``       ``--max-restarts`` (0 on several nodes, where it is not used)
 ``TORCHELASTIC_ERROR_FILE``         where torch's ``@record`` writes a worker's uncaught exception
 ``TORCHELASTIC_SIGNALS_TO_HANDLE``  ``--signals-to-handle``
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` the launcher's, else ``1``
@@ -31,6 +32,11 @@ Added by rasd launch:
                                       (``inprocess.launch_events``: joining on, admitted, refused)
 ``INPROCESS_JOINING``                 with respawns on: a Wrapper built without ``joining=`` takes newcomers
                                       (``inprocess.elastic.Joining.from_environment``); the user's value wins
+``TORCHRAS_JOURNAL_DIR``              the workers' verdict journal, where the launcher reads the verdicts that
+                                      restart a job without the Wrapper: the user's, else the attempt's folder
+                                      (``torchras.launch.ras_node``, set by ``main`` with the RAS node on)
+``TORCHRAS_LAUNCH_RESTART``           after a group restart: its cause, for the new group's nodes to record
+                                      (``torchras.launch.worker_main``)
 ``INPROCESS_JOIN=1``                  a replacement only: it joins the running job as a newcomer (docs/elastic.md
                                       section 5); it keeps its slot's ``RANK`` for code that reads it before the
                                       Wrapper, which gives it its rank in the job when a round admits it
@@ -78,7 +84,7 @@ def worker_environment(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
         TORCHELASTIC_RESTART_COUNT=str(restart_count),
-        TORCHELASTIC_MAX_RESTARTS="0",
+        TORCHELASTIC_MAX_RESTARTS=str(plan.max_restarts),
         TORCHELASTIC_RUN_ID=run_id,
         TORCHELASTIC_USE_AGENT_STORE="True",
         TORCHELASTIC_ERROR_FILE=error_file,
@@ -99,6 +105,7 @@ def worker_environment(
         env["OMP_NUM_THREADS"] = "1"
     if plan.max_respawns > 0:
         env.setdefault("INPROCESS_JOINING", JOINING_DEFAULT)
+    env.pop("TORCHRAS_LAUNCH_RESTART", None)  # the launcher sets it for a restarted group only
     env.pop("INPROCESS_JOIN", None)  # inherited from a shell that started a newcomer: not for these workers
     if newcomer:
         env["INPROCESS_JOIN"] = "1"

@@ -40,7 +40,9 @@ from . import (
     args as args_module,
     environment,
     output,
+    ras_node,
     reaper,
+    restarts,
     startup,
     status as status_module,
     workers as workers_module,
@@ -106,6 +108,15 @@ class Launcher:
         self.ending: str | None = None  # the launcher ends the job itself (it cannot start): why
         self.outsiders_at: float | None = None  # when workers outside the completed job's final world are stopped
         self.subreaper = False
+        self.ras_node = False  # the workers run a RAS node (``ras_node``)
+        self.journals: restarts.Journals | None = None  # the current attempt's verdict journals
+        self.attempt_epoch = 0.0  # when the current attempt started (verdicts before it are the old group's)
+        self.restart_note: str | None = None  # the last group restart's cause, for the new group's nodes
+        self.said_wrapped_restarts = False  # the line that --max-restarts is not used under the Wrapper, said
+        self.said_unrestarted = False  # the line that a verdict restarts nothing (--max-restarts 0), said
+        self.wrapper_pids: set[int] = set()  # workers whose Wrapper announced itself
+        self.mode = restarts.Mode()
+        self.mode_ranks: dict[str, set[int]] = {"wrapped": set(), "plain": set()}  # local ranks, this attempt
         self._reaped_at = 0.0
         self.streams: dict[int, output.Stream] = {}  # pipe read end -> the worker stream it carries
         self.draining: dict[int, float] = {}  # pipe read end of an ended worker -> give up reading it at
@@ -129,6 +140,8 @@ class Launcher:
             log.error("%s", error)
             return 1
         self.folder = self._log_folder()
+        self.ras_node = ras_node.wanted(plan)
+        self._new_attempt()
         self.slots = [
             workers_module.Slot(local_rank, self.rendezvous.node_rank * plan.nproc_per_node + local_rank)
             for local_rank in range(plan.nproc_per_node)
@@ -145,6 +158,7 @@ class Launcher:
                 self._act_on_signals()
                 self._reap()
                 self._read_announcements()
+                self._read_verdicts()
                 self._settle_startup_losses()
                 self._check_members()
                 self._respawn_due()
@@ -160,7 +174,9 @@ class Launcher:
             self._end_leftovers()
             self._close_pipes()
             self._stop_store()
-        code = status_module.job_status(self.exits, self.stopping, self.wrapped, self.gave_up is not None)
+        code = status_module.job_status(
+            self.exits, self.stopping, self.wrapped, self.gave_up is not None, self.ending is not None
+        )
         self._say_ended(code)
         return code
 
@@ -196,6 +212,12 @@ class Launcher:
             newcomer=newcomer,
             restart_count=self.restart_count,
         )
+        command = plan.command
+        if self.ras_node:
+            command = ras_node.command(plan.command)
+            env[ras_node.JOURNAL] = self.journal_dir
+        if self.restart_note is not None:
+            env["TORCHRAS_LAUNCH_RESTART"] = self.restart_note
         destinations = output.destinations(
             slot.local_rank, plan.redirects, plan.tee, plan.local_ranks_filter, str(folder)
         )
@@ -203,7 +225,7 @@ class Launcher:
         if slot.pids:
             separator = f"---- rasd launch: a replacement of local rank {slot.local_rank} starts here ----".encode()
         worker = workers_module.spawn(
-            plan.command,
+            command,
             env,
             destinations,
             self.console,
@@ -254,6 +276,9 @@ class Launcher:
             self.folder.parent,
             healing,
         )
+        line = restarts.plan_line(plan.max_restarts, self.ras_node, self.journal_dir, plan.nnodes)
+        if line:
+            log.info("%s", line)
 
     # ---- waiting ----------------------------------------------------------------------------------------------
 
@@ -446,7 +471,7 @@ class Launcher:
                     worker.by_launcher,
                 )
             )
-            if worker.returncode == 0 and not self.wrapped:
+            if worker.returncode == 0 and not self.wrapped and not worker.by_launcher:
                 self._job_completed()  # a plain script: a worker that finished is the job finishing
             if self.group_restart_at is not None and worker.by_launcher:
                 log.info(
@@ -456,6 +481,8 @@ class Launcher:
                     slot.rank,
                     status_module.describe(worker.returncode),
                 )
+                continue
+            if worker.returncode != 0 and self._plain_restart(slot, worker):
                 continue
             if worker.returncode != 0 and self._startup_loss(slot, worker):
                 continue
@@ -582,11 +609,17 @@ class Launcher:
                 slot.respawns += 1
                 slot.respawn_at = now + decision.delay
 
-    def _restart_group(self, cause: str, when: str = STARTUP_WHEN) -> None:
-        """Stop every worker of the node and start the group again (``startup``), within ``--max-respawns``."""
+    def _restart_group(
+        self, cause: str, when: str = STARTUP_WHEN, plain: bool = False, ranks: tuple[int, ...] = ()
+    ) -> None:
+        """Stop every worker of the node and start the group again: at start-up (``startup``), within
+        ``--max-respawns``; a job without the Wrapper (``plain``, ``restarts``), within ``--max-restarts``."""
         plan = self.plan
+        if plain:
+            self._restart_plain_group(cause, ranks)
+            return
         if self.restart_count >= plan.max_respawns:
-            self.ending = f"{cause}, after {self.restart_count} restart(s) of the group"
+            self.ending = f"the job could not start: {cause}, after {self.restart_count} restart(s) of the group"
             log.warning(
                 "%s, %s; the group was restarted %s time(s) already (--max-respawns %s): "
                 "the job cannot start at full size; stopping every worker (SIGTERM, SIGKILL in %.0f s)",
@@ -617,14 +650,15 @@ class Launcher:
         )
         self._stop_workers(signal.SIGKILL)
 
-    def _stop_workers(self, signum: int) -> None:
-        """``signum`` (and SIGCONT) to every worker still running, which the launcher ends itself."""
+    def _stop_workers(self, signum: int, grace: float | None = None) -> None:
+        """``signum`` (and SIGCONT) to every worker still running, which the launcher ends itself; SIGKILL after
+        ``grace`` (``--shutdown-timeout``)."""
         for slot in self.slots:
             worker = slot.worker
             if slot.alive and worker is not None:
                 worker.by_launcher = True
                 if signum != signal.SIGKILL and worker.kill_at is None:
-                    worker.kill_at = time.monotonic() + self.plan.shutdown_timeout
+                    worker.kill_at = time.monotonic() + (self.plan.shutdown_timeout if grace is None else grace)
                 worker.signal_group(signum)
                 worker.signal_group(signal.SIGCONT)
 
@@ -638,6 +672,10 @@ class Launcher:
         self.folder.mkdir(exist_ok=True)
         self.job_started = False
         self.world_seen = None
+        if self.restart_note is not None:  # a job without the Wrapper: a fresh store (``LaunchStore.renew``)
+            self.store.renew()
+            self.exits = []  # the old group's ends were healed by the restart: the job's status is the new one's
+        self._new_attempt()
         for slot in self.slots:
             slot.events_offset = 0
             slot.respawn_at = None
@@ -647,6 +685,122 @@ class Launcher:
             self.restart_count,
             ", ".join(f"{slot.local_rank}: pid {slot.pids[-1]}" for slot in self.slots),
         )
+
+    # ---- group restarts of a job without the Wrapper (``torchras.launch.restarts``) ---------------------------
+
+    def _new_attempt(self) -> None:
+        """The current attempt of the group starts: its journal folder, its verdicts, what its workers run."""
+        self.journal_dir, _ = ras_node.journal_folder(os.environ, str(self.folder))
+        self.journals = restarts.Journals(Path(self.journal_dir)) if self.ras_node else None
+        self.attempt_epoch = time.time()
+        self.said_unrestarted = False
+        self.mode = restarts.Mode()
+        self.mode_ranks = {"wrapped": set(), "plain": set()}
+
+    def _restarts_plain(self) -> bool:
+        """Whether a fault now restarts the group: ``--max-restarts``, the job not under the Wrapper, not ending."""
+        return (
+            self.plan.max_restarts > 0
+            and not self.wrapped
+            and not self.completed
+            and self.stopping is None
+            and self.gave_up is None
+            and self.ending is None
+            and self.group_restart_at is None
+        )
+
+    def _plain_restart(self, slot: workers_module.Slot, worker: workers_module.Worker) -> bool:
+        """A worker of a job without the Wrapper failed: the group restarts (torchrun's rule). False: not here."""
+        if worker.by_launcher or not self._restarts_plain():
+            return False
+        assert worker.returncode is not None
+        root = self._root_cause(slot)
+        cause = f"worker {slot.local_rank} (pid {worker.pid}, rank {slot.rank}) ended: "
+        cause += status_module.describe(worker.returncode) + (f" ({root})" if root else "")
+        self._restart_group(cause, plain=True, ranks=(slot.rank,))
+        return True
+
+    def _read_verdicts(self) -> None:
+        """The verdicts in the current workers' journals that restart a job without the Wrapper."""
+        if self.journals is None or self.wrapped or self.group_restart_at is not None:
+            return
+        pids = {slot.worker.pid: slot for slot in self.slots if slot.worker is not None}
+        for verdict in self.journals.restarting(pids, self.attempt_epoch):
+            subject = pids.get(verdict.subject_pid) if verdict.subject_pid is not None else None
+            if subject is not None and subject.worker is not None and subject.worker.poll() == 0:
+                continue  # it finished: its end is no fault
+            if not self._restarts_plain():
+                if not self.said_unrestarted and self.stopping is None and self.ending is None:
+                    self.said_unrestarted = True
+                    log.warning("%s; %s", verdict.cause, restarts.unrestarted(self.plan.max_restarts, self.completed))
+                continue
+            self._restart_group(f"{verdict.cause} (seen by pid {verdict.seen_by})", plain=True, ranks=verdict.ranks)
+            return
+
+    def _restart_plain_group(self, cause: str, ranks: tuple[int, ...]) -> None:
+        plan = self.plan
+        grace = restarts.stop_grace(plan.shutdown_timeout)
+        alive = [slot for slot in self.slots if slot.alive]
+        if self.restart_count >= plan.max_restarts:
+            self.ending = f"the job failed: {cause}, after {self.restart_count} restart(s) of the group"
+            log.warning(
+                "%s; the group was restarted %s time(s) already (--max-restarts %s): the job fails; stopping every "
+                "worker (SIGTERM, SIGKILL in %.0f s)",
+                cause,
+                self.restart_count,
+                plan.max_restarts,
+                grace,
+            )
+            self._stop_workers(signal.SIGTERM, grace)
+            return
+        delay = workers_module.backoff(self.restart_count, plan.respawn_backoff)
+        self.restart_count += 1
+        self.group_restart_at = time.monotonic() + delay
+        self.restart_note = restarts.restart_note(self.restart_count, cause, ranks, time.time())
+        for slot in self.slots:
+            slot.respawn_at = None
+        log.warning(
+            "%s: the group restarts (%s of %s)%s: %severy worker is started again as a fresh group, with a new store, "
+            "TORCHELASTIC_RESTART_COUNT=%s",
+            cause,
+            self.restart_count,
+            plan.max_restarts,
+            f" in {delay:.1f} s" if delay else "",
+            f"SIGKILL to the {len(alive)} worker(s) left; " if alive else "",
+            self.restart_count,
+        )
+        # Nothing to save (the state is in the script's checkpoints), and the others wait in a collective where a
+        # Python handler of SIGTERM cannot run: SIGKILL (and SIGCONT, for a stopped worker's children) at once.
+        self._stop_workers(signal.SIGKILL)
+
+    def _worker_mode(self, slot: workers_module.Slot, event: dict, wrapped: bool) -> None:
+        """A worker said that it runs the Wrapper, or that it trains without one: a job that mixes both is refused
+        (``restarts.mixed_message``); a Wrapper's job keeps the in-place healing, and --max-restarts is not used."""
+        pid = event.get("pid")
+        if wrapped:
+            self.wrapper_pids.add(int(pid) if isinstance(pid, int) else -1)
+            if self.plan.max_restarts and not self.said_wrapped_restarts:
+                self.said_wrapped_restarts = True
+                log.info("--max-restarts %s is not used: the workers run inprocess.Wrapper", self.plan.max_restarts)
+        elif pid in self.wrapper_pids:
+            return  # its first process group, inside its Wrapper
+        if slot.worker is None or pid != slot.worker.pid:
+            return
+        self.mode_ranks["wrapped" if wrapped else "plain"].add(slot.local_rank)
+        was_mixed = self.mode.mixed
+        self.mode.wrapped |= wrapped
+        self.mode.plain |= not wrapped
+        if self.mode.mixed and not was_mixed and self.ending is None and self.stopping is None:
+            self.ending = "the job was refused: it mixes workers with and without inprocess.Wrapper"
+            log.error(
+                "%s; stopping every worker (SIGTERM, SIGKILL in %.0f s)",
+                restarts.mixed_message(self.mode_ranks["wrapped"], self.mode_ranks["plain"]),
+                self.plan.shutdown_timeout,
+            )
+            for each in self.slots:
+                each.respawn_at = None
+            self.group_restart_at = None
+            self._stop_workers(signal.SIGTERM)
 
     # ---- the job's members ------------------------------------------------------------------------------------
 
@@ -774,7 +928,7 @@ class Launcher:
                 self._start_group()
             except OSError as error:
                 log.error("the group could not be started again: %s", error)
-                self.ending = f"the group could not be started again: {error}"
+                self.ending = f"the job could not start: the group could not be started again: {error}"
             return
         for slot in self.slots:
             if (
@@ -833,6 +987,9 @@ class Launcher:
         if kind in ("wrapper", "wrapper_starting"):
             self.wrapped = True
             self.wrapper_built = True
+            self._worker_mode(slot, event, wrapped=True)
+        elif kind == "process_group":
+            self._worker_mode(slot, event, wrapped=False)
         if kind == "wrapper" and current and not event.get("newcomer"):
             self.job_started = True  # its start-up barrier passed: every initial rank met (``startup``)
         if kind == "wrapper" and event.get("joining") and not self.heals:
@@ -934,7 +1091,7 @@ class Launcher:
             log.warning("every worker has exited: the job gave up (%s): status %s", self.gave_up, code)
             return
         if self.ending is not None:
-            log.warning("every worker has exited: the job could not start: %s: status %s", self.ending, code)
+            log.warning("every worker has exited: %s: status %s", self.ending, code)
             return
         failure = status_module.first_real_failure(self.exits, self.wrapped)
         if failure is None:

@@ -20,6 +20,10 @@ otherwise.
   workers' codes, since training did not finish. The code of the first worker whose Wrapper gave up (1 for a script
   that lets ``RestartAbort`` out, as torchrun's own status for failed workers), or the first failure's if that
   worker exited 0, or 1.
+* **A job without the Wrapper that the launcher restarted as a group** (``--max-restarts``): the ends of the
+  groups before the last restart were healed by it; the status is the last group's. A job the launcher ended
+  itself (``--max-restarts`` used up, a verdict after the last restart; a job mixing workers with and without the
+  Wrapper) is never 0: its first failure's code, or 1 when only the launcher ended its workers.
 * The launcher stopped by a signal (Ctrl+C, a scheduler's SIGTERM): ``128 + the signal``, as a shell reports a
   command a signal ended, whatever the workers did on the way out.
 
@@ -64,17 +68,24 @@ def describe(returncode: int) -> str:
 
 
 def job_status(
-    exits: list[Exit], interrupted_by: int | None = None, wrapped: bool = True, gave_up: bool = False
+    exits: list[Exit],
+    interrupted_by: int | None = None,
+    wrapped: bool = True,
+    gave_up: bool = False,
+    ended: bool = False,
 ) -> int:
     """The launcher's exit status once every worker has exited (``wrapped``: the workers run under the Wrapper;
-    ``gave_up``: a worker's Wrapper gave up)."""
+    ``gave_up``: a worker's Wrapper gave up; ``ended``: the launcher ended the job itself, which could not start,
+    ran out of ``--max-restarts``, or mixed workers with and without the Wrapper: never 0)."""
     if interrupted_by is not None:
         return 128 + interrupted_by
     if gave_up:
         failure = gave_up_failure(exits)
         return 1 if failure is None else shell_code(failure.returncode)
     failure = first_real_failure(exits, wrapped)
-    return 0 if failure is None else shell_code(failure.returncode)
+    if failure is None:
+        return 1 if ended else 0
+    return shell_code(failure.returncode)
 
 
 def gave_up_failure(exits: list[Exit]) -> Exit | None:

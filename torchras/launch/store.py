@@ -30,11 +30,15 @@ import errno
 import logging
 import socket
 import threading
+import time
 from typing import Any
 
 from .args import Plan, this_host
 
 log = logging.getLogger(__name__)
+
+#: How long the launcher tries to bind its store's port again for a restarted group (``LaunchStore.renew``).
+RENEW_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +199,38 @@ class LaunchStore:
         except (RuntimeError, OSError) as error:
             raise LaunchError(f"could not reach the job's store on {host}:{port}: {error}") from error
         return self.client
+
+    def renew(self) -> bool:
+        """A new, empty store on the same port, for a group that starts again (every worker has ended).
+
+        torch 2.13's env:// init under an agent's store (``TORCHELASTIC_USE_AGENT_STORE``) adds no prefix per
+        attempt: it expects a new store for every attempt ("We create a new TCPStore for every retry"), and in the
+        old one a restarted group would read the first attempt's gloo addresses and fail (``connectFullMesh``). So
+        the launcher that hosts the store replaces it. False (one WARNING; the old store stays) where this launcher
+        does not host it, or the port cannot be bound again within ``RENEW_S``."""
+        if self.listener is None:
+            return False
+        self.ready.wait(120)
+        port = int(self.listener.getsockname()[1])
+        self.server = None  # torch's TCPStore stops its server (no other reference to it is kept)
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        self.listener = None
+        deadline = time.monotonic() + RENEW_S
+        while True:
+            try:
+                self.listener = _listen("", port)
+                break
+            except OSError as error:
+                if time.monotonic() >= deadline:
+                    log.warning("could not serve a new store on port %s (%s): the job has no store now", port, error)
+                    return False
+                time.sleep(0.1)
+        self.ready.clear()
+        self._serve(port)  # at once, in this thread: the new group connects right after
+        return self.server is not None
 
     def close(self) -> None:
         """Stop serving (the workers are gone): the TCPStore and the socket it was handed."""

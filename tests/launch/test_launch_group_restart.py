@@ -1,0 +1,135 @@
+"""A plain DDP script (no import of torchras, tests/launch/plain_ddp_job.py) under ``rasd launch`` (issue 40): a RAS
+node in every worker from its first step, and torchrun's ``--max-restarts`` made fast: a kill -9 or a wedged rank
+restarts the group (a fresh store, the checkpoint loaded) and the job finishes; ``--max-restarts`` used up ends the
+job with the cause. After each, no process of the job is left. Deadlines are generous (2 shared cores).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from launching import HERE, Launch, free_port, records
+from polling import wait_until
+
+pytestmark = pytest.mark.slow
+
+JOB = str(HERE / "plain_ddp_job.py")
+FAST = {"TORCHRAS_TIMEOUT_FACTOR": "0.5"}
+
+
+def _launch(tmp_path: Path, *job: str, launcher: tuple[str, ...] = ("--max-restarts", "2"), env=None) -> Launch:
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["--nproc-per-node", "4", *launcher, JOB, "--out", str(out), "--checkpoint", str(out / "ckpt.pt"), *job]
+    return Launch(tmp_path, *argv, env={**FAST, **(env or {})})
+
+
+def _report(port: int) -> str:
+    """``VERBOSE STATUS`` from the job's client port ('' while nobody answers)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), 5) as sock:
+            sock.settimeout(10)
+            sock.sendall(b"CLIENT PROTOCOL 2\n")
+            if sock.recv(64) != b"SERVER PROTOCOL 2\n":
+                return ""
+            sock.sendall(b"VERBOSE STATUS\n")
+            chunks = []
+            while data := sock.recv(65536):
+                chunks.append(data)
+            return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _finished(launch: Launch, out: Path, steps: int) -> list[dict]:
+    assert launch.wait(300) == 0, launch.tail()
+    done = [r for r in records(out) if r["event"] == "done"]
+    assert len(done) == 4 and {r["step"] for r in done} == {steps}, done
+    assert len({r["hash"] for r in done}) == 1, done  # one model: the group trained together again
+    assert launch.lines()[-1].endswith("the job finished (4 worker(s) completed): status 0"), launch.tail()
+    return done
+
+
+def test_a_plain_script_has_a_ras_report_from_its_first_step_with_one_node_per_worker(tmp_path: Path) -> None:
+    """The report counts 4 processes (not 8: the script's own rasd.install() joins the node the launcher gave it,
+    and the data loaders' worker processes start none) and the world communicator, while the job trains."""
+    port = free_port()
+    launch = _launch(tmp_path, "--steps", "100000", "--loader", "--install", env={"TORCHRAS_ADDR": f"127.0.0.1:{port}"})
+    out = tmp_path / "out"
+    try:
+        launch.wait_for_records(out, lambda r: r["event"] == "step" and r["step"] == 1, 4, 240)
+        report = wait_until(
+            lambda: (text := _report(port)) and re.search(r"^\s+1\s+4\s+0\s+4\s+0\s*$", text, re.M) and text,
+            60,
+            0.5,
+            what=lambda: f"a report of 4 processes:\n{_report(port)}",
+        )
+        assert "RUNNING" in report, report
+    finally:
+        launch.close()
+    launch.assert_nothing_left()
+
+
+def test_a_kill_9_restarts_the_group_which_loads_the_checkpoint_and_finishes(tmp_path: Path) -> None:
+    launch = _launch(tmp_path, "--steps", "30", "--kill", "1:12")
+    out = tmp_path / "out"
+    try:
+        launch.wait_for(r"worker 1 \(pid \d+, rank 1\) ended: killed by SIGKILL.*: the group restarts \(1 of 2\)", 240)
+        launch.wait_for(r"the group started again \(attempt 1\)", 60)
+        _finished(launch, out, 30)
+    finally:
+        launch.close()
+    launch.assert_nothing_left()
+    synced = [r for r in records(out) if r["event"] == "synced" and r["attempt"] == 1]
+    assert len(synced) == 4 and {r["step"] for r in synced} == {10}, synced  # from the checkpoint of step 10
+
+
+def test_a_wedged_rank_restarts_the_group_on_the_meshs_verdict_and_the_restart_is_recorded(tmp_path: Path) -> None:
+    """Rank 2 blocks in time.sleep before step 12: gloo would wait 30 minutes; the mesh's COMM_STUCK restarts the
+    group within seconds. The new group's nodes journal the restart with its cause (a RESTART event and the
+    ``torchras_restarts_total`` metric come from the same call, rasd.record_restart)."""
+    launch = _launch(tmp_path, "--steps", "30", "--stall", "2:12")
+    out = tmp_path / "out"
+    try:
+        (line,) = launch.wait_for(r"COMM_STUCK of communicator .*: the group restarts \(1 of 2\)", 240)
+        assert "SIGKILL to the 4 worker(s) left" in line, line
+        stalled = next(r["time"] for r in records(out) if r["event"] == "stalling")
+        _finished(launch, out, 30)
+    finally:
+        launch.close()
+    launch.assert_nothing_left()
+    restarted = min(r["time"] for r in records(out) if r["event"] == "start" and r["attempt"] == 1)
+    assert restarted - stalled < 120, (stalled, restarted)  # far from gloo's 30 minutes
+    folder = Path(re.search(r"verdict journals in (\S+)/attempt_0/journal\)", launch.err()).group(1))  # type: ignore[union-attr]
+    journal = [json.loads(line) for path in (folder / "attempt_1" / "journal").glob("*.jsonl") for line in path.open()]
+    restarts = [r for r in journal if r["record"] == "restart"]
+    assert len(restarts) == 4 and all("COMM_STUCK" in r["restart"]["cause"] for r in restarts), restarts
+
+
+def test_max_restarts_used_up_ends_the_job_with_the_cause(tmp_path: Path) -> None:
+    """--max-restarts 0... 1: the kill -9 in the first group is restarted once; the wedge the test causes in the
+    second (SIGSTOP of a worker: PEER_HUNG) ends the job, non-zero, with that verdict in the last line."""
+    launch = _launch(tmp_path, "--steps", "100000", "--kill", "0:5", launcher=("--max-restarts", "1"))
+    out = tmp_path / "out"
+    try:
+        launch.wait_for(r"the group started again \(attempt 1\)", 240)
+        launch.wait_for_records(out, lambda r: r["event"] == "step" and r["attempt"] == 1, 8, 240)
+        victim = next(r["pid"] for r in records(out) if r["event"] == "synced" and r["attempt"] == 1 and r["rank"] == 3)
+        import os
+        import signal
+
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.time()
+        assert launch.wait(240) != 0, launch.tail()
+    finally:
+        launch.close()
+    launch.assert_nothing_left()
+    last = launch.lines()[-1]
+    assert re.search(r"the job failed: (PEER_HUNG of rank 3|COMM_STUCK).*after 1 restart\(s\) of the group", last), last
+    assert time.time() - stopped < 200

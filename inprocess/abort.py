@@ -104,17 +104,23 @@ def shutdown_peer_sockets(excluded_ports: Iterable[int], protected: Iterable[tup
             continue
         if connection_key(connection) in protected_keys:
             continue
-        try:
-            duplicate = os.dup(connection.fd)
-        except OSError:
-            continue
-        try:
-            with socket.socket(fileno=duplicate) as sock:
-                sock.shutdown(socket.SHUT_RDWR)
-                count += 1
-        except OSError:
-            pass
+        count += shutdown_socket(connection.fd)
     return count
+
+
+def shutdown_socket(fd: int) -> bool:
+    """``SHUT_RDWR`` the connection of file descriptor ``fd`` (through a duplicate: the owner keeps and closes its
+    own); whether it was shut down. A thread blocked on the connection returns with an error."""
+    try:
+        duplicate = os.dup(fd)
+    except OSError:
+        return False
+    try:
+        with socket.socket(fileno=duplicate) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+    except OSError:
+        return False
 
 
 FR_BUFFER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")

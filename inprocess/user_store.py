@@ -16,13 +16,11 @@ connection of its own (an etcd client connects lazily) has none to cut, and beha
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
 from . import logs
-from .abort import connection_key, established_connections
+from .abort import connection_key, established_connections, shutdown_socket
 
 log = logs.get_logger(__name__)
 
@@ -51,18 +49,8 @@ class UserStoreConnection:
 
     def cut_now(self) -> int:
         """Shut this connection's sockets down (from the monitor thread, at a restart); how many were."""
-        count = 0
-        for fd, *_ in self._sockets & _keys():  # still this connection's (an fd number is reused once closed)
-            try:
-                duplicate = os.dup(fd)
-            except OSError:
-                continue
-            try:
-                with socket.socket(fileno=duplicate) as sock:
-                    sock.shutdown(socket.SHUT_RDWR)
-                    count += 1
-            except OSError:
-                pass
+        # Only sockets still this connection's: an fd number is reused once closed.
+        count = sum(shutdown_socket(fd) for fd, *_ in self._sockets & _keys())
         self.cut = True
         log.debug("cut the wrapped function's store connection (%d socket(s))", count)
         return count

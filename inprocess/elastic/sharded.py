@@ -43,7 +43,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,6 +56,7 @@ from .. import fault_source, repeated_faults
 from ..monitor_thread import RankShouldRestart
 from . import caches, exchange, memory_storage, placement
 from .disk import DiskCheckpoints
+from .state import StepProgress
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class ShardedSyncOutcome:
     missing: tuple[int, ...] = ()
 
 
-class ShardedState:
+class ShardedState(StepProgress):
     """Training state whose model and optimizer are rebuilt each iteration by ``build`` and kept in memory,
     sharded with ``redundancy`` copies; plain values (``step=0``) are attributes, committed with it.
 
@@ -353,14 +354,6 @@ class ShardedState:
         optimizer, which hold its process group; the commits stay."""
         self.model = self.optimizer = None
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        if name == "step" and type(value) is int:  # ``state.step += 1``: progress (inprocess.repeated_faults)
-            repeated_faults.report_progress("step", value, counts=not self.__dict__.get("_loading", False))
-
-    if TYPE_CHECKING:  # for the type checker only: the keyword arguments are attributes, set by name in __init__
-
-        def __getattr__(self, name: str) -> Any: ...
 
 
 def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

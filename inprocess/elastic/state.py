@@ -192,7 +192,20 @@ class State:
         self._slots = (Commit(tree, serial, lineage), committed.tree)
 
 
-class ObjectState(State):
+class StepProgress:
+    """``state.step += 1`` is progress (``inprocess.repeated_faults``): a state whose values are attributes."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "step" and type(value) is int:
+            repeated_faults.report_progress("step", value, counts=not self.__dict__.get("_loading", False))
+
+    if TYPE_CHECKING:  # for the type checker only: the keyword arguments are attributes, set by name in __init__
+
+        def __getattr__(self, name: str) -> Any: ...
+
+
+class ObjectState(StepProgress, State):
     """State of plain Python values, each given as a keyword argument and exposed as an attribute::
 
     state = ObjectState(epoch=0, batch=0)
@@ -216,14 +229,6 @@ class ObjectState(State):
         for name in self._names:
             setattr(self, name, values[name])
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        if name == "step" and type(value) is int:  # ``state.step += 1``: progress (inprocess.repeated_faults)
-            repeated_faults.report_progress("step", value, counts=not self.__dict__.get("_loading", False))
-
-    if TYPE_CHECKING:  # for the type checker only: the keyword arguments are attributes, set by name in __init__
-
-        def __getattr__(self, name: str) -> Any: ...
 
 
 def _is_stateful(value: Any) -> bool:

@@ -51,7 +51,7 @@ class StuckVerdict:
             parts.append(f"{_ranks(self.busy)} working (CPU or I/O moving)")
         if self.phase:
             parts.append(f"in phase {self.phase!r}")
-        if self.slow and self.stood_ms:  # a STUCK verdict is made at its limit; how long a SLOW one has lasted says more
+        if self.slow and self.stood_ms:  # a STUCK verdict is made at its limit; how long a SLOW one lasted says more
             parts.append(f"no progress for {self.stood_ms / 1000:.0f} s")
         parts += [f"rank {rank} in {position_text(position, short=True)}" for rank, position in self.positions]
         return "; ".join(parts)

@@ -355,7 +355,6 @@ class ShardedState(StepProgress):
         self.model = self.optimizer = None
 
 
-
 def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """torch's sharded state dicts of the model and optimizer (DTensors stay DTensors: each rank its shards)."""
     model_state, optim_state = get_state_dict(model, optimizer)

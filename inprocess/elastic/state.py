@@ -230,7 +230,6 @@ class ObjectState(StepProgress, State):
             setattr(self, name, values[name])
 
 
-
 def _is_stateful(value: Any) -> bool:
     return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
 

@@ -316,9 +316,11 @@ def work_state() -> WorkState | None:
 
 
 def _waits_on_slow(node: core.Node) -> bool:
-    """A rank of this process is inside the operation of a communicator the mesh holds SLOW, and still is (its
-    own counters: launched, not completed). The verdicts are read from the RAS thread's dict: a change under the
-    read is retried, and after three it says False (the next call reads again)."""
+    """A rank of this process is inside an operation of a communicator the mesh holds SLOW, and still is: by what
+    this process contributes to the sweeps (``node.local_data()``: its communicators' counters, the process
+    group's own records included), the same counters the verdict was made from, compared as totals (launched more
+    than completed), as the verdict's attribution compares them. The verdicts are read from the RAS thread's dict: a
+    change under the read is retried, and after three it says False (the next call reads again)."""
     slow: dict[int, Any] = {}
     for _ in range(3):
         try:
@@ -326,14 +328,15 @@ def _waits_on_slow(node: core.Node) -> bool:
             break
         except RuntimeError:  # the RAS thread changed the dict while it was read
             continue
-    torch_side = sys.modules.get("rasd.torch")  # the hooks count this process's collectives (never imported here)
-    hooks = torch_side.installed() if slow and torch_side is not None else None
-    if hooks is None:
+    if not slow:
         return False
-    for comm in hooks.registry.comms():
-        v = slow.get(comm.comm_hash)
-        if v is not None and comm.rank in v.inside and comm.completed[v.op] < comm.launched[v.op]:
-            return True
+    for comm in node.local_data().comms:
+        verdict = slow.get(comm.comm_hash)
+        if verdict is None:
+            continue
+        for rank in comm.ranks:
+            if rank.comm_rank in verdict.inside and sum(rank.launched) > sum(rank.completed):
+                return True
     return False
 
 

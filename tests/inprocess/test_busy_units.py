@@ -5,7 +5,6 @@ monitor process's ladder of timeouts held while the evidence lasts (on a clock m
 from __future__ import annotations
 
 import logging
-import sys
 import time
 import types
 from typing import Any
@@ -16,7 +15,7 @@ import rasd
 from inprocess import busy
 from inprocess.monitor_process import Message, _Monitor
 from rasd.api import WorkState, _waits_on_slow
-from rasd.core.registry import LocalComm
+from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
 from rasd.core.stuck_verdict import StuckVerdict
 
 
@@ -170,18 +169,23 @@ def test_a_running_node_measures_this_process() -> None:
     assert rasd.work_state() is None
 
 
-def test_waiting_inside_an_operation_of_a_slow_communicator(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_waiting_inside_an_operation_of_a_slow_communicator() -> None:
+    """By the counters this process sends with its sweeps (the records included), as totals: what the verdict was
+    made from. Rank 1 of communicator 7 launched a barrier the mesh holds SLOW and has not completed it."""
     barrier = 8  # OP_TYPES' Barrier
     verdict = StuckVerdict(comm_hash=7, op=barrier, seq=3, behind=(0,), inside=(1,), slow=True, busy=(0,))
-    launched, completed = [0] * 12, [0] * 12
-    launched[barrier], completed[barrier] = 3, 2
-    comm = LocalComm(comm_hash=7, size=2, rank=1, launched=launched, completed=completed)
-    hooks = types.SimpleNamespace(registry=types.SimpleNamespace(comms=lambda: [comm]))
-    monkeypatch.setitem(sys.modules, "rasd.torch", types.SimpleNamespace(installed=lambda: hooks))
-    node: Any = types.SimpleNamespace(standing_stuck=lambda: {7: verdict})
+    counts = {"completed": 2}
+
+    def data() -> ProcessData:
+        launched, completed = [0] * N_OPS, [0] * N_OPS
+        launched[barrier], completed[barrier] = 3, counts["completed"]
+        rank = RankRecord(1, launched=tuple(launched), completed=tuple(completed))
+        return ProcessData(comms=(CommRecord(7, 2, (rank,)),))
+
+    node: Any = types.SimpleNamespace(standing_stuck=lambda: {7: verdict}, local_data=data)
     assert _waits_on_slow(node)
-    completed[barrier] = 3  # it left the barrier: no longer waiting
+    counts["completed"] = 3  # it left the barrier: no longer waiting
     assert not _waits_on_slow(node)
-    completed[barrier] = 2
+    counts["completed"] = 2
     node.standing_stuck = lambda: {7: StuckVerdict(comm_hash=7, op=barrier, seq=3, behind=(0,), inside=(1,))}
     assert not _waits_on_slow(node)  # COMM_STUCK, not SLOW: no excuse

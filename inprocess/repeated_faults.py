@@ -317,6 +317,12 @@ def fault_of(store: Any, reasons: list[str], iteration: int) -> Fault | None:
     first = reasons[0].split(" ", 1)[0].rstrip(":") if reasons else ""
     if first in NOT_FAULTS:
         return None
+    if first == "COMM_STUCK":
+        # Every rank reports a stuck communicator; what identifies the hang is the operation and who is behind it
+        # ("AllReduce operation 5 stuck; rank 2 behind (not launched)"): a rank that wedges at random steps makes
+        # other faults, the same hang met at the same operation after every restart makes the same one.
+        details = reasons[0].split(": ", 1)[-1]
+        return Fault(first, "; ".join(details.split("; ")[:2]), reasons[0][:300], iteration=iteration)
     if first.isupper():
         records = [
             record

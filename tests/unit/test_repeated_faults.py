@@ -368,3 +368,19 @@ def test_a_training_that_says_nothing_of_its_progress_gets_the_larger_bound(monk
     monkeypatch.setattr("inprocess.repeated_faults._states", 1)  # a state made in this process: it speaks
     job = Job(speaks=False)
     assert [any(job.fail(raised())) for _ in range(3)] == [False, False, True]
+
+
+def test_a_stuck_communicator_is_the_same_fault_only_at_the_same_operation_with_the_same_rank_behind() -> None:
+    """Every rank is named by a COMM_STUCK (behind or inside): the fault is the operation and who is behind it. A
+    rank that wedges at random steps (a flaky data loader) is healed every time; a hang met at the same operation
+    after every restart gives up."""
+
+    def stuck(op: int, behind: int) -> str:
+        return (
+            f"COMM_STUCK on communicator 00000000000000ab: AllReduce operation {op} stuck; rank {behind} behind (not "
+            f"launched); ranks 0,1,3 inside it (launched, not completed)"
+        )
+
+    job = Job()
+    assert not any(any(job.fail(None, verdict=stuck(op, 2))) for op in (5, 9, 14, 3, 8))
+    assert [any(job.fail(None, verdict=stuck(5, 2))) for _ in range(3)] == [False, False, True]

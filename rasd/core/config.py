@@ -31,7 +31,7 @@ class Timers:
     in_flight: float = 2.0  # launch counts one operation apart for less than this are in flight, not a MISMATCH
     #: A communicator whose counters disagree and have not moved this long, with a rank behind idle as long, is
     #: COMM_STUCK (stuck.py); the floor of the limit each communicator learns from its own cadence.
-    stuck: float = 5.0
+    stuck: float = 4.0
     stuck_max: float = 60.0  # the learned limit never goes past this
     busy: float = 300.0  # ranks behind that are working (a checkpoint, an evaluation) are SLOW until this long
     sweep: float = 5.0  # how often the sweeper gathers every process's counters to look for stuck communicators

@@ -23,7 +23,16 @@ class Warnings(list):
         self.append(problem)
 
 
-@pytest.mark.parametrize("name", ["TORCHRAS_TIMEOUT_FACTOR", "TORCHRAS_HANG_LIMIT", "TORCHRAS_STUCK_LIMIT"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "TORCHRAS_TIMEOUT_FACTOR",
+        "TORCHRAS_HANG_LIMIT",
+        "TORCHRAS_STUCK_LIMIT",
+        "TORCHRAS_STUCK_LIMIT_MAX",
+        "TORCHRAS_BUSY_LIMIT",
+    ],
+)
 @pytest.mark.parametrize("value", ["banana", "0", "-2", "nan", "inf", "1e999", "3 s"])
 def test_a_timer_setting_that_is_not_a_usable_number_is_its_default(name, value):
     warnings = Warnings()
@@ -310,3 +319,15 @@ def _open_sockets() -> set[int]:
         except OSError:
             pass
     return out
+
+
+def test_the_idle_and_busy_limits_are_read_and_scaled():
+    timers = Timers.from_env(
+        {
+            "TORCHRAS_STUCK_LIMIT": "2",
+            "TORCHRAS_STUCK_LIMIT_MAX": "30",
+            "TORCHRAS_BUSY_LIMIT": "900",
+            "TORCHRAS_TIMEOUT_FACTOR": "0.5",
+        }
+    )
+    assert (timers.stuck, timers.stuck_max, timers.busy) == (1.0, 15.0, 450.0)

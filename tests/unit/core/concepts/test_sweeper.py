@@ -20,7 +20,7 @@ COMM = CommRecord(77, 2, (RankRecord(0),), rank_map=((10, 2, 1),))
 V = StuckVerdict(77, 0, 1, (1,), (0,), (11,), (10,))
 #: ``V`` as the sweeper makes it in the snapshots below: the counters stood 35 s (idle 30 s when first seen at 5 s,
 #: judged at 10 s), against the default idle limit.
-MADE = dataclasses.replace(V, stood_ms=35_000, limit_ms=5_000)
+MADE = dataclasses.replace(V, stood_ms=35_000, limit_ms=4_000)
 
 
 def _sweeper(me=P1, comms=(COMM,)):

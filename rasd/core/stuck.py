@@ -128,6 +128,8 @@ class _Rank:
     idle: float  # seconds idle while behind (0 in a phase or waiting elsewhere), for the cadence
     working: bool = False
     phase: str = ""
+    #: Seconds since its process last worked, however long before the stand (the stand's length where unknown).
+    free: float = 0.0
 
 
 @dataclass
@@ -191,9 +193,14 @@ class StuckDetector:
             stood, limit = now - watch.since, self.idle_limit(key)
             ranks = judge.ranks(key)
             watch.idle_seen = max([watch.idle_seen] + [r.idle for r in ranks])
-            # A rank idle for less than the limit is stuck once it has been idle for the limit, if nothing moves.
-            watch.due = max(watch.since + limit, min((now + limit - r.idle for r in ranks), default=now + limit))
-            if stood < limit:
+            # A rank behind that has done nothing for the limit holds a communicator the others have waited on for
+            # half of it: stuck (a wedged rank is named the limit after it stopped, not after the slowest of the
+            # others reached the collective). A rank idle for less is due once idle for the limit, if nothing moves.
+            early = stood >= limit / 2 and any(r.holding for r in ranks)
+            watch.due = max(
+                watch.since + limit / 2, min((now + limit - r.free for r in ranks), default=watch.since + limit)
+            )
+            if stood < limit and not early:
                 continue
             stuck = not ranks or any(r.holding for r in ranks)
             made = dataclasses.replace(
@@ -327,10 +334,11 @@ class _Judge:
         if work is not None and work.phase:
             phase_limit = work.phase_limit_ms / 1000.0 if work.phase_limit_ms else d.busy_limit
             return _Rank(comm_rank, work.phase_ms / 1000.0 >= phase_limit, 0.0, phase=work.phase)
-        idle = stood if work is None else min(stood, work.idle_ms / 1000.0)
-        if idle < limit:  # it worked within the limit: working (a stand it ends by itself teaches the cadence)
-            return _Rank(comm_rank, stood >= d.busy_limit, idle, working=True)
+        free = stood if work is None else work.idle_ms / 1000.0
+        idle = min(stood, free)
+        if free < limit:  # it worked within the limit: working (a stand it ends by itself teaches the cadence)
+            return _Rank(comm_rank, stood >= d.busy_limit, idle, working=True, free=free)
         elsewhere = self.inside.get(addr, set()) - {key}
         if any(self.progressing(other, chain) for other in sorted(elsewhere)):
             return _Rank(comm_rank, stood >= d.busy_limit, 0.0)  # waiting inside another's operation, for a reason
-        return _Rank(comm_rank, True, idle)
+        return _Rank(comm_rank, True, idle, free=free)

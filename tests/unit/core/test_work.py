@@ -240,3 +240,19 @@ def test_a_communicator_with_a_rank_whose_process_did_not_answer_is_left_to_the_
     assert run(d, stopped, [1.0, 6.0, 30.0]) == [(1.0, [], []), (6.0, [], []), (30.0, [], [])]
     (_, new, _) = run(d, lambda t: stopped(t, frozenset({3})), [31.0])[0]
     assert [v.inside for v in new] == [(0, 1, 2)] and not new[0].slow
+
+
+def test_a_rank_idle_for_the_limit_is_stuck_once_the_others_have_waited_half_of_it():
+    """Rank 0 wedged at time 0 (its process idle since); the others finished their step and entered the
+    collective 1.5 s later (the counters stand from 1.5 s). Named at 4 s after the wedge, not 4 s after the others
+    arrived; a rank that works is never named early."""
+    d = StuckDetector(4.0, CEILING, BUSY)
+
+    def wedged(t: float) -> JobSnapshot:
+        return snap(Work(idle_ms=int(t * 1000)), at=t - 1.5)
+
+    assert run(d, wedged, [2.0, 3.4]) == [(2.0, [], []), (3.4, [], [])]  # the others waited 1.9 s: not yet
+    (v,) = run(d, wedged, [4.1])[0][1]
+    assert not v.slow and v.behind == (0,)
+    d = StuckDetector(4.0, CEILING, BUSY)
+    assert all(not new for _, new, _ in run(d, lambda t: snap(Work(idle_ms=200), at=t - 1.5), [2.0, 4.1, 5.0]))

@@ -70,6 +70,9 @@ _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 #: The longest the monitor's loop waits is ``monitor_process_interval``, but never less than this (``next_wakeup``).
+#: How long a rank whose busy evidence just lapsed (the peer it waited for finished, its collective completed) has to
+#: stamp progress before the postponed timeout fires: half the soft timeout at most.
+AFTER_EXCUSE_GRACE = 10.0
 POLL_FLOOR = 0.05
 
 # The monitor's start-up (a fresh interpreter, importing torch for stores other than a TCPStore) may take this long
@@ -531,7 +534,10 @@ class _Monitor:
             self.held, self.held_from = 0.0, stamped
         if not self.excused(now, stale):
             return
-        threshold = max(0.0, min(self.config["soft_timeout"], self.config["hard_timeout"] - self.carried))
+        # Held short of the first timeout by a grace: when the evidence lapses because the wait ended (the
+        # collective the rank waited in completed), the rank gets time to stamp its progress before a timeout fires.
+        grace = min(AFTER_EXCUSE_GRACE, self.config["soft_timeout"] / 2)
+        threshold = max(0.0, min(self.config["soft_timeout"], self.config["hard_timeout"] - self.carried) - grace)
         if stale - self.held <= threshold:
             return
         self.held = stale - threshold

@@ -106,20 +106,21 @@ def test_a_rank_that_works_is_neither_restarted_nor_killed_until_it_stops(caplog
     monitor = Monitor()
     with caplog.at_level(logging.INFO, logger="inprocess.monitor_process"):
         found = monitor.run_until(200, evidence_until=120)  # a checkpoint of two minutes, no ping
-    # It stops working at 120 s (an idle wedge after the checkpoint): the soft timeout then, the hard one 30 s later.
-    assert monitor.at(found, "SOFT_TIMEOUT") == pytest.approx(120.1, abs=0.15)
-    assert monitor.at(found, "HARD_TIMEOUT") == pytest.approx(150.1, abs=0.15)
+    # It stops working at 120 s (an idle wedge after the checkpoint): the soft timeout the grace after that (time to
+    # stamp progress once a wait ends: half the soft timeout, at most AFTER_EXCUSE_GRACE), the hard one 30 s later.
+    assert monitor.at(found, "SOFT_TIMEOUT") == pytest.approx(130.1, abs=0.15)
+    assert monitor.at(found, "HARD_TIMEOUT") == pytest.approx(160.1, abs=0.15)
     lines = [r.getMessage() for r in caplog.records if "timeout postponed" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith(
-        "soft timeout postponed: rank 3's process is working (CPU or I/O), not hung; no progress stamp for 60.1 s"
+        "soft timeout postponed: rank 3's process is working (CPU or I/O), not hung; no progress stamp for 50.1 s"
     ), lines
 
 
 def test_the_busy_limit_bounds_the_postponement() -> None:
     monitor = Monitor()
     found = monitor.run_until(400, evidence_until=400, why=busy.WAITING)  # works for ever
-    assert monitor.at(found, "SOFT_TIMEOUT") == pytest.approx(300.1, abs=0.15)  # the busy limit, 300 s
-    assert monitor.at(found, "HARD_TIMEOUT") == pytest.approx(330.1, abs=0.15)  # the ladder goes on from there
+    assert monitor.at(found, "SOFT_TIMEOUT") == pytest.approx(310.1, abs=0.15)  # the busy limit, 300 s, and the grace
+    assert monitor.at(found, "HARD_TIMEOUT") == pytest.approx(340.1, abs=0.15)  # the ladder goes on from there
 
 
 def test_progress_pays_off_what_was_held() -> None:
@@ -141,8 +142,8 @@ def test_a_soft_timeout_that_keeps_firing_still_ends_at_the_hard_timeout() -> No
     """The reference's TestHard.test_sleep (soft 0.5 s, hard 1 s) with evidence that lasts 2 s into each iteration
     (its restart is work): one restart, then the hard timeout, however long the evidence held each ladder."""
     monitor = Monitor(soft=0.5, hard=1.0)
-    found = monitor.run_until(2.3, evidence_until=2)
-    assert found == ["SOFT_TIMEOUT@2.1"]  # the evidence lapsed at 2 s
+    found = monitor.run_until(2.4, evidence_until=2)
+    assert found == ["SOFT_TIMEOUT@2.3"]  # the evidence lapsed at 2 s; the grace, half the soft timeout
     monitor.start(1)  # the restart; its own work lasts 2 s
     found = monitor.run_until(20, evidence_until=monitor.now + 2)
     assert [item.split("@")[0] for item in found] == ["HARD_TIMEOUT"], found

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 JOB = str(Path(__file__).with_name("fsdp_job.py"))
 REPOSITORY = Path(__file__).resolve().parents[2]
-STEPS = ["--steps", "30"]
+STEPS = ["--steps", "21"]
 FAULT_STEP = 14  # before step 14's forward pass: the last commit is step 12 (every 3 steps)
 
 

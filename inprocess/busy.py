@@ -8,8 +8,10 @@ from one idle in a call (docs/architecture.md §4.2). The Wrapper's timeouts use
 
 * **working**: this process worked within ``WORKING_WINDOW`` (or four of the node's measurements, where they are
   further apart): rank 0 writing the checkpoint;
-* **waiting for a working peer**: one of its ranks is inside an operation of a communicator the mesh holds SLOW:
-  the other ranks, idle in ``dist.barrier()`` while rank 0 writes.
+* **waiting for a working peer**: its rank is among the ranks inside the operation of a communicator the mesh holds
+  SLOW: the other ranks, idle in ``dist.barrier()`` while rank 0 writes. By the verdict's global ranks and the
+  rank the process's node was started with: after a restart that renumbered the ranks (a shrunk world), a rank
+  whose number changed is not recognised, and its timeouts are the reference's.
 
 Either postpones the soft and hard timeouts, for at most the busy limit (``TORCHRAS_BUSY_LIMIT``, 300 s) without a
 progress stamp; the monitor process applies it (``inprocess.monitor_process``). A rank idle in a call with neither

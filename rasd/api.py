@@ -316,27 +316,19 @@ def work_state() -> WorkState | None:
 
 
 def _waits_on_slow(node: core.Node) -> bool:
-    """A rank of this process is inside an operation of a communicator the mesh holds SLOW, and still is: by what
-    this process contributes to the sweeps (``node.local_data()``: its communicators' counters, the process
-    group's own records included), the same counters the verdict was made from, compared as totals (launched more
-    than completed), as the verdict's attribution compares them. The verdicts are read from the RAS thread's dict: a
-    change under the read is retried, and after three it says False (the next call reads again)."""
-    slow: dict[int, Any] = {}
+    """This process's rank is among those inside the operation of a communicator the mesh holds SLOW (the verdict's
+    ``global_inside``, made from the counters of the sweep that confirmed it, and cleared by the next sweep once they
+    move). Reads only the verdicts: never this process's counters, which the RAS thread refreshes (a read from the
+    watchdog's thread would race it). The verdicts are read from the RAS thread's dict: a change under the read is
+    retried, and after three it says False (the next call reads again)."""
+    rank = node.me.rank
+    if rank < 0:
+        return False
     for _ in range(3):
         try:
-            slow = {v.comm_hash: v for v in list(node.standing_stuck().values()) if v.slow}
-            break
+            return any(v.slow and rank in v.global_inside for v in list(node.standing_stuck().values()))
         except RuntimeError:  # the RAS thread changed the dict while it was read
             continue
-    if not slow:
-        return False
-    for comm in node.local_data().comms:
-        verdict = slow.get(comm.comm_hash)
-        if verdict is None:
-            continue
-        for rank in comm.ranks:
-            if rank.comm_rank in verdict.inside and sum(rank.launched) > sum(rank.completed):
-                return True
     return False
 
 

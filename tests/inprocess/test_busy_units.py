@@ -15,7 +15,6 @@ import rasd
 from inprocess import busy
 from inprocess.monitor_process import Message, _Monitor
 from rasd.api import WorkState, _waits_on_slow
-from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
 from rasd.core.stuck_verdict import StuckVerdict
 
 
@@ -171,22 +170,16 @@ def test_a_running_node_measures_this_process() -> None:
 
 
 def test_waiting_inside_an_operation_of_a_slow_communicator() -> None:
-    """By the counters this process sends with its sweeps (the records included), as totals: what the verdict was
-    made from. Rank 1 of communicator 7 launched a barrier the mesh holds SLOW and has not completed it."""
+    """By the verdict's ranks inside (global ranks, as the sweep that confirmed it counted them): this process is
+    global rank 5, inside a barrier the mesh holds SLOW while rank 4 works."""
     barrier = 8  # OP_TYPES' Barrier
-    verdict = StuckVerdict(comm_hash=7, op=barrier, seq=3, behind=(0,), inside=(1,), slow=True, busy=(0,))
-    counts = {"completed": 2}
-
-    def data() -> ProcessData:
-        launched, completed = [0] * N_OPS, [0] * N_OPS
-        launched[barrier], completed[barrier] = 3, counts["completed"]
-        rank = RankRecord(1, launched=tuple(launched), completed=tuple(completed))
-        return ProcessData(comms=(CommRecord(7, 2, (rank,)),))
-
-    node: Any = types.SimpleNamespace(standing_stuck=lambda: {7: verdict}, local_data=data)
+    slow = StuckVerdict(7, barrier, 3, (0,), (1,), (4,), (5,), slow=True, busy=(0,))
+    node: Any = types.SimpleNamespace(standing_stuck=lambda: {7: slow}, me=types.SimpleNamespace(rank=5))
     assert _waits_on_slow(node)
-    counts["completed"] = 3  # it left the barrier: no longer waiting
+    node.me.rank = 4  # the working rank itself: behind, not inside
     assert not _waits_on_slow(node)
-    counts["completed"] = 2
-    node.standing_stuck = lambda: {7: StuckVerdict(comm_hash=7, op=barrier, seq=3, behind=(0,), inside=(1,))}
+    node.me.rank = 5
+    node.standing_stuck = lambda: {}  # cleared: the barrier completed
+    assert not _waits_on_slow(node)
+    node.standing_stuck = lambda: {7: StuckVerdict(7, barrier, 3, (0,), (1,), (4,), (5,))}
     assert not _waits_on_slow(node)  # COMM_STUCK, not SLOW: no excuse

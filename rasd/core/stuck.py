@@ -18,6 +18,7 @@ from here too.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -107,6 +108,10 @@ class _Watch:
     idle_seen: float = 0.0
     #: When a verdict can next fall due, as the last sweep judged the ranks behind (None: at ``since`` + the limit).
     due: float | None = None
+    #: The ranks behind as the last sweep judged them, with how many operations each had launched in all: the stand
+    #: ended by itself only when one of them launched more (others launching more, a DDP rank its next bucket's
+    #: all-reduce while the rank behind stays wedged, ends nothing).
+    behind: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -168,17 +173,25 @@ class StuckDetector:
             seen_now = signature(comm)
             watch = self._watches.get(key)
             if watch is None or watch.signature != seen_now:
-                if watch is not None:
-                    if watch.verdict is not None:
-                        cleared.append(watch.verdict)
-                    elif watch.idle_seen > 0:
-                        self._cadences.setdefault(key, _Cadence()).stands.append(watch.idle_seen)
                 # The counters took these values when the most recently moved rank last moved: its idle time dates
                 # the change to within the ranks' own resolution, not to this sweep (up to a sweep later).
                 idle = min(min(members.idle_ms) for _, members in comm.states) / 1000.0
-                previous = watch.since if watch is not None else float("-inf")
-                self._watches[key] = _Watch(seen_now, max(now - idle, previous), attribute(comm) is not None)
-                continue
+                since = max(now - idle, watch.since) if watch is not None else now - idle
+                carried: tuple[float, StuckVerdict | None] = (0.0, None)
+                if watch is not None:
+                    if watch.behind and not _moved(watch.behind, comm):
+                        # Only others moved (a DDP rank launched its next bucket's all-reduce), the rank behind has
+                        # not: the same stand goes on, with its verdict if it has one.
+                        since, carried = watch.since, (watch.idle_seen, watch.verdict)
+                    elif watch.verdict is not None:
+                        cleared.append(watch.verdict)
+                    elif watch.idle_seen > 0:
+                        self._cadences.setdefault(key, _Cadence()).stands.append(watch.idle_seen)
+                watch = _Watch(seen_now, since, attribute(comm) is not None, carried[1], idle_seen=carried[0])
+                self._watches[key] = watch
+                # Judged at once: ``since`` is what the ranks' own counters say, not when this sweep first saw them,
+                # so a stand older than this sweep may be due now (a sweep that first sees a wedge 4 s old names it
+                # then, not a sweep later).
             verdict = attribute(comm) if watch.disagree else None
             if verdict is not None:
                 standing[key] = (comm, verdict)
@@ -189,10 +202,12 @@ class StuckDetector:
             if watch.verdict is not None and not watch.verdict.slow:
                 continue  # COMM_STUCK already: it stands until the counters move
             if silent.holds(comm):
+                watch.due = math.inf  # no early sweep for it: the regular sweeps judge it again
                 continue  # a rank's process did not answer (stopped, starved): the liveness verdicts judge it
             stood, limit = now - watch.since, self.idle_limit(key)
             ranks = judge.ranks(key)
             watch.idle_seen = max([watch.idle_seen] + [r.idle for r in ranks])
+            watch.behind = _launched(comm, verdict.behind)
             # A rank behind that has done nothing for the limit holds a communicator the others have waited on for
             # half of it: stuck (a wedged rank is named the limit after it stopped, not after the slowest of the
             # others reached the collective). A rank idle for less is due once idle for the limit, if nothing moves.
@@ -231,7 +246,8 @@ class StuckDetector:
             for key, w in self._watches.items()
             if w.disagree and (w.verdict is None or w.verdict.slow)
         ]
-        return min(times) if times else None
+        due = min(times, default=math.inf)
+        return None if math.isinf(due) else due
 
     def active(self) -> list[StuckVerdict]:
         return [w.verdict for w in self._watches.values() if w.verdict is not None]
@@ -260,6 +276,21 @@ class _Silent:
             if addr is not None and addr not in s.responses and addr not in s.dead and addr not in s.left:
                 return True
         return False
+
+
+def _launched(comm: MergedCommunicator, ranks: Iterable[int]) -> dict[int, int]:
+    """How many operations each of ``ranks`` (communicator ranks) has launched in all."""
+    wanted = set(ranks)
+    return {r: sum(s.launched) for s, m in comm.states for r in m.comm_ranks if r in wanted}
+
+
+def _moved(behind: dict[int, int], comm: MergedCommunicator) -> bool:
+    """Whether a rank that was behind has launched more since (or the communicator's ranks agree again): the stand
+    ended. A rank no longer in the communicator's answers ends nothing by itself."""
+    if attribute(comm) is None:
+        return True
+    now = _launched(comm, behind)
+    return any(now.get(r, total) > total for r, total in behind.items())
 
 
 def _held(comm: MergedCommunicator, verdict: StuckVerdict) -> list[tuple[int, int]]:

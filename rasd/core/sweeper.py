@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 #: ``sweep``; docs/architecture.md §11), 12 % of a core every 5 s, taken from the training thread it shares the GIL
 #: with. At 100,000 processes: a sweep every 30.5 s.
 SWEEP_FLAT = 16_384
+#: A sweep brought forward to when a verdict falls due (``StuckDetector.due``) comes at least this share of the
+#: sweep interval after the last one (0.25 s at the default 5 s): a due time is exact (the ranks send how long
+#: they have been idle), so a verdict lands within a tick of its limit, and a communicator judged again and again
+#: can never make the root sweep more than a few times a second (a silent rank's communicator is not due at all).
+DUE_SWEEP_FLOOR = 0.05
 
 
 class Sweeper:
@@ -89,8 +94,8 @@ class Sweeper:
                 self.positions[addr] = (data.where, now)
         _, cleared = self.detector.observe(snapshot, now)
         due = self.detector.due()
-        if due is not None:  # a verdict falls due before the next sweep: sweep then (never sooner than a leg)
-            self._next_sweep = min(self._next_sweep, max(due, now + world.timers.leg_timeout / 4))
+        if due is not None:  # a verdict falls due before the next sweep: sweep then, not up to a sweep later
+            self._next_sweep = min(self._next_sweep, max(due, now + DUE_SWEEP_FLOOR * self.interval()))
         for v in cleared:
             out += self.release(v.comm_hash, now, "counters moving again")
             out.append(OriginateComm(v, stuck=False))

@@ -30,15 +30,18 @@ def snap(
     others: Work | None = None,
     silent: frozenset[int] = frozenset(),
     dead: frozenset[int] = frozenset(),
+    others_launched: int = 10,
+    others_idle_ms: int | None = None,
 ) -> JobSnapshot:
     """At ``at``: rank 0 behind (launched 9) with ``behind_work``; ranks 1-3 inside operation 10 of communicator 77;
     the counters still since time 0."""
     responses = {}
     idle_ms = int(at * 1000)
     for rank in range(4):
-        launched = rank0_launched if rank == 0 else 10
+        launched = rank0_launched if rank == 0 else others_launched
+        idle = idle_ms if rank == 0 or others_idle_ms is None else others_idle_ms
         comm = CommRecord(
-            77, 4, (RankRecord(rank, launched=ops(launched), completed=ops(9), idle_ms=idle_ms),), ((0, 4, 1),)
+            77, 4, (RankRecord(rank, launched=ops(launched), completed=ops(9), idle_ms=idle),), ((0, 4, 1),)
         )
         comms = (comm,) + (extra or {}).get(rank, ())
         if rank not in silent:
@@ -256,3 +259,52 @@ def test_a_rank_idle_for_the_limit_is_stuck_once_the_others_have_waited_half_of_
     assert not v.slow and v.behind == (0,)
     d = StuckDetector(4.0, CEILING, BUSY)
     assert all(not new for _, new, _ in run(d, lambda t: snap(Work(idle_ms=200), at=t - 1.5), [2.0, 4.1, 5.0]))
+
+
+def test_a_stand_first_seen_after_its_limit_is_judged_by_that_sweep():
+    """The sweep that first sees these counters comes 6 s after they stopped (the ranks' idle time says so) and
+    rank 0 has been idle all along: that sweep names it, not the sweep after."""
+    d = detector()
+    (_, new, _) = run(d, lambda t: snap(Work(idle_ms=int(t * 1000)), at=t), [6.0])[0]
+    assert [v.behind for v in new] == [(0,)] and not new[0].slow
+    # A rank that worked until a moment ago is not named at first sight: due once idle for the limit.
+    d = detector()
+    assert run(d, lambda t: snap(Work(idle_ms=int((t - 2.0) * 1000)), at=t), [3.0]) == [(3.0, [], [])]
+    assert d.due() == 7.0
+
+
+def test_a_silent_ranks_communicator_brings_no_sweep_forward():
+    """A stopped rank's communicator is judged at the regular sweeps only (its due time would always be past, and
+    the sweeper would sweep at its floor for as long as the hang limit takes)."""
+    d = detector()
+    run(d, lambda t: snap(Work(idle_ms=int(t * 1000)), at=t, rank0_launched=10, silent=frozenset({3})), [1.0, 6.0])
+    assert d.due() is None
+
+
+def test_others_launching_more_while_the_rank_behind_stays_idle_teaches_the_cadence_nothing():
+    """DDP's other ranks launch the next bucket's all-reduce while rank 0 stays wedged: their counters move, the
+    stand goes on. Only rank 0 launching ends it, and then the whole stand is learned."""
+    d = detector()
+    key = (77, 4)
+
+    def wedged(t: float, others: int) -> JobSnapshot:
+        moved = None if others == 10 else int((t - 2.5) * 1000)  # the others launched one more at 2.5 s
+        return snap(Work(idle_ms=int(t * 1000)), at=t, others_launched=others, others_idle_ms=moved)
+
+    assert run(d, lambda t: wedged(t, 10), [2.0]) == [(2.0, [], [])]
+    (_, new, _) = run(d, lambda t: wedged(t, 11), [3.0])[0]  # the others moved: a new stand, not an ended one
+    assert new == [] and d.idle_limit(key) == LIMIT
+    (_, new, _) = run(d, lambda t: wedged(t, 11), [5.5])[0]
+    assert [v.behind for v in new] == [(0,)] and not new[0].slow  # named at rank 0's limit, the floor
+    # A stand that rank 0 ends by itself (launching) is learned, with what it was idle through every sweep.
+    d = detector()
+    run(d, lambda t: wedged(t, 10), [1.0])
+    run(d, lambda t: wedged(t, 11), [3.0])
+    d.observe(snap(Work(), rank0_launched=11, at=0.0), 3.5)
+    assert d.idle_limit(key) == CADENCE_FACTOR * 3.0
+    # A verdict stands while only the others move, and clears when rank 0 launches.
+    d = detector()
+    (_, new, _) = run(d, lambda t: wedged(t, 10), [6.0])[0]
+    assert len(new) == 1
+    assert run(d, lambda t: wedged(t, 11), [7.0]) == [(7.0, [], [])] and d.active() == new
+    assert d.observe(snap(Work(), rank0_launched=11, at=0.0), 8.0) == ([], new)

@@ -11,16 +11,16 @@ from rasd.core.events import Event, Kind
 from rasd.core.frames import Frame, Position
 from rasd.core.snapshot import JobSnapshot, merge_communicators
 from rasd.core.stuck import StuckVerdict, attribute, located
-from rasd.core.sweeper import SWEEP_FLAT, Sweeper
+from rasd.core.sweeper import DUE_SWEEP_FLOOR, SWEEP_FLAT, Sweeper
 
 from .world import FakeWorld, peer
 
 P1, P2, P3 = peer(1), peer(2), peer(3)
 COMM = CommRecord(77, 2, (RankRecord(0),), rank_map=((10, 2, 1),))
 V = StuckVerdict(77, 0, 1, (1,), (0,), (11,), (10,))
-#: ``V`` as the sweeper makes it in the snapshots below: the counters stood 35 s (idle 30 s when first seen at 5 s,
-#: judged at 10 s), against the default idle limit.
-MADE = dataclasses.replace(V, stood_ms=35_000, limit_ms=4_000)
+#: ``V`` as the sweeper makes it in the snapshots below: the counters stood 30 s when first seen (their idle time),
+#: against the default idle limit, and judged by that first sweep.
+MADE = dataclasses.replace(V, stood_ms=30_000, limit_ms=4_000)
 
 
 def _sweeper(me=P1, comms=(COMM,)):
@@ -33,7 +33,7 @@ def _counts(launched: int, completed: int) -> tuple[tuple[int, ...], tuple[int, 
     return (launched,) + (0,) * (N_OPS - 1), (completed,) + (0,) * (N_OPS - 1)
 
 
-def _snapshot(rank1_launched: int) -> JobSnapshot:
+def _snapshot(rank1_launched: int, idle_ms: int = 30_000) -> JobSnapshot:
     """Rank 0 launched one broadcast it has not completed; rank 1 launched ``rank1_launched``; both idle 30 s."""
     l0, c0 = _counts(1, 0)
     l1, c1 = _counts(rank1_launched, rank1_launched)
@@ -41,8 +41,8 @@ def _snapshot(rank1_launched: int) -> JobSnapshot:
         77,
         2,
         (
-            RankRecord(0, launched=l0, completed=c0, idle_ms=30_000),
-            RankRecord(1, launched=l1, completed=c1, idle_ms=30_000),
+            RankRecord(0, launched=l0, completed=c0, idle_ms=idle_ms),
+            RankRecord(1, launched=l1, completed=c1, idle_ms=idle_ms),
         ),
         rank_map=((10, 2, 1),),
     )
@@ -93,14 +93,15 @@ def test_another_process_does_not_sweep():
 
 def test_a_stuck_communicator_is_announced_once_refreshed_each_sweep_and_cleared_when_it_moves():
     world, s = _sweeper()
-    assert s.swept(_snapshot(0), 5.0) == []  # the first sight: counters idle 30 s, not yet seen unchanged
-    stuck = Event(kind=Kind.COMM_STUCK, at=10.0, details=MADE.describe(), comm_hash=77, ranks=(11, 10))
-    assert s.swept(_snapshot(0), 10.0) == [Emit(stuck), OriginateComm(MADE, stuck=True)]
-    assert s.stuck == {77: (MADE, 10.0)} and s.standing() == {77: MADE}
+    # The first sight: the counters have stood 30 s by the ranks' own idle time, past the limit: named at once.
+    stuck = Event(kind=Kind.COMM_STUCK, at=5.0, details=MADE.describe(), comm_hash=77, ranks=(11, 10))
+    assert s.swept(_snapshot(0), 5.0) == [Emit(stuck), OriginateComm(MADE, stuck=True)]
+    assert s.stuck == {77: (MADE, 5.0)} and s.standing() == {77: MADE}
+    assert s.swept(_snapshot(0), 10.0) == [OriginateComm(MADE, stuck=True)]
     assert s.swept(_snapshot(0), 15.0) == [OriginateComm(MADE, stuck=True)]  # re-flooded, not announced again
     assert s.stuck == {77: (MADE, 15.0)}
     recovered = Event(kind=Kind.COMM_RECOVERED, at=20.0, details="counters moving again", comm_hash=77, ranks=(11, 10))
-    assert s.swept(_snapshot(1), 20.0) == [Emit(recovered), OriginateComm(MADE, stuck=False)]
+    assert s.swept(_snapshot(1, idle_ms=0), 20.0) == [Emit(recovered), OriginateComm(MADE, stuck=False)]
     assert s.stuck == {}
 
 
@@ -216,7 +217,6 @@ def test_the_silent_positions_are_of_processes_that_missed_the_last_sweep_or_are
 
 def test_a_verdict_says_where_the_ranks_behind_were_and_keeps_it_while_it_stands():
     _, s = _sweeper()
-    s.swept(_split(REDUCING, WAITING), 5.0)
     effects = s.swept(_split(REDUCING, WAITING), 10.0)
     located = dataclasses.replace(MADE, positions=((1, WAITING),))  # only rank 1: behind
     stuck = Event(
@@ -236,7 +236,6 @@ def test_a_verdict_says_where_the_ranks_behind_were_and_keeps_it_while_it_stands
 
 def test_a_verdict_without_positions_is_as_before():
     _, s = _sweeper()
-    s.swept(_split((), ()), 5.0)
     stuck = Event(kind=Kind.COMM_STUCK, at=10.0, details=MADE.describe(), comm_hash=77, ranks=(11, 10))
     assert s.swept(_split((), ()), 10.0) == [Emit(stuck), OriginateComm(MADE, stuck=True)]
     assert s.positions == {}
@@ -265,3 +264,14 @@ def test_located_attaches_the_position_of_each_rank_behind_that_sent_one():
         peers=snap.peers, responses={a: dataclasses.replace(d, where=()) for a, d in snap.responses.items()}
     )
     assert located(verdict, merged, nowhere) == verdict
+
+
+def test_a_sweep_is_brought_forward_to_when_a_verdict_falls_due_but_never_sooner_than_its_floor():
+    """Counters that stood 1 s when first seen (idle limit 4 s): the next sweep comes when the verdict falls due,
+    3 s later, not a whole sweep later; one due sooner than the floor brings it no sooner than the floor."""
+    for idle_ms, next_sweep in ((1_000, 103.0), (3_900, 100.0 + DUE_SWEEP_FLOOR * 5.0)):
+        world, s = _sweeper()
+        assert world.timers.sweep == 5.0
+        s.start(100.0)
+        s.swept(_snapshot(0, idle_ms=idle_ms), 100.0)
+        assert s._next_sweep == next_sweep

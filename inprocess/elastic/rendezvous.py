@@ -338,8 +338,13 @@ class _Transition:
         self.clear_join_deadline(node)
         if node in state.participants:
             participants = tuple(member for member in state.participants if member != node)
+            # A complete round keeps the roster it completed with (``ranks``): a member that reads it late (a slow
+            # survivor, after a newcomer of the round died and the others already left it) must find the world the
+            # others found, or the two sides of one iteration count different world sizes at its barriers.
             self.state = dataclasses.replace(
-                self.state, participants=participants, ranks=tuple(item for item in state.ranks if item[0] != node)
+                self.state,
+                participants=participants,
+                ranks=state.ranks if state.complete else tuple(item for item in state.ranks if item[0] != node),
             )
             if state.complete:
                 if not participants:

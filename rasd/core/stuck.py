@@ -9,10 +9,10 @@ counts cannot do::
     AllReduce launched/completed:   rank 0: 57/56   rank 1: 57/56   rank 2: 56/56   rank 3: 57/56
     -> operation 57 is stuck; rank 2 is behind (never launched it); ranks 0, 1, 3 are inside it
 
-A verdict clears as soon as the counters move or agree again. Pure: snapshots and times in, verdicts out. The
-snapshot is merged by ``snapshot.merge_communicators``, the same merge the report uses. The verdict itself,
-``StuckVerdict``, is a value of its own module (``stuck_verdict.py``), which the snapshot carries; it is importable
-from here too.
+A verdict clears as soon as a rank behind launches more or the counters agree again (the others moving alone
+continue the stand). Pure: snapshots and times in, verdicts out. The snapshot is merged by
+``snapshot.merge_communicators``, the same merge the report uses. The verdict itself, ``StuckVerdict``, is a value
+of its own module (``stuck_verdict.py``), which the snapshot carries; it is importable from here too.
 """
 
 from __future__ import annotations

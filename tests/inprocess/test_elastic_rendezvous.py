@@ -223,9 +223,10 @@ def test_every_history_keeps_the_rules(
         if not state.complete and len(state.participants) >= rules.min_nodes:
             assert state.deadline is not None
             min_reached_at.setdefault(state.round, state.deadline - rules.last_call)
-        if state.complete:  # consistency: the ranks given at completion, in node-id order (a leaver leaves a gap)
-            assert [member for member, _ in state.ranks] == sorted(state.participants)
-            assert [rank for _, rank in state.ranks] == sorted({rank for _, rank in state.ranks})
+        if state.complete:  # the roster given at completion, in node-id order, kept while members leave the round
+            roster = [member for member, _ in state.ranks]
+            assert roster == sorted(roster) and set(state.participants) <= set(roster)
+            assert [rank for _, rank in state.ranks] == list(range(len(roster)))
         if state.closed:
             assert not state.wait_list and not state.redundancy_list
 
@@ -283,3 +284,18 @@ def test_a_late_node_is_admitted_exactly_at_the_next_round(order: list[str], lat
     state, outcomes = run(rules, [Join(order[-1], 20)], state)
     everyone = sorted(order + [late])
     assert admitted(outcomes) == {node: (1, rank, 5) for rank, node in enumerate(everyone)}
+
+
+def test_a_member_that_reads_a_complete_round_late_finds_the_roster_it_completed_with():
+    """Round 1 completes with n0, n1, n2 and the newcomer n3; n3 dies and the fast survivors leave it (n3's Leave,
+    their own Join for the next round) before the slow n2 has looked: n2 still finds round 1 with 4 ranks, the
+    world n0 and n1 trained in, not a world of its own."""
+    rules = Settings(1, 4, 1.0, 60.0)
+    state = Rendezvous(round=1)
+    for node in ("n0", "n1", "n2", "n3"):
+        state, _ = step(rules, state, Join(node, 0.0))
+    assert state.complete and len(state.ranks) == 4
+    for event in (Leave("n3", 1.0), Join("n0", 1.0), Join("n1", 1.0)):
+        state, _ = step(rules, state, event)
+    assert state.complete and state.round == 1 and state.participants == ("n2",)
+    assert state.rank_of("n2") == 2 and len(state.ranks) == 4

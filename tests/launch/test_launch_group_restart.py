@@ -133,3 +133,21 @@ def test_max_restarts_used_up_ends_the_job_with_the_cause(tmp_path: Path) -> Non
     last = launch.lines()[-1]
     assert re.search(r"the job failed: (PEER_HUNG of rank 3|COMM_STUCK).*after 1 restart\(s\) of the group", last), last
     assert time.time() - stopped < 200
+
+
+def test_a_job_that_mixes_wrapped_and_plain_workers_is_refused_at_once(tmp_path: Path) -> None:
+    """Local rank 0 under inprocess.Wrapper, ranks 1-3 plain (tests/launch/mixed_job.py): the Wrapper's rank waits at
+    its start-up barrier, the others inside init_process_group, for each other. Refused as soon as both kinds
+    have said how they train, with the line that says why; non-zero; nothing left."""
+    launch = Launch(tmp_path, "--nproc-per-node", "4", "--max-restarts", "2", str(HERE / "mixed_job.py"), env=FAST)
+    try:
+        launch.wait_for(r"the job mixes workers under inprocess\.Wrapper \(local rank\(s\) \[0\]\)", 120)
+        refused = time.time()
+        assert launch.wait(120) != 0, launch.tail()
+    finally:
+        launch.close()
+    launch.assert_nothing_left()
+    assert time.time() - refused < 60
+    assert "the job was refused: it mixes workers with and without inprocess.Wrapper" in launch.lines()[-1], (
+        launch.tail()
+    )

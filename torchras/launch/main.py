@@ -988,7 +988,7 @@ class Launcher:
             self.wrapped = True
             self.wrapper_built = True
             self._worker_mode(slot, event, wrapped=True)
-        elif kind == "process_group":
+        elif kind in ("process_group_starting", "process_group"):
             self._worker_mode(slot, event, wrapped=False)
         if kind == "wrapper" and current and not event.get("newcomer"):
             self.job_started = True  # its start-up barrier passed: every initial rank met (``startup``)

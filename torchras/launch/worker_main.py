@@ -10,9 +10,12 @@ gets the same node. The launcher does not start this module where the node is of
 The notes, through the launcher's events file (``TORCHRAS_LAUNCH_EVENTS``, the file ``inprocess.launch_events``
 writes to):
 
-* ``process_group``, once the first ``init_process_group`` of the process returns: the launcher learns that the
-  worker trains, and, when its Wrapper did not say ``wrapper_starting`` before, that it trains without
-  ``inprocess.Wrapper`` (a job to restart as a group, ``torchras.launch.restarts``);
+* ``process_group_starting``, as the first ``init_process_group`` of the process is called, and ``process_group``
+  once it returns: the launcher learns that the worker trains, and, when its Wrapper did not say
+  ``wrapper_starting`` before, that it trains without ``inprocess.Wrapper`` (a job to restart as a group,
+  ``torchras.launch.restarts``). The first note matters for a job that mixes both: its Wrapper's ranks wait at
+  their start-up barrier and its plain ranks inside ``init_process_group`` for each other, so no first call ever
+  returns, and the launcher refuses the job on the notes of the calls;
 * after a group restart (``TORCHRAS_LAUNCH_RESTART``, set by the launcher for the new group: the cause, the ranks,
   when), ``rasd.record_restart`` once the node runs: the node emits a RESTART event to its MONITOR clients, writes a
   ``restart`` record into its verdict journal and counts ``torchras_restarts_total``, with the verdict (or the exit)
@@ -95,6 +98,8 @@ def watch_first_init() -> None:
     @functools.wraps(hooked)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         nonlocal done
+        if not done:
+            announce("process_group_starting")
         result = hooked(*args, **kwargs)
         if not done:
             done = True

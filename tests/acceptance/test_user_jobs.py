@@ -1,9 +1,9 @@
 """A user's DDP and FSDP2 script (``user_job.py``) under plain ``torchrun``, 4 gloo ranks, changed only by wrapping
 its training function in ``inprocess.Wrapper``:
 
-- rank 0 writing a checkpoint for 15 s (three idle limits) (``torch.save``, again and again) while the others wait in
-  ``dist.barrier()``, at the default limits, is SLOW in the report (rank 0 working), never COMM_STUCK: no restart
-  (issue 39, "first, do no harm");
+- rank 0 writing a checkpoint for 15 s (``torch.save``, again and again; DDP) or evaluating an unsharded copy of the
+  weights for 15 s (FSDP2), more than three idle limits, while the others wait in ``dist.barrier()``, at the default
+  limits, is SLOW in the report (rank 0 working), never COMM_STUCK: no restart (issue 39, "first, do no harm");
 - a rank blocked in one long call (``time.sleep``, ``queue.Queue.get``, a socket read) is named in the report while
   it is blocked (COMM_STUCK: the rank behind), the restart that verdict causes reaches it, and the job finishes all
   its steps at full size in the same processes: nobody is killed, torchrun never tears the job down;
@@ -124,32 +124,35 @@ def _check_counts(job: Job, results: dict[int, dict]) -> None:
         assert counts["AllReduce"] + counts["ReduceScatter"] >= res["steps"], counts  # the gradients of each step
 
 
-@pytest.mark.parametrize(("model", "kind", "checkpoint"), [("ddp", "sleep", 15), ("fsdp", "queue", 0)])
+@pytest.mark.parametrize(("model", "kind", "phase"), [("ddp", "sleep", "checkpoint"), ("fsdp", "queue", "evaluate")])
 def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(
-    tmp_path: Path, model: str, kind: str, checkpoint: int
+    tmp_path: Path, model: str, kind: str, phase: str
 ) -> None:
     """The issue's job: named while blocked, healed in place, and, once done, every collective of the restarted
     groups counted (the report equals torch's records; DDP's buckets and FSDP2's gathers included). A socket read
-    and the other blocking calls: tests/inprocess/test_wake_jobs.py. With ``checkpoint``, rank 0 first writes a
-    checkpoint for that many seconds at step 8 while the others wait in a barrier: SLOW, and no restart for it.
-    Default limits throughout."""
+    and the other blocking calls: tests/inprocess/test_wake_jobs.py. First, at step 8, a healthy slow phase on rank
+    0 while the others wait in a barrier, three idle limits long: a checkpoint (``torch.save`` for 15 s, DDP) or an
+    evaluation (forward passes of an unsharded copy for 15 s, FSDP2): SLOW, and no restart for it. Default limits
+    throughout."""
     args = ("--model", model, "--steps", "60", "--block", kind, "--block-rank", "2", "--block-step", "15")
-    if checkpoint:
-        args += ("--checkpoint-step", "8", "--checkpoint-seconds", str(checkpoint))
+    args += (f"--{phase}-step", "8", f"--{phase}-seconds", "15")
+    started, ended = {
+        "checkpoint": ("checkpointing", "checkpoint written"),
+        "evaluate": ("evaluating", "evaluation done"),
+    }[phase]
     job = Job(tmp_path, *args)
     try:
-        if checkpoint:
-            slow = wait_for(
-                lambda: _world_comm(job.report()).get("stuck") if "checkpointing" in job.logs() else None,
-                lambda stuck: stuck is not None and stuck["state"] == "SLOW",
-                120,
-                0.5,
-                what=lambda: f"the report to show the checkpoint as SLOW:\n{job.logs()}",
-                retry_on=(AssertionError, OSError, ValueError),
-            )
-            assert slow["global_ranks_behind"] == [0] and slow["ranks_working"] == [0], slow
-            wait_until(lambda: "checkpoint written" in job.logs(), 120, 0.5, what="the checkpoint to end")
-            assert "COMM_STUCK" not in job.logs(), job.logs()
+        slow = wait_for(
+            lambda: _world_comm(job.report()).get("stuck") if started in job.logs() else None,
+            lambda stuck: stuck is not None and stuck["state"] == "SLOW",
+            120,
+            0.5,
+            what=lambda: f"the report to show the {phase} phase as SLOW:\n{job.logs()}",
+            retry_on=(AssertionError, OSError, ValueError),
+        )
+        assert slow["global_ranks_behind"] == [0] and slow["ranks_working"] == [0], slow
+        wait_until(lambda: ended in job.logs(), 120, 0.5, what=f"the {phase} phase to end")
+        assert "COMM_STUCK" not in job.logs(), job.logs()
 
         def stuck_now() -> dict | None:
             assert not list(job.out.glob("rank*.json")), f"the job ended before rank 2 was named:\n{job.logs()}"
@@ -184,8 +187,7 @@ def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(
         assert {r["steps"] for r in results.values()} == {60}, results
         assert {r["world"] for r in results.values()} == {WORLD}, results
         assert all(r["iteration"] >= 1 for r in results.values()), results  # restarted in place ...
-        if checkpoint:  # ... once, for the wedge: the checkpoint restarted nothing
-            assert {r["iteration"] for r in results.values()} == {1}, results
+        assert {r["iteration"] for r in results.values()} == {1}, results  # once, for the wedge: not for the phase
         logs = job.logs()
         assert "blocking in " + kind in logs
         assert "hard timeout" not in logs.lower() and "SIGKILL" not in logs, logs  # ... nobody killed

@@ -7,6 +7,11 @@ function wrapped in ``inprocess.Wrapper``, launched by plain ``torchrun``. Nothi
 (``torch.save`` of its state, again and again, to local disk) while the other ranks wait in ``dist.barrier()``: the
 most common checkpoint code there is, a healthy slow phase that must never be taken for a stuck rank.
 
+``--evaluate-step S --evaluate-seconds N`` makes every rank gather the full weights at step S (torch's
+``get_model_state_dict``, full and on rank 0's CPU), rank 0 evaluate an unsharded copy for N seconds (forward passes
+under ``torch.no_grad``) and the others wait in ``dist.barrier()``: an evaluation on one rank, the other healthy slow
+phase.
+
 ``--block KIND`` makes one rank stop in one long blocking call before its forward pass at ``--block-step`` (a
 wedged data loader): ``sleep`` (time.sleep), ``queue`` (queue.Queue.get on a queue nobody fills) or ``recv``
 (a socket read from a peer that never writes). It blocks once: after the restart that the mesh's COMM_STUCK verdict
@@ -42,6 +47,7 @@ import inprocess  # noqa: E402
 
 blocked_once: list[bool] = []
 checkpointed: list[bool] = []
+evaluated: list[bool] = []
 
 
 def block(kind: str) -> None:
@@ -70,11 +76,34 @@ def checkpoint(model: torch.nn.Module, seconds: float, out: Path) -> None:
     print(f"rank {os.environ['RANK']}: checkpoint written", flush=True)
 
 
-def build(model_kind: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
+def evaluate(model: torch.nn.Module, seconds: float) -> None:
+    """Rank 0 evaluates an unsharded copy of the weights for ``seconds``; every rank takes part in the gathering."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if int(os.environ["RANK"]) != 0:
+        return
+    print(f"rank 0: evaluating for {seconds:g} s", flush=True)
+    copy = layers()
+    copy.load_state_dict(full)
+    batches = 0
+    end = time.monotonic() + seconds
+    with torch.no_grad():
+        while time.monotonic() < end:
+            copy(torch.randn(256, 32)).argmax(dim=1)
+            batches += 1
+    print(f"rank 0: evaluation done ({batches} batches)", flush=True)
+
+
+def layers() -> torch.nn.Sequential:
+    return torch.nn.Sequential(
         torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Linear(64, 4)
     )
+
+
+def build(model_kind: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = layers()
     if model_kind == "ddp":
         wrapped: torch.nn.Module = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
     else:
@@ -118,6 +147,10 @@ def train(args: argparse.Namespace, progress: dict, call_wrapper: inprocess.Call
             if rank == 0:
                 checkpoint(model, args.checkpoint_seconds, Path(args.out))
             dist.barrier()  # the others wait for rank 0's checkpoint
+        if step == args.evaluate_step and not evaluated:
+            evaluated.append(True)
+            evaluate(model, args.evaluate_seconds)
+            dist.barrier()  # the others wait for rank 0's evaluation
         if step % 10 == 0:  # the mean loss for the log, with a functional collective (as DTensor code issues them)
             total = funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD)
             if rank == 0:
@@ -154,6 +187,8 @@ def main() -> None:
     ap.add_argument("--block-step", type=int, default=15)
     ap.add_argument("--checkpoint-step", type=int, default=0)
     ap.add_argument("--checkpoint-seconds", type=float, default=0.0)
+    ap.add_argument("--evaluate-step", type=int, default=0)
+    ap.add_argument("--evaluate-seconds", type=float, default=0.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

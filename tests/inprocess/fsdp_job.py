@@ -35,11 +35,13 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
 
 import inprocess  # noqa: E402
 from inprocess.elastic import ShardedState  # noqa: E402
 
-BATCH = 12  # divisible by 3 and 4: every world trains on equal slices
+BATCH = 12  # divisible by 2, 3 and 4: every world trains on equal slices
+TP = 2  # --tp: the tensor-parallel dimension of a 2-D mesh (dp = world / 2)
 
 
 def main() -> None:
@@ -51,6 +53,7 @@ def main() -> None:
     ap.add_argument("--checkpoint-dir")
     ap.add_argument("--redundancy", type=int, default=1)
     ap.add_argument("--min-world", type=int, default=0, help="once trained, commit until the world is this big")
+    ap.add_argument("--tp", action="store_true", help="FSDP2 + TP on a (world / 2, 2) mesh where 2 divides the world")
     args = ap.parse_args()
     joiner = os.environ.get("INPROCESS_JOIN") == "1"
     initial = -1 if joiner else int(os.environ["RANK"])
@@ -63,10 +66,22 @@ def main() -> None:
         with open(out / f"{name}.jsonl", "a") as lines:
             lines.write(json.dumps(fields) + "\n")
 
+    def data_parallel() -> tuple[int, int]:
+        """This rank's slice of the batch and how many slices: the TP pairs of a 2-D mesh train on one slice."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        tp = TP if args.tp and world % TP == 0 else 1
+        return rank // tp, world // tp
+
     def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 40), torch.nn.ReLU(), torch.nn.Linear(40, 4))
-        fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        world = dist.get_world_size()
+        if args.tp and world % TP == 0:  # FSDP2 + TP on a 2-D mesh; a world it does not divide trains FSDP2 alone
+            mesh = init_device_mesh("cpu", (world // TP, TP), mesh_dim_names=("dp", "tp"))
+            parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+            fully_shard(model, mesh=mesh["dp"])
+        else:
+            fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
         return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
     disk = {"checkpoint_dir": args.checkpoint_dir} if args.checkpoint_dir else {}
@@ -112,9 +127,10 @@ def main() -> None:
                 time.sleep(600)  # a stall: the restart wakes it
             generator = torch.Generator().manual_seed(step)
             x = torch.randn(BATCH, 16, generator=generator)
-            share = BATCH // world
+            slot, slots = data_parallel()
+            share = BATCH // slots
             optimizer.zero_grad()
-            model(x[rank * share : (rank + 1) * share]).pow(2).mean().backward()
+            model(x[slot * share : (slot + 1) * share]).pow(2).mean().backward()
             optimizer.step()
             state.step = step
             if step % args.commit_every == 0:

@@ -3,9 +3,10 @@ recovers in place, its sharded state from the ranks' memory or, past the redunda
 
 - under plain ``torchrun``, a rank stalled in a call (COMM_STUCK): one restart, the world stays 4, the state
   restored is the commit of a run without the fault at the same step, and the final parameters are that run's;
-- under ``rasd launch``, a kill -9: the survivors reshard the commit to 3 ranks from memory, the replacement joins
-  and the commit is resharded to 4 from memory, the job finishes at 4 with the parameters of a run without the
-  fault (to the order of floating-point sums: 3 ranks sum the gradients in another order);
+- under ``rasd launch``, a kill -9 (FSDP2, rank 2; FSDP2 + TP on a 2-D mesh, rank 0): the survivors reshard the
+  commit to 3 ranks from memory, the replacement joins and the commit is resharded to 4 from memory, the job
+  finishes at 4 with the parameters of a run without the fault (to the order of floating-point sums: 3 ranks, and
+  tensor parallelism, sum in another order);
 - under ``rasd launch``, two neighbouring ranks killed at once with k = 1 (rank 1's blob and its only copy, on
   rank 2, are gone): the survivors load the disk checkpoint (``checkpoint_dir``), then grow back to 4.
 
@@ -84,23 +85,30 @@ def test_torchrun_a_stalled_rank_restarts_once_from_memory(tmp_path: Path, refer
         assert lines[-1]["event"] == "done" and lines[-1]["digest"] == reference["done"], lines[-1]
 
 
-def test_rasd_launch_kill_reshards_to_three_and_back_to_four_from_memory(tmp_path: Path, reference: dict) -> None:
+@pytest.mark.parametrize(("tp", "victim"), [(False, 2), (True, 0)], ids=["fsdp2-rank2", "fsdp2+tp-rank0"])
+def test_rasd_launch_kill_reshards_to_three_and_back_to_four_from_memory(
+    tmp_path: Path, reference: dict, tp: bool, victim: int
+) -> None:
+    """FSDP2 with rank 2 killed; FSDP2 + TP on a (2, 2) mesh with rank 0 killed, which trains on as FSDP2 alone at
+    3 ranks (2 does not divide 3: the build function's choice) and on the 2-D mesh again at 4. Both from memory,
+    both to the parameters of the run without a fault (TP sums in another order: compared within tolerance)."""
     out = tmp_path / "out"
     out.mkdir()
-    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), *STEPS, "--fault", f"kill:2:{FAULT_STEP}"]
-    launch = Launch(tmp_path, *argv, "--min-world", "4")
+    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), *STEPS, "--fault", f"kill:{victim}:{FAULT_STEP}"]
+    launch = Launch(tmp_path, *argv, "--min-world", "4", *(["--tp"] if tp else []))
     try:
         assert launch.wait(300) == 0, launch.tail()
         launch.assert_nothing_left()
     finally:
         launch.close()
     found = events(out)
-    survivors = [found[name] for name in ("rank0", "rank1", "rank3")]
+    survivors = [found[f"rank{rank}"] for rank in range(4) if rank != victim]
     (joiner,) = [lines for name, lines in found.items() if name.startswith("joiner")]
     for lines in survivors:
         shrunk, grown = syncs(lines)[1:]  # exactly two restarts: the kill, the join
         assert shrunk["source"] == "memory" and shrunk["world"] == 3 and shrunk["step"] == FAULT_STEP - 2, shrunk
-        assert shrunk["digest"] == reference["commits"][FAULT_STEP - 2], (shrunk, reference)
+        if not tp:
+            assert shrunk["digest"] == reference["commits"][FAULT_STEP - 2], (shrunk, reference)
         assert grown["source"] == "memory" and grown["world"] == 4, grown
     (joined,) = syncs(joiner)
     assert joined["source"] == "memory" and joined["world"] == 4, joined

@@ -386,6 +386,8 @@ class Runtime:
             done = self._gather_waiters.pop(a.query_id, None)
             if done is not None:
                 done(a.snapshot)
+        else:  # an action this driver does not know: a wiring mistake, logged by the caller, never silent
+            raise TypeError(f"the driver has no handler for the action {type(a).__name__}")
 
     async def _connect(self, a: core.Connect) -> None:
         loop = asyncio.get_running_loop()

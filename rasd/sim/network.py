@@ -400,6 +400,8 @@ class Simulation:
                 self._at(self.now, lambda: self._run(s, lambda: s.node.pid_gone(a.addr, self.now)))
         elif isinstance(a, core.GatherDone):
             self.gathers_done[(s.index, a.query_id)] = (self.now, a)
+        else:  # an action this driver does not know: a wiring mistake, never dropped in silence
+            raise TypeError(f"the driver has no handler for the action {type(a).__name__}")
 
     def _cut(self, a: int, b: int) -> bool:
         return any((a in x and b in y) or (a in y and b in x) for x, y in self.partitions)

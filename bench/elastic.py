@@ -266,7 +266,7 @@ SHARDED_WIDTH = 1600  # 4 x Linear(1600, 1600): 10.2 M parameters, 41 MB; with A
 SHARDED_REPEATS = 3
 
 
-def sharded_rank(rank: int, ports: list[int], folder: str, results: Any) -> None:
+def sharded_rank(rank: int, ports: list[int], folder: str, results: Any, tp: bool = False) -> None:
     """One process of the sharded figures (no Wrapper: the restarts are done by hand, to time the state alone).
     Ranks 0-3 train at 4, commit, time the three ways of keeping state; rank 3 then leaves (as a killed rank does:
     no goodbye) and 0-2 restore at 3; then rank 4, a fresh process, joins and all restore at 4."""
@@ -282,7 +282,23 @@ def sharded_rank(rank: int, ports: list[int], folder: str, results: Any) -> None
     def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[torch.nn.Linear(SHARDED_WIDTH, SHARDED_WIDTH) for _ in range(LAYERS)])
-        fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        world = dist.get_world_size()
+        if tp and world % 2 == 0:  # FSDP2 + TP: (world / 2) x 2, colwise and rowwise layers in turn
+            from torch.distributed.tensor.parallel import (
+                ColwiseParallel,
+                ParallelStyle,
+                RowwiseParallel,
+                parallelize_module,
+            )
+
+            mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+            plan: dict[str, ParallelStyle] = {
+                str(i): ColwiseParallel() if i % 2 == 0 else RowwiseParallel() for i in range(LAYERS)
+            }
+            parallelize_module(model, mesh["tp"], plan)
+            fully_shard(model, mesh=mesh["dp"])
+        else:  # FSDP2 (and FSDP2 + TP at 3 ranks, where 2 does not divide the world)
+            fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
         return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def group(port: int, new_rank: int, world: int) -> None:
@@ -292,6 +308,7 @@ def sharded_rank(rank: int, ports: list[int], folder: str, results: Any) -> None
     def train(state: ShardedState) -> None:
         assert state.model is not None and state.optimizer is not None
         state.optimizer.zero_grad()
+        torch.manual_seed(state.step)  # the same batch on every rank (a TP group's ranks must see the same input)
         state.model(torch.randn(2, SHARDED_WIDTH)).sum().backward()
         state.optimizer.step()
         state.step += 1
@@ -375,8 +392,9 @@ def _tensors(tree: Any) -> list[Any]:
     return []
 
 
-def sharded_main() -> None:
-    """The sharded rows: FSDP2 on 4 gloo ranks, ``ShardedState`` (k = 1) against DCP on local disk and a full copy."""
+def sharded_main(tp: bool = False) -> None:
+    """The sharded rows: FSDP2 (``tp``: FSDP2 + TP on a 2 x 2 mesh) on 4 gloo ranks, ``ShardedState`` (k = 1) against
+    DCP on local disk and a full copy."""
     import torch
     import torch.multiprocessing as mp
 
@@ -385,7 +403,8 @@ def sharded_main() -> None:
     results = context.Queue()
     with tempfile.TemporaryDirectory(prefix="elastic-sharded-", dir="/tmp") as folder:
         processes = [
-            context.Process(target=sharded_rank, args=(rank, ports, folder, results)) for rank in range(WORLD_SIZE + 1)
+            context.Process(target=sharded_rank, args=(rank, ports, folder, results, tp))
+            for rank in range(WORLD_SIZE + 1)
         ]
         for process in processes:
             process.start()
@@ -398,7 +417,8 @@ def sharded_main() -> None:
     expected = (1 + 1) / WORLD_SIZE * first[0]["state_bytes"]
     memory = [row["memory_bytes"] for row in first]
     print(
-        f"sharded state: FSDP2 on {WORLD_SIZE} gloo ranks, torch {torch.__version__}, {os.cpu_count()} cores, "
+        f"sharded state: {'FSDP2 + TP (2 x 2 mesh; FSDP2 alone at 3)' if tp else 'FSDP2'} on {WORLD_SIZE} gloo ranks, "
+        f"torch {torch.__version__}, {os.cpu_count()} cores, "
         f"4 x Linear({SHARDED_WIDTH}, {SHARDED_WIDTH}) + AdamW: {state_mb:.0f} MB of state; k = 1"
     )
 
@@ -438,11 +458,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=420)
     parser.add_argument("--sharded", action="store_true", help="the sharded rows only (FSDP2, ShardedState)")
+    parser.add_argument("--tp", action="store_true", help="with --sharded: FSDP2 + TP on a 2 x 2 mesh")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     if args.sharded:
-        return sharded_main()
+        return sharded_main(args.tp)
 
     import torch
 

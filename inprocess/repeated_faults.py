@@ -254,7 +254,7 @@ class Tracker:
         """After the iteration barrier: this iteration's agreed decision (None if the store failed: no count).
 
         ``previous``: the store of the iteration before (None for the first); ``reasons``: the restart's reasons,
-        verdicts first (``wrap._order_reasons``)."""
+        verdicts first (``restart_info.order_reasons``)."""
         try:
             mine = self._count(store, previous, reasons, iteration)
             agreed = store.compare_set(DECISION_KEY, "", mine.to_json())

@@ -21,7 +21,6 @@ import dataclasses
 import datetime
 import functools
 import gc
-import inspect
 import os
 import sys
 import threading
@@ -39,7 +38,9 @@ from . import (
     logs,
     mesh_source,
     param_utils,
+    release,
     repeated_faults as repeated_faults_module,
+    restart_info,
     store as store_module,
     wake,
 )
@@ -57,13 +58,26 @@ from .monitor_thread import MonitorThread, RankShouldRestart, reraise_if_unraisa
 from .param_utils import enforce_subclass, enforce_type, enforce_value  # noqa: F401 - names of the reference's module
 from .progress_watchdog import ProgressWatchdog
 from .rank_assignment import ActivateAllRanks, RankAssignment, RankAssignmentCtx, ShiftRanks
+from .restart_info import RestartInfo
 from .state import FrozenState, Mode, State
 from .store import PrefixStore, StoreMixin, TCPStore  # noqa: F401 - names of the reference's module
 from .terminate import Terminate
 from .user_store import UserStoreConnection
 from .utils import log_exc  # noqa: F401 - names of the reference's module
+from .verdict_sink import VerdictSink
 
 log = logs.get_logger(__name__)
+
+#: The timeout ladder's other conditions, (shorter, longer), after ``soft < hard < barrier``: the reference's.
+_TIMEOUT_LADDER = (
+    ("monitor_process_interval", "barrier_timeout"),
+    ("heartbeat_timeout", "barrier_timeout"),
+    ("heartbeat_interval", "heartbeat_timeout"),
+    ("monitor_process_interval", "heartbeat_timeout"),
+    ("monitor_process_interval", "soft_timeout"),
+    ("monitor_thread_interval", "soft_timeout"),
+    ("progress_watchdog_interval", "soft_timeout"),
+)
 
 # Shared default instances, as documented by the reference (both are stateless).
 DEFAULT_ABORT = AbortTorchDistributed()
@@ -161,48 +175,21 @@ class Wrapper:
             hard_timeout=hard_timeout,
             barrier_timeout=barrier_timeout,
         )
-        check(
-            self.monitor_process_interval < barrier,
-            "monitor_process_interval < barrier_timeout",
+        given = dict(
             monitor_process_interval=monitor_process_interval,
-            barrier_timeout=barrier_timeout,
-        )
-        check(
-            self.heartbeat_timeout < barrier,
-            "heartbeat_timeout < barrier_timeout",
-            heartbeat_timeout=heartbeat_timeout,
-            barrier_timeout=barrier_timeout,
-        )
-        check(
-            self.heartbeat_interval < self.heartbeat_timeout,
-            "heartbeat_interval < heartbeat_timeout",
+            monitor_thread_interval=monitor_thread_interval,
+            progress_watchdog_interval=progress_watchdog_interval,
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout=heartbeat_timeout,
-        )
-        check(
-            self.monitor_process_interval < self.heartbeat_timeout,
-            "monitor_process_interval < heartbeat_timeout",
-            monitor_process_interval=monitor_process_interval,
-            heartbeat_timeout=heartbeat_timeout,
-        )
-        check(
-            self.monitor_process_interval < soft,
-            "monitor_process_interval < soft_timeout",
-            monitor_process_interval=monitor_process_interval,
             soft_timeout=soft_timeout,
+            barrier_timeout=barrier_timeout,
         )
-        check(
-            self.monitor_thread_interval < soft,
-            "monitor_thread_interval < soft_timeout",
-            monitor_thread_interval=monitor_thread_interval,
-            soft_timeout=soft_timeout,
-        )
-        check(
-            self.progress_watchdog_interval < soft,
-            "progress_watchdog_interval < soft_timeout",
-            progress_watchdog_interval=progress_watchdog_interval,
-            soft_timeout=soft_timeout,
-        )
+        for shorter, longer in _TIMEOUT_LADDER:
+            check(
+                getattr(self, shorter) < getattr(self, longer),
+                f"{shorter} < {longer}",
+                **{shorter: given[shorter], longer: given[longer]},
+            )
         for name, duration in (
             ("last_call_wait", self.last_call_wait),
             ("termination_grace_time", self.termination_grace_time),
@@ -256,10 +243,10 @@ class Wrapper:
                     caught = call_wrapper._caught
                     return call_wrapper(fn, args, kwargs)
             except BaseException as error:
-                _release_wrapper_frames(error)
+                release.release_wrapper_frames(error)
                 raise
             finally:  # nothing of a call outlives it, even through an exception its function raised and let go
-                _release_wrapper_frames(*caught)
+                release.release_wrapper_frames(*caught)
                 caught.clear()
 
         return wrapped
@@ -298,9 +285,10 @@ class CallWrapper:
         self._monitor_connection: Any = None
         self._fault_connection: Any = None
         self._protected: set[tuple] = set()
-        self._verdict_lock = threading.Lock()
+        #: Applies the mesh's and the user's verdicts to this call (``inprocess.verdict_sink``).
+        self.verdicts = VerdictSink(self)
         self._return_value: Any = None
-        self._shut_down = False
+        self.shut_down = False
         self.mesh: mesh_source.MeshFaultSource | None = None
         #: The last restart of this call (None before the first): what the wrapped function may print.
         self.last_restart: RestartInfo | None = None
@@ -491,98 +479,20 @@ class CallWrapper:
     def protected_connections(self) -> set[tuple]:
         return set(self._protected)
 
-    # ---- external verdicts ------------------------------------------------------------------------------------
+    # ---- external verdicts (inprocess.verdict_sink) -------------------------------------------------------------
+
+    @property
+    def fault_connection(self) -> Any:
+        """The store connection external verdicts are written on (None once the call is shut down)."""
+        return self._fault_connection
 
     def report_fault(self, verdict: fault_source.ExternalVerdict) -> bool:
         """Apply an external verdict to this job (see ``inprocess.fault_source``); False if it was ignored."""
-        with self._verdict_lock:
-            if self._shut_down or self._fault_connection is None:
-                return False
-            current = self.state.iteration
-            kind = fault_source.VerdictKind(verdict.kind)
-            if verdict.iteration == fault_source.LATEST_ITERATION:
-                target = self._newest_iteration_of(verdict.ranks, current)
-                if target is None:
-                    log.info("ignoring a verdict about ranks outside the current iteration: %s", verdict)
-                    return False
-            elif verdict.iteration < current:
-                log.info("ignoring a stale verdict for iteration %s (now %s): %s", verdict.iteration, current, verdict)
-                return False
-            elif verdict.iteration > current:
-                log.warning(
-                    "ignoring a verdict for iteration %s, which has not started here (now %s): %s",
-                    verdict.iteration,
-                    current,
-                    verdict,
-                )
-                return False
-            else:
-                target = verdict.iteration
-            store = self._fault_connection.iteration_store(target)
-            ranks = self._translate(store, verdict, target)
-            if not ranks:
-                return False
-            if (
-                kind.terminates
-                and verdict.iteration == fault_source.LATEST_ITERATION
-                and set(ranks.values()) <= store.get_terminated_ranks()
-            ):
-                log.debug("verdict about ranks already terminated in iteration %s: %s", target, verdict)
-                return False  # a refreshed verdict (HUNG) or another survivor's report: done already
-            world = store.get_packed("world_size", ",")
-            world_size = int(world[-1]) if world else self.state.world_size
-            if kind.terminates:
-                store.record_terminated_ranks(sorted(ranks.values()))
-            first_report = int(store.add(f"external_verdict:{kind.value}:{sorted(ranks)}", 1)) == 1
-            records = [InterruptionRecord(rank, Interruption.EXTERNAL) for rank in sorted(ranks.values())]
-            reason = (verdict.reason or f"{kind.value} of ranks {sorted(ranks)}") if first_report else None
-            store.record_interrupted(records if first_report else (), reason=reason)
-            if kind.terminates:
-                store.iteration_barrier(sorted(ranks.values()), world_size, 0)
-                initial_world_size = int(self.state.initial_world_size or 0)
-                initial = [rank for rank in sorted(ranks) if rank < initial_world_size]  # not the ranks that joined
-                self._fault_connection.termination_barrier(initial, initial_world_size, 0)
-            log.warning(
-                "external verdict %s %s applied to iteration %s: %s", kind.value, sorted(ranks), target, verdict.reason
-            )
-            return True
+        return self.verdicts.report_fault(verdict)
 
     def leave_rendezvous(self, initial_rank: int, store: Any) -> None:
         """A mesh PEER_DEAD verdict: the dead process leaves the rendezvous (``store``: the caller's connection)."""
-        if self.joining is None:
-            return
-        rendezvous_store = joining_module.StoreRendezvous(store, self.joining.rendezvous.settings)
-        rendezvous_store.apply(joining_module.rendezvous.Leave(joining_module.node_id(initial_rank), time.time()))
-
-    def _newest_iteration_of(self, initial_ranks: frozenset[int], current: int) -> int | None:
-        """The newest iteration (the current one or the next, which faster ranks may have entered) in which one
-        of ``initial_ranks`` has published its rank."""
-        assert self._fault_connection is not None
-        for iteration in (current + 1, current):
-            store = self._fault_connection.iteration_store(iteration)
-            if any(store.get_rank_of_initial(rank, timeout=0) is not None for rank in initial_ranks):
-                return iteration
-        return None
-
-    def _translate(self, store: Any, verdict: fault_source.ExternalVerdict, iteration: int) -> dict[int, int]:
-        """Initial rank -> rank in ``iteration`` for every rank the verdict names (initial or iteration ranks)."""
-        ranks: dict[int, int] = {}
-        for initial_rank in sorted(verdict.ranks):
-            rank = store.get_rank_of_initial(initial_rank, timeout=0)
-            if rank is None:
-                log.warning("verdict %s: initial rank %s is not part of iteration %s", verdict, initial_rank, iteration)
-                continue
-            ranks[initial_rank] = rank
-        for rank in sorted(verdict.iteration_ranks):
-            key = f"initial_rank_{rank}"
-            if store.check([key]):
-                ranks[int(store.get(key))] = rank
-        if not ranks and not fault_source.VerdictKind(verdict.kind).terminates and not verdict.ranks:
-            # A communicator verdict naming nobody: the reporter (unless it is a newcomer without a rank yet).
-            reporter, reporter_initial = self.state.rank, self.state.initial_rank
-            if reporter is not None and reporter_initial is not None:
-                ranks[reporter_initial] = reporter
-        return ranks
+        self.verdicts.leave_rendezvous(initial_rank, store)
 
     # ---- the restart loop -------------------------------------------------------------------------------------
 
@@ -615,12 +525,12 @@ class CallWrapper:
         """Wait in the wait list until a round admits this process; then it runs that round's iteration."""
         assert self.joining is not None
         log.info("process %s waits to join the running job", self.joining.node)
-        _announce_waiting(True)  # STATUS lists this process under WAITING until a round admits it
+        restart_info.announce_waiting(True)  # STATUS lists this process under WAITING until a round admits it
         try:
             with self.disable_hang_protection():
                 admission = self.joining.wait_for_admission()
         finally:
-            _announce_waiting(False)
+            restart_info.announce_waiting(False)
         self._enter_admitted(admission)
         self._publish()
         launch_events.announce(
@@ -709,7 +619,7 @@ class CallWrapper:
         kind, payload = outcome
         log.debug("rank %s left the function: %s", state.rank, kind)
         if kind == "error":
-            self._caught.append(payload)  # its frames are released after the restart (_release_wrapper_frames)
+            self._caught.append(payload)  # its frames are released after the restart (release.py)
             if isinstance(payload, RankShouldRestart):
                 log.info("rank %s leaves iteration %s: %s", state.rank, state.iteration, payload)
                 if not monitor.raised_restart:  # raised by the workload itself: a restart of every rank
@@ -811,9 +721,11 @@ class CallWrapper:
             store.iteration_barrier([state.rank], state.world_size, w.barrier_timeout)
         log.debug("restart: left the iteration barrier")
         terminated = store.get_terminated_ranks()
-        terminated_initial = _initial_ranks(store, terminated)
-        reasons = _order_reasons(store.get_packed(store_module.FAULT_REASONS_KEY, "\n")) or [monitor.message]
-        fault_time = _fault_time(store)
+        terminated_initial = restart_info.initial_ranks(store, terminated)
+        reasons = restart_info.order_reasons(store.get_packed(store_module.FAULT_REASONS_KEY, "\n")) or [
+            monitor.message
+        ]
+        fault_time = restart_info.fault_time(store)
         if self.repeats is not None:  # the same decision on every rank: all leave in this iteration, or none
             previous = self.base_store.iteration_store(state.iteration - 1) if state.iteration > 0 else None
             decision = self.repeats.decide(store, previous, reasons, state.iteration)
@@ -844,10 +756,10 @@ class CallWrapper:
             "; ".join(reasons),
             lost,
         )
-        _announce_restart(self.last_restart)
+        restart_info.announce_restart(self.last_restart)
         # What the failed iteration raised is done with: its frames of this package keep none of the call's objects
         # (the user may still hold the exception), and nothing accumulates over a long job's restarts.
-        _release_wrapper_frames(*self._caught)
+        release.release_wrapper_frames(*self._caught)
         self._caught.clear()
         # Free what the failed iteration left in reference cycles. The young generations hold it; a full
         # collection costs ~70 ms in a torch process, on every rank, on the critical path of the restart.
@@ -891,9 +803,9 @@ class CallWrapper:
         self.shutdown()
 
     def shutdown(self) -> None:
-        if self._shut_down:
+        if self.shut_down:
             return
-        self._shut_down = True
+        self.shut_down = True
         fault_source.unregister_active_call(self)
         if self.mesh is not None:
             self.mesh.close()
@@ -933,7 +845,7 @@ class CallWrapper:
         # Close the store connections (and, on the host, the server) now rather than at some later garbage
         # collection: the next call of a wrapped function in this process builds a new store on the same port.
         self.monitor_thread = None
-        with self._verdict_lock:
+        with self.verdicts.lock:
             self.base_store = self._monitor_connection = self._fault_connection = None
             self.store = self._user_connection = self._user = None
             self.joining = None  # its rendezvous holds a store connection of this call
@@ -948,43 +860,6 @@ def _assigned(value: int | None, what: str) -> int:
     return value
 
 
-_PACKAGE_DIRECTORY = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-
-
-def _release_wrapper_frames(*errors: BaseException) -> None:
-    """Clear the locals of this package's finished frames that ``errors`` (and their chains) keep alive.
-
-    The exception a call raises reaches the caller, who may keep it (``assertRaises``, a retry loop, a report). Its
-    traceback, and those of the exceptions it was raised from, keep their frames, and every frame keeps the frames
-    that called it (``f_back``): without this, the wrapper's frames would keep the call's stores and sockets alive
-    through them. Nothing of a call outlives it (docs/inprocess.md, section 1). The frames of the user's own code
-    are left as they are, and so are frames still running and suspended generators (clearing one would close it).
-    """
-    seen: set[int] = set()
-    pending: list[BaseException | None] = list(errors)
-    cleared: set[int] = set()
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        traceback = current.__traceback__
-        while traceback is not None:
-            frame: Any = traceback.tb_frame
-            while frame is not None and id(frame) not in cleared:
-                cleared.add(id(frame))
-                code = frame.f_code
-                if code.co_filename.startswith(_PACKAGE_DIRECTORY) and not code.co_flags & _GENERATOR_FLAGS:
-                    try:
-                        frame.clear()
-                    except RuntimeError:  # still executing (this very frame's callers): nothing to release
-                        pass
-                frame = frame.f_back
-            traceback = traceback.tb_next
-        pending += [current.__cause__, current.__context__]
-
-
 def _run_health_check(check: Callable[[FrozenState], Any] | None, frozen: FrozenState, what: str) -> None:
     """Run a health check (if any); whatever it raises becomes a ``HealthCheckError`` naming ``what``."""
     if check is None:
@@ -993,67 +868,3 @@ def _run_health_check(check: Callable[[FrozenState], Any] | None, frozen: Frozen
         check(frozen)
     except Exception as error:
         raise exception.HealthCheckError(f"{what} failed: {error!r}") from error
-
-
-@dataclasses.dataclass(frozen=True)
-class RestartInfo:
-    """One restart of a call, as ``CallWrapper.last_restart`` and the mesh's RESTART event tell it."""
-
-    iteration: int  # the iteration that starts
-    count: int  # restarts of this call so far
-    #: What was recorded, the cause first, e.g. ("PEER_DEAD of rank 2 (Process 4711 on node 10.0.0.3 managing
-    #: CPU)", "RuntimeError on rank 1: Connection closed by peer ..."): the others are usually its consequences.
-    reasons: tuple[str, ...]
-    terminated_ranks: tuple[int, ...]  # initial ranks that left the job at this restart
-    seconds_lost: float  # from the fault being recorded to this rank being ready to run the function again
-
-    @property
-    def cause(self) -> str:
-        more = len(self.reasons) - 1
-        return self.reasons[0] + (f" (and {more} more)" if more > 0 else "") if self.reasons else "unknown"
-
-
-def _order_reasons(reasons: list[str]) -> list[str]:
-    """The reasons recorded in the iteration, verdicts first: a crash also makes its peers' collectives fail,
-    and those exceptions (recorded a few milliseconds earlier) are consequences, not the cause. Verdicts and the
-    monitor process's findings start with an upper-case word (``PEER_DEAD of rank 2 ...``), exceptions with
-    their class name."""
-    return sorted(dict.fromkeys(reasons), key=lambda reason: not reason.split(" ", 1)[0].isupper())
-
-
-def _initial_ranks(store: Any, ranks: set[int]) -> list[int]:
-    """Initial ranks of the iteration ranks that published theirs (a rank may die before publishing)."""
-    keys = [f"initial_rank_{rank}" for rank in sorted(ranks)]
-    return sorted({int(store.get(key)) for key in keys if store.check([key])})
-
-
-def _fault_time(store: Any) -> float | None:
-    if not store.check([store_module.FAULT_TIME_KEY]):
-        return None
-    try:
-        return float(store.get(store_module.FAULT_TIME_KEY))
-    except ValueError:
-        return None
-
-
-def _tell_rasd(function: str, *args: Any) -> None:
-    """Call ``rasd.<function>(*args)`` if rasd is loaded in this process (the Wrapper never imports it just for
-    this); never raises into training."""
-    rasd = sys.modules.get("rasd")
-    record = getattr(rasd, function, None) if rasd is not None else None
-    if record is None:
-        return
-    try:
-        record(*args)
-    except Exception:  # never raise into training
-        log.debug("could not tell rasd (%s)", function, exc_info=True)
-
-
-def _announce_waiting(waiting: bool) -> None:
-    """Tell this process's RAS node whether it waits to be admitted (WAITING in STATUS), if one runs."""
-    _tell_rasd("record_waiting", waiting)
-
-
-def _announce_restart(info: RestartInfo) -> None:
-    """Tell this process's RAS node (a RESTART event for ``rascli -m``, the counts in STATUS), if one runs."""
-    _tell_rasd("record_restart", info.iteration, info.cause, info.terminated_ranks, info.seconds_lost)

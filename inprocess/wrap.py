@@ -43,6 +43,7 @@ from . import (
     restart_info,
     store as store_module,
     wake,
+    wrapper_settings,
 )
 from .abort import Abort, AbortTorchDistributed, connection_key, established_connections
 from .attribution import Interruption, InterruptionRecord
@@ -68,17 +69,6 @@ from .verdict_sink import VerdictSink
 
 log = logs.get_logger(__name__)
 
-#: The timeout ladder's other conditions, (shorter, longer), after ``soft < hard < barrier``: the reference's.
-_TIMEOUT_LADDER = (
-    ("monitor_process_interval", "barrier_timeout"),
-    ("heartbeat_timeout", "barrier_timeout"),
-    ("heartbeat_interval", "heartbeat_timeout"),
-    ("monitor_process_interval", "heartbeat_timeout"),
-    ("monitor_process_interval", "soft_timeout"),
-    ("monitor_thread_interval", "soft_timeout"),
-    ("progress_watchdog_interval", "soft_timeout"),
-)
-
 # Shared default instances, as documented by the reference (both are stateless).
 DEFAULT_ABORT = AbortTorchDistributed()
 
@@ -101,7 +91,7 @@ class HealthCheckPassed(Exception):
     a plain step of ``CallWrapper._restart``); the name is kept for code that refers to it."""
 
 
-class Wrapper:
+class Wrapper(wrapper_settings.Settings):
     """Decorator that restarts the wrapped function in-process after a fault on any rank.
 
     All parameters are keyword-only; timeouts and intervals are ``datetime.timedelta`` (plain seconds are accepted
@@ -139,88 +129,7 @@ class Wrapper:
         | None
         | repeated_faults_module._FromEnvironment = repeated_faults_module.FROM_ENVIRONMENT,
     ) -> None:
-        param_utils.enforce_subclass("store_factory", store_factory, store_module.StoreMixin)
-        param_utils.enforce_type("store_kwargs", store_kwargs, (dict, type(None)))
-        for name, value, kind in (
-            ("initialize", initialize, Initialize),
-            ("abort", abort, Abort),
-            ("finalize", finalize, Finalize),
-            ("health_check", health_check, HealthCheck),
-            ("completion", completion, Completion),
-            ("terminate", terminate, Terminate),
-        ):
-            param_utils.enforce_type(name, value, (kind, type(None)))
-        param_utils.enforce_type("rank_assignment", rank_assignment, (RankAssignment,))
-        param_utils.enforce_type("joining", joining, (joining_module.Joining, type(None)))
-        param_utils.enforce_type("enabled", enabled, (bool,))
-        seconds = param_utils.as_seconds
-        self.monitor_thread_interval = seconds("monitor_thread_interval", monitor_thread_interval)
-        self.monitor_process_interval = seconds("monitor_process_interval", monitor_process_interval)
-        self.heartbeat_interval = seconds("heartbeat_interval", heartbeat_interval)
-        self.progress_watchdog_interval = seconds("progress_watchdog_interval", progress_watchdog_interval)
-        self.soft_timeout = seconds("soft_timeout", soft_timeout)
-        self.hard_timeout = seconds("hard_timeout", hard_timeout)
-        self.heartbeat_timeout = seconds("heartbeat_timeout", heartbeat_timeout)
-        self.barrier_timeout = seconds("barrier_timeout", barrier_timeout)
-        self.completion_timeout = seconds("completion_timeout", completion_timeout)
-        self.last_call_wait = seconds("last_call_wait", last_call_wait)
-        self.termination_grace_time = seconds("termination_grace_time", termination_grace_time)
-
-        check = param_utils.check_condition
-        soft, hard, barrier = self.soft_timeout, self.hard_timeout, self.barrier_timeout
-        check(
-            soft < hard < barrier,
-            "soft_timeout < hard_timeout < barrier_timeout",
-            soft_timeout=soft_timeout,
-            hard_timeout=hard_timeout,
-            barrier_timeout=barrier_timeout,
-        )
-        given = dict(
-            monitor_process_interval=monitor_process_interval,
-            monitor_thread_interval=monitor_thread_interval,
-            progress_watchdog_interval=progress_watchdog_interval,
-            heartbeat_interval=heartbeat_interval,
-            heartbeat_timeout=heartbeat_timeout,
-            soft_timeout=soft_timeout,
-            barrier_timeout=barrier_timeout,
-        )
-        for shorter, longer in _TIMEOUT_LADDER:
-            check(
-                getattr(self, shorter) < getattr(self, longer),
-                f"{shorter} < {longer}",
-                **{shorter: given[shorter], longer: given[longer]},
-            )
-        for name, duration in (
-            ("last_call_wait", self.last_call_wait),
-            ("termination_grace_time", self.termination_grace_time),
-            ("completion_timeout", self.completion_timeout),
-        ):
-            check(duration >= 0, f"{name} >= 0", **{name: duration})
-        for name, path in (
-            ("monitor_process_logfile", monitor_process_logfile),
-            ("monitor_process_pidfile", monitor_process_pidfile),
-        ):
-            param_utils.enforce_type(name, path, (str, type(None)))
-            check(path is None or os.path.isabs(path), f"{name} is None or os.path.isabs({name})", **{name: path})
-        check(torch.distributed.is_available(), "torch.distributed.is_available()")
-
-        self.store_factory = store_factory
-        self.store_kwargs = dict(store_kwargs or {})
-        self.initialize = initialize
-        self.abort = abort
-        self.finalize = finalize
-        self.health_check = health_check
-        self.rank_assignment = rank_assignment
-        self.monitor_process_logfile = monitor_process_logfile
-        self.monitor_process_pidfile = monitor_process_pidfile
-        self.enabled = enabled
-        self.completion = completion
-        self.terminate = terminate
-        #: Processes may join the running job (docs/elastic.md section 5); None: the world only shrinks. Without
-        #: ``joining=``, a launcher that respawns dead workers (``rasd launch``) turns it on (``INPROCESS_JOINING``).
-        self.joining = joining if joining is not None else joining_module.Joining.from_environment()
-        #: Give up on a fault that every restart meets again (inprocess.repeated_faults); None: restart for ever.
-        self.repeated_faults = repeated_faults_module.resolve(repeated_faults)
+        wrapper_settings.apply(self, dict(locals()))
         self._construct_restart_health_check()
 
     def _construct_restart_health_check(self) -> None:

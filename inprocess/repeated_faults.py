@@ -8,12 +8,13 @@ such as ``RetryController`` bounds it; the Wrapper here bounds it by default:
 
     the same fault ends ``limit`` (3) iterations in a row with no progress between them  ->  the Wrapper gives up
 
-* **The same fault.** An exception: the same type raised at the same place (``file:line`` of the innermost frame
-  of its traceback), whichever rank raised it and whatever its message says (a message often carries a count or an
-  address). Anything else that ends an iteration (a soft or hard timeout, a dead, hung or stuck rank, a monitor's or
-  the mesh's verdict): the same kind about the same initial ranks. A verdict comes before exceptions, as in the
-  restart's reasons: a crash makes its peers' collectives fail too, and those exceptions are its consequences.
-  Restarts that are no fault (``JOIN_WAITING``, ``HOSTS_UPDATED``: processes join or leave at a commit) end a run.
+* **The same fault.** An exception: the same type raised at the same place (``file:line`` of the innermost frame of
+  its traceback), whichever rank raised it and whatever its message says (a message often carries a count or an
+  address); in a training that says nothing of its progress (below), with the same message too. Anything else that
+  ends an iteration (a soft or hard timeout, a dead, hung or stuck rank, a monitor's or the mesh's verdict): the
+  same kind about the same initial ranks. A verdict comes before exceptions, as in the restart's reasons: a crash
+  makes its peers' collectives fail too, and those exceptions are its consequences. Restarts that are no fault
+  (``JOIN_WAITING``, ``HOSTS_UPDATED``: processes join or leave at a commit) end a run.
 * **Progress** (``PROGRESS_SOURCES``): the training got further than ever before in this call, on any rank. By
   default a ``step`` (``state.step`` of an ``inprocess.elastic`` state set above its highest value so far: the
   README's ``state.step += 1``, with no change to the script), a ``commit`` (``state.commit()`` above the highest
@@ -97,8 +98,11 @@ class Fault:
         text = "".join(traceback_module.format_exception(type(error), error, error.__traceback__))
         return cls(type(error).__name__, place, str(error)[:1000], function, rank, iteration, text[-6000:])
 
-    def same(self, other: Fault | None) -> bool:
-        return other is not None and (self.kind, self.place) == (other.kind, other.place)
+    def same(self, other: Fault | None, message: bool = False) -> bool:
+        """The same fault: kind and place; with ``message``, an exception's message too (a verdict's is not)."""
+        if other is None or (self.kind, self.place) != (other.kind, other.place):
+            return False
+        return not (message and self.function) or self.message == other.message
 
     def describe(self) -> str:
         if self.function:
@@ -271,15 +275,18 @@ class Tracker:
         if fault is None:
             return Decision(None, 0, False, self.token)
         # A training that says nothing of its progress (no inprocess.elastic state, no ping, no progress(): the
-        # reference's examples, which checkpoint to disk) may progress where this cannot see it: a larger bound.
-        limit = self.policy.limit if store.check([SPEAKS_KEY]) else max(self.policy.limit, SILENT_LIMIT)
+        # reference's examples, which checkpoint to disk) may progress where this cannot see it: a larger bound,
+        # and an exception is the same only with the same message too (the reference's example raises at one line
+        # at random steps, "example fault at iteration=21": each a new fault, not one met again).
+        silent = not store.check([SPEAKS_KEY])
+        limit = max(self.policy.limit, SILENT_LIMIT) if silent else self.policy.limit
         if store.check([PROGRESS_KEY]):
             count = 1
         else:
             last = None
             if previous is not None and previous.check([DECISION_KEY]):
                 last = Decision.from_json(previous.get(DECISION_KEY), self.policy.limit)
-            count = last.count + 1 if last is not None and fault.same(last.fault) else 1
+            count = last.count + 1 if last is not None and fault.same(last.fault, message=silent) else 1
         return Decision(fault, count, count >= limit, self.token)
 
     def _report(self, decision: Decision) -> None:

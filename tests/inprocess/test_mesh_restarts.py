@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 JOB_DEADLINE = 300  # seconds for a whole job: start-up alone (8 torch imports) took 100 s on 2 cores at load 25
 MESH_ENV = {"TORCHRAS_TIMEOUT_FACTOR": "0.2"}  # docs/architecture.md 2.5: hang 2 s, stuck 4 s, dead 12 s
-LOGS = {"inprocess": "INFO", "inprocess.wrap": "DEBUG", "rasd": "INFO"}
+LOGS = {"inprocess": "INFO", "inprocess.wrap": "DEBUG", "inprocess.verdict_sink": "DEBUG", "rasd": "INFO"}
 #: Local timeouts far beyond the mesh's: a hang restarted in time was restarted by a mesh verdict.
 SLOW_LOCAL = {"soft_timeout": 60, "hard_timeout": 90, "barrier_timeout": 200}
 

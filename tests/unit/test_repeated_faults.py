@@ -370,6 +370,23 @@ def test_a_training_that_says_nothing_of_its_progress_gets_the_larger_bound(monk
     assert [any(job.fail(raised())) for _ in range(3)] == [False, False, True]
 
 
+def test_a_silent_training_counts_an_exception_as_the_same_only_with_the_same_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reference's example raises at one line at random steps ("example fault at iteration=21"): with nothing
+    else to tell its progress by, each message is a new fault, and the job restarts as long as they change. The same
+    message every time (the same assertion before any step) still ends at ``SILENT_LIMIT``; a training that speaks
+    counts by type and place alone, whatever the message."""
+    monkeypatch.setattr("inprocess.repeated_faults._states", 0)
+    job = Job(speaks=False)
+    assert not any(any(job.fail(raised(f"example fault at iteration={step}"))) for step in range(3 * SILENT_LIMIT))
+    job = Job(speaks=False)
+    assert [any(job.fail(raised("same"))) for _ in range(SILENT_LIMIT)][-1]
+    monkeypatch.setattr("inprocess.repeated_faults._states", 1)
+    job = Job(speaks=False)
+    assert [any(job.fail(raised(f"at {step}"))) for step in range(3)] == [False, False, True]
+
+
 def test_a_stuck_communicator_is_the_same_fault_only_at_the_same_operation_with_the_same_rank_behind() -> None:
     """Every rank is named by a COMM_STUCK (behind or inside): the fault is the operation and who is behind it. A
     rank that wedges at random steps (a flaky data loader) is healed every time; a hang met at the same operation

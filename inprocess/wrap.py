@@ -129,7 +129,7 @@ class Wrapper(wrapper_settings.Settings):
         | None
         | repeated_faults_module._FromEnvironment = repeated_faults_module.FROM_ENVIRONMENT,
     ) -> None:
-        wrapper_settings.apply(self, dict(locals()))
+        wrapper_settings.apply(self, dict(locals()))  # the keyword arguments, by name (``self`` is not read)
         self._construct_restart_health_check()
 
     def _construct_restart_health_check(self) -> None:

@@ -23,15 +23,18 @@ from .effects import (
     HoldStuck,
     Hung,
     Left,
+    Notify,
     Outvoted,
     Recovered,
     ReleaseStuck,
     Suspect,
     Vouch,
 )
+from .events import Kind
 from .peers import Addr, PeerKey
 from .recent import Recent
 from .stuck import StuckVerdict
+from .witness import withheld
 
 if TYPE_CHECKING:
     from .view import World
@@ -98,7 +101,13 @@ class Floods:
                 return self.originate(wire.FloodKind.RECOVERED, subject, world.stamp(subject))
             if world.refuted(subject, msg.stamp):
                 return []  # a RECOVERED stamped well after this verdict came in first, by a faster path: old news
-            out.append(Hung(subject, "peer silent beyond the hang limit"))
+            # The origin last heard it a hang limit ago at least; the job's collectives since may prove it alive.
+            hang = world.timers.hang
+            moved, comm = world.training_moved(now - hang, now)
+            if moved:
+                out.append(Notify(Kind.PEER_UNRESPONSIVE, subject, withheld(hang, moved, comm)))
+            else:
+                out.append(Hung(subject, "peer silent beyond the hang limit"))
         elif msg.kind is wire.FloodKind.RECOVERED:
             out += [Recovered(subject), Vouch(subject, msg.stamp)]
         elif msg.kind is wire.FloodKind.HEARD:

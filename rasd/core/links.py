@@ -37,6 +37,7 @@ from .effects import (
 from .events import Kind
 from .liveness import REFUTE, UNSTAMPED, Contact, Observation, Rung, quiet_limit, step
 from .peers import Addr, PeerInfo, PeerKey
+from .witness import withheld
 
 if TYPE_CHECKING:
     from .view import World
@@ -378,6 +379,12 @@ class Links:
 
     def _hung(self, contact: Contact, seen: Observation, now: float) -> Effects:
         if not contact.hung:
+            # The job's own collectives may prove it alive though its RAS thread is silent (witness.py): then the
+            # silence counts again from now, and no verdict.
+            moved, comm = self.world.training_moved(max(contact.last_heard, contact.vouched), now)
+            if moved:
+                contact.vouch(now)
+                return [Notify(Kind.PEER_UNRESPONSIVE, contact.key, withheld(seen.silence, moved, comm))]
             contact.hung_since = now
         contact.hung = True
         contact.hung_refreshed = now

@@ -60,6 +60,7 @@ from .stuck import StuckVerdict
 from .suspicion import Suspicion
 from .sweeper import Sweeper
 from .verdicts import Verdicts
+from .witness import Witness
 from .work import DeclaredPhase, WorkMeter, WorkSample
 
 #: The drivers import the actions and the connection types from here, with the node (``from rasd.core import node``).
@@ -126,6 +127,7 @@ class Node:
         self.sweeper = Sweeper(self)
         self.reunion = Reunion(self)
         self.suspicion = Suspicion(self)
+        self.witness = Witness(lambda: self.local_data(), lambda: len(self.live_peers()))
         #: What a tick does, in this order.
         self._tick_steps: tuple[Callable[[float], Effects], ...] = (
             self.handshake.timeouts,
@@ -403,6 +405,7 @@ class Node:
 
     def _measure_work(self, now: float) -> Effects:
         self.work_meter.tick(now)
+        self.witness.tick(now)
         return []
 
     def work(self) -> Work | None:
@@ -472,6 +475,9 @@ class Node:
 
     def heard_within(self, key: PeerKey, window: float, now: float) -> bool:
         return self.links.heard_within(key, window, now)
+
+    def training_moved(self, silent_since: float, now: float) -> tuple[int, int | None]:
+        return self.witness.moved(silent_since, now)
 
     def still_silent(self, key: PeerKey, now: float) -> float | None:
         return self.links.still_silent(key, now)

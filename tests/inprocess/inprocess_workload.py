@@ -193,6 +193,12 @@ def inject(fault: dict, call_wrapper: inprocess.CallWrapper) -> None:
         block(fault["how"], fault.get("seconds", 300), call_wrapper.iteration)
     if kind == "report_stuck":  # in `delay` s, COMM_STUCK naming `behind`, as the rasd mesh reports it
         threading.Thread(target=report_stuck, args=(call_wrapper.iteration, fault), daemon=True).start()
+    if kind == "ras_silent":  # this process's RAS thread blocks for `seconds` while its training goes on
+        import rasd.api
+
+        runtime = rasd.api._runtime
+        assert runtime is not None, "no RAS node to silence"
+        runtime.call(lambda: time.sleep(fault["seconds"]))
     if kind == "user_signals":  # the user's SIGTERM and SIGINT handlers (scenario "user_handlers") still run
         send_user_signals("during")
 

@@ -220,3 +220,26 @@ def test_a_gil_holding_rank_is_left_behind_and_a_clean_exit_restarts_nobody(laun
         log = job.stderr(rank)
         assert re.search(rf"rasd: PEER_LEFT Process {pid} on node", log), log
         assert "external verdict PEER_HUNG [3]" not in log and "external verdict PEER_DEAD [3]" not in log, log
+
+
+def test_a_silent_ras_thread_of_a_rank_that_trains_on_restarts_nobody(launch):
+    """Rank 2's RAS thread blocks for 6 s (3 hang limits) while its training goes on: its keepalives stop, but the
+    all-reduces every rank completes need rank 2, so the job's collectives vouch for it (rasd/core/witness.py). The
+    others say so (PEER_UNRESPONSIVE, "its training runs, no verdict"), nobody is declared hung, nothing restarts,
+    and the job finishes."""
+    job = launch(
+        {
+            "steps": 150,
+            "env": MESH_ENV,
+            "log_levels": LOGS,
+            "wrapper": SLOW_LOCAL,
+            "faults": [{"iteration": 0, "rank": 2, "step": 10, "kind": "ras_silent", "seconds": 6}],
+        }
+    )
+    assert finish(job) == [0, 0, 0, 0], job.diagnostics()
+    for rank in range(4):
+        assert iterations(job, rank, "start") == [0], job.diagnostics()
+        assert iterations(job, rank, "done") == [0], job.diagnostics()
+    others = "".join(job.stderr(rank) for rank in (0, 1, 3))
+    assert "its training runs, no verdict" in others, job.diagnostics()
+    assert "PEER_HUNG" not in others, job.diagnostics()

@@ -50,6 +50,7 @@ ALLOWED_IMPORTS = frozenset(
         "auth",
         "frames",
         "fold",  # folded communicator ranks: values
+        "witness",  # the text of a verdict the job's collectives withheld
     }
 )
 #: Records of a concept's own state that it hands to its own private helpers.

@@ -11,12 +11,14 @@ from rasd.core.effects import (
     HoldStuck,
     Hung,
     Left,
+    Notify,
     Outvoted,
     Recovered,
     ReleaseStuck,
     Suspect,
     Vouch,
 )
+from rasd.core.events import Kind
 from rasd.core.floods import Floods
 from rasd.core.liveness import REFUTE
 from rasd.core.stuck import StuckVerdict
@@ -103,6 +105,20 @@ def test_hung_overtaken_by_a_fresher_recovered_is_old_news():
     assert f.on_flood(conn, unstamped, 1.0) == [
         Hung(P3.key, "peer silent beyond the hang limit"),
         Broadcast(unstamped, 7),
+    ]
+
+
+def test_hung_about_a_peer_whose_training_the_jobs_collectives_show_is_not_applied_but_passed_on():
+    world, f, conn = _floods()
+    world.moved = (3, None)
+    msg = _flood(K.HUNG, stamp=5.0)
+    assert f.on_flood(conn, msg, 50.0) == [
+        Notify(
+            Kind.PEER_UNRESPONSIVE,
+            P3.key,
+            "peer silent for 10s, but 3 collectives that need it completed here since: its training runs, no verdict",
+        ),
+        Broadcast(msg, 7),
     ]
 
 

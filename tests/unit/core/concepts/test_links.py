@@ -373,6 +373,27 @@ def test_the_hung_rung_floods_our_verdict_and_refreshes_it():
     assert c.hung_since == T.hang + 1
 
 
+def test_the_hung_rung_waits_while_the_jobs_collectives_vouch_for_the_peer():
+    """witness.py: collectives that need every process completed here since the peer went silent: its training runs,
+    so no verdict; the silence counts again from now, and without such work the next check flags it."""
+    world, links = _links(3)
+    c = _contact(links, 4, conn=7, delayed=True)
+    world.add_conn(7, P[4])
+    world.moved = (12, 0xBBF5)
+    (withheld,) = links.climb(T.hang + 1)
+    assert withheld == Notify(
+        Kind.PEER_UNRESPONSIVE,
+        P[4].key,
+        "peer silent for 11s, but 12 collectives that need it completed here since on communicator "
+        "000000000000bbf5: its training runs, no verdict",
+    )
+    assert not c.hung and c.vouched == T.hang + 1 and not links.holds_hung(P[4].key)
+    assert links.climb(2 * T.hang) == []  # silence counted from the vouch
+    world.moved = (0, None)  # the job's collectives stopped too
+    assert links.climb(2 * T.hang + 2)[0] == Hung(P[4].key, "peer silent for 22s")
+    assert c.hung
+
+
 def test_the_reset_rung_drops_a_silent_ready_connection():
     world, links = _links(3)
     c = _contact(links, 4, conn=7, delayed=True, hung=True, hung_refreshed=20.5, hung_since=11.0, heard=0.0)

@@ -82,6 +82,7 @@ class FakeWorld:
         self.recoveries: dict[PeerKey, float] = {}  # the freshest RECOVERED stamp about each process (refuted)
         self.heard_at: dict[Addr, float] = {}  # when we last had bytes from each address (heard_within)
         self.silent_since: dict[PeerKey, float] = {}  # linked processes -> last heard or vouched (still_silent)
+        self.moved: tuple[int, int | None] = (0, None)  # training_moved: what a test says the job's collectives show
         # --- sweeper.py, suspicion.py, reunion.py
         self.stuck: dict[int, StuckVerdict] = {}
         self.gathering = False
@@ -200,6 +201,10 @@ class FakeWorld:
     def heard_within(self, key: PeerKey, window: float, now: float) -> bool:
         at = self.heard_at.get(key.addr)
         return at is not None and self.table.is_current(key) and now - at <= window
+
+    def training_moved(self, silent_since: float, now: float) -> tuple[int, int | None]:
+        """witness.py's rule, as a test sets it: (collectives completed since, their communicator)."""
+        return self.moved
 
     def still_silent(self, key: PeerKey, now: float) -> float | None:
         """links.py's rule: how long a linked process has been silent, if past the dead limit."""

@@ -198,10 +198,14 @@ class AbortTorchDistributed(Abort):
     def __call__(self, state: FrozenState | None = None) -> FrozenState | None:
         import torch.distributed as dist
 
-        if not dist.is_available() or not dist.is_initialized():
+        if not dist.is_available():
+            return state
+        from torch.distributed import distributed_c10d
+
+        if not dist.is_initialized():
+            forget_unfinished_init(distributed_c10d)
             return state
         self.collect_fr_trace(state)
-        from torch.distributed import distributed_c10d
 
         groups = list(distributed_c10d._world.pg_map.items())
         backends = {str(backend).lower() for _, (backend, _) in groups}
@@ -229,6 +233,22 @@ class AbortTorchDistributed(Abort):
             group.abort()
         except Exception:
             log.warning("aborting a process group failed", exc_info=True)
+
+
+def forget_unfinished_init(distributed_c10d: Any) -> None:
+    """Reset the count torch names new process groups by, as ``destroy_process_group()`` does when it destroys the
+    default group, when there is no default group to destroy: an ``init_process_group`` that the restart interrupted
+    (its peers never came: one rank raised before its own) has already taken a name. Left counted, this rank would
+    name the next iteration's group "1" while a rank whose init never started names it "0", and their keys in the
+    store would never meet: every rank waits in ``init_process_group`` until a timeout (the chaos matrix's
+    ``init exception`` cell, 97 s).
+    """
+    world = getattr(distributed_c10d, "_world", None)
+    if world is not None and getattr(world, "group_count", 0):
+        log.debug(
+            "an unfinished init_process_group had named %d process group(s): counted from 0 again", world.group_count
+        )
+        world.group_count = 0
 
 
 class AbortTransformerEngine(Abort):

@@ -347,6 +347,8 @@ def main() -> None:
     def train(call_wrapper: inprocess.CallWrapper, sizes: tuple[int, ...] = (1,), note: str = "") -> int:
         iteration = call_wrapper.iteration
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        for fault in faults_now(call, iteration, "init"):  # "step": "init": before this rank's init_process_group
+            inject(fault, call_wrapper)
         dist.init_process_group(
             "gloo",
             store=call_wrapper.store if user_store else dist.PrefixStore(f"call{call}pg{iteration}", app_store),

@@ -244,7 +244,7 @@ def forget_unfinished_init(distributed_c10d: Any) -> None:
     ``init exception`` cell, 97 s).
     """
     world = getattr(distributed_c10d, "_world", None)
-    if world is not None and getattr(world, "group_count", 0):
+    if world is not None and world.group_count:
         log.debug(
             "an unfinished init_process_group had named %d process group(s): counted from 0 again", world.group_count
         )

@@ -285,10 +285,13 @@ class ShardedState(StepProgress):
         group = self._group
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         mine = self._holding(choice.version)
-        source = min(r for r, offer in enumerate(offers) if choice.version in offer["values"])
-        header = [mine.metadata if mine is not None and rank == source else None]
-        dist.broadcast_object_list(header, src=_global(group, source), group=group)
-        metadata = header[0]
+        holders = [r for r, offer in enumerate(offers) if choice.version in offer["values"]]
+        if len(holders) == world and mine is not None:
+            metadata = mine.metadata  # every rank has the commit's metadata (dcp.save returns it to all of them)
+        else:  # a newcomer, or a rank that lost the commit: the metadata comes from the first rank that holds it
+            header = [mine.metadata if mine is not None and rank == holders[0] else None]
+            dist.broadcast_object_list(header, src=_global(group, holders[0]), group=group)
+            metadata = header[0]
         assert isinstance(metadata, Metadata), "the source rank holds the chosen commit"
         planner = DefaultLoadPlanner()
         planner.set_up_planner(state_dict, metadata, rank == 0)

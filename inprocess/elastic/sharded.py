@@ -286,7 +286,9 @@ class ShardedState(StepProgress):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         mine = self._holding(choice.version)
         holders = [r for r, offer in enumerate(offers) if choice.version in offer["values"]]
-        if len(holders) == world and mine is not None:
+        metadata: Metadata | None
+        if len(holders) == world:  # the same answer on every rank (the offers are gathered): a collective's branch
+            assert mine is not None, "this rank offered the chosen commit"
             metadata = mine.metadata  # every rank has the commit's metadata (dcp.save returns it to all of them)
         else:  # a newcomer, or a rank that lost the commit: the metadata comes from the first rank that holds it
             header = [mine.metadata if mine is not None and rank == holders[0] else None]

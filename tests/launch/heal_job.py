@@ -14,7 +14,8 @@ Test and benchmark devices, not part of what a user writes:
 * ``--kill R:S``: the worker started as rank R kills itself (SIGKILL) before step S; a replacement never does;
 * ``--die L``: every replacement of local rank L kills itself as soon as it starts (a worker that keeps dying);
 * ``--die-at-start L``: the first worker of local rank L kills itself once torch is imported, before the Wrapper
-  starts (a worker lost at start-up); ``--die-in-init L``: it kills itself in iteration 0, right before
+  starts (a worker lost at start-up); ``--stall-at-start L``: it blocks there instead, idle in one
+  ``time.sleep`` (a worker stuck at start-up); ``--die-in-init L``: it kills itself in iteration 0, right before
   ``init_process_group`` (lost during the first rendezvous); ``--stop R:S``: the worker started as rank R stops
   itself (SIGSTOP, a hang) before step S. Only in the group's first start (``TORCHELASTIC_RESTART_COUNT`` 0), never
   in a replacement;
@@ -48,6 +49,7 @@ def main() -> int:
     ap.add_argument("--kill", default="", help="RANK:STEP")
     ap.add_argument("--die", type=int, default=None, help="LOCAL_RANK whose replacements die at once")
     ap.add_argument("--die-at-start", type=int, default=None, help="LOCAL_RANK that dies after importing torch")
+    ap.add_argument("--stall-at-start", type=int, default=None, help="LOCAL_RANK that blocks after importing torch")
     ap.add_argument("--die-in-init", type=int, default=None, help="LOCAL_RANK that dies before init_process_group")
     ap.add_argument("--stop", default="", help="RANK:STEP")
     ap.add_argument("--wrapper", choices=("torchras", "nvrx", "none"), default="torchras")
@@ -74,6 +76,9 @@ def main() -> int:
     if first and args.die_at_start == local_rank:
         record("killing", reason="die-at-start")
         os.kill(os.getpid(), signal.SIGKILL)
+    if first and args.stall_at_start == local_rank:
+        record("stalling", reason="stall-at-start")
+        time.sleep(3600)  # blocked idle in one call
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -74,11 +74,15 @@ def test_a_worker_killed_two_seconds_after_the_launch_still_ends_in_a_job_that_t
     assert not [line for line in launch.lines() if "not respawned" in line], launch.tail()
 
 
-def test_a_worker_lost_before_the_wrapper_starts_restarts_the_group(tmp_path: Path) -> None:
-    """Killed after importing torch, before its Wrapper starts: the others wait in the start-up barrier for it, so
-    the group restarts (TORCHELASTIC_RESTART_COUNT 1), each worker an initial member again, none a newcomer."""
-    launch, out = _launch(tmp_path, "--die-at-start", "1", "--steps", "10")
+def test_a_worker_stuck_before_the_wrapper_starts_is_killed_and_the_group_restarts(tmp_path: Path) -> None:
+    """Blocked idle in one call after importing torch, before its Wrapper starts, where no RAS node watches it: the
+    others wait in the start-up barrier for it, so the launcher kills it once it has been idle (no CPU, no byte read
+    or written) for 30 s with another worker in the barrier, and, lost at start-up, the group restarts
+    (TORCHELASTIC_RESTART_COUNT 1), each worker an initial member again, none a newcomer. (A kill -9 at start-up:
+    the test above; the rule for a stopped worker: tests/launch/test_launch_units.py.)"""
+    launch, out = _launch(tmp_path, "--stall-at-start", "1", "--steps", "10")
     try:
+        launch.wait_for(r"worker 1 \(pid \d+, rank 1\) has used no CPU and read or written nothing for 3\d s", 180)
         launch.wait_for(r"worker 1 \(pid \d+, rank 1\) ended: killed by SIGKILL.*before the job", 120)
         launch.wait_for(r"the group restarts \(1 of 3\)", 120)
         launch.wait_for(r"the group started again \(attempt 1\)", 120)

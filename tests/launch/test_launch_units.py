@@ -480,6 +480,50 @@ def test_a_worker_lost_before_the_first_round_restarts_the_group_only_under_the_
     assert startup.classify(wrapper_built=False, others_alive=False, deadline_passed=False) is verdict.PLAIN
 
 
+def test_a_worker_stuck_before_the_start_up_barrier_is_stopped_long_enough_or_idle_while_others_wait() -> None:
+    """``startup.stuck``: stopped (SIGSTOP) for STOPPED_S whatever the others do; idle (no CPU, no byte) for IDLE_S
+    only while another worker already waits in the start-up barrier (before that, everyone may still import)."""
+    assert startup.stuck(stopped_for=startup.STOPPED_S, idle_for=0.0, others_wait=False) == (
+        "has been stopped (SIGSTOP) for 10 s"
+    )
+    assert startup.stuck(stopped_for=startup.STOPPED_S - 0.1, idle_for=0.0, others_wait=True) is None
+    assert startup.stuck(stopped_for=0.0, idle_for=startup.IDLE_S, others_wait=False) is None
+    idle = startup.stuck(stopped_for=0.0, idle_for=startup.IDLE_S, others_wait=True)
+    assert idle is not None and idle.startswith("has used no CPU and read or written nothing for 30 s"), idle
+    assert startup.stuck(stopped_for=0.0, idle_for=startup.IDLE_S - 0.1, others_wait=True) is None
+
+
+def test_a_worker_is_seen_stopped_and_idle_and_a_busy_one_is_not() -> None:
+    """``Worker.observe`` on real children: a stopped one is stopped and idle; a sleeping one is idle; one that
+    computes or writes is active whenever it is read."""
+    import subprocess
+    import sys
+    import time
+
+    def child(code: str) -> workers.Worker:
+        process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+        return workers.Worker(process, {}, newcomer=False, started=time.time())
+
+    sleeper, busy = child("import time; time.sleep(60)"), child("while True: print('x', flush=True)")
+    try:
+        time.sleep(1.0)  # both started Python
+        for worker in (sleeper, busy):
+            worker.observe(0.0)
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        for worker in (sleeper, busy):
+            worker.observe(5.0)
+        assert sleeper.stopped_for(15.0) == 10.0 and sleeper.idle_for(15.0) == 15.0
+        assert busy.stopped_for(15.0) == 0.0 and busy.idle_for(15.0) == 10.0  # active at the last reading, t = 5
+        os.kill(sleeper.pid, signal.SIGCONT)
+        sleeper.observe(20.0)
+        assert sleeper.stopped_for(25.0) == 0.0
+    finally:
+        for worker in (sleeper, busy):
+            worker.process.kill()
+            worker.process.wait()
+
+
 def test_a_replacement_that_timed_out_waiting_to_join_is_not_respawned() -> None:
     common = dict(respawns_done=0, max_respawns=3, respawn_backoff=1.0, stopping=False, refused=False, heals=True)
     assert workers.decide(1, completed=False, **common).respawn

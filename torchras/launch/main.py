@@ -160,6 +160,7 @@ class Launcher:
                 self._read_announcements()
                 self._read_verdicts()
                 self._settle_startup_losses()
+                self._kill_stuck_before_start()
                 self._check_members()
                 self._respawn_due()
                 self._flush_partial_lines()
@@ -562,6 +563,42 @@ class Launcher:
             startup.VERDICT_S,
         )
         return True
+
+    def _kill_stuck_before_start(self) -> None:
+        """A worker stuck before the job's first round (stopped, or idle while others wait in the start-up barrier:
+        ``startup.stuck``) is killed: a start-up loss (``torchras.launch.startup``), instead of a 2-minute wait of
+        the others in the barrier."""
+        if self.job_started or self.stopping is not None or self.gave_up is not None or self.ending is not None:
+            return
+        now = time.monotonic()
+        waiting = {w.pid for slot in self.slots if slot.alive and (w := slot.worker) and w.pid in self.wrapper_pids}
+        for slot in self.slots:
+            worker = slot.worker
+            if worker is None or not slot.alive or worker.newcomer or worker.by_launcher:
+                continue
+            if worker.pid in self.wrapper_pids:
+                continue  # in the barrier, or past it
+            worker.observe(now)
+            why = startup.stuck(
+                stopped_for=worker.stopped_for(now),
+                idle_for=worker.idle_for(now),
+                others_wait=bool(waiting - {worker.pid}),
+            )
+            if why is None:
+                continue
+            log.warning(
+                "worker %s (pid %s, rank %s) %s, before the job's first round, where no RAS node watches it yet: "
+                "killing it",
+                slot.local_rank,
+                worker.pid,
+                slot.rank,
+                why,
+            )
+            worker.forget_activity()
+            try:
+                os.kill(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _settle_startup_losses(self) -> None:
         """The pending verdicts of start-up losses, once the workers said what they run (or could not)."""

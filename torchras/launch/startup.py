@@ -21,6 +21,13 @@ Wrapper does when its call starts, before its barrier) on one node, with respawn
 script keeps torchrun's ``--max-restarts 0`` semantics (the others go on: the script's own lookout); on several
 nodes one launcher cannot restart the other nodes' workers, so a start-up loss there is not healed (docs).
 
+A worker stuck at start-up. Before the job's first round no RAS node watches a worker, and the others wait for it
+in the Wrapper's start-up barrier until its timeout (120 s). So the launcher kills (``stuck``) a worker stopped by a
+signal (SIGSTOP, the state ``T``; not a debugger's tracing stop) for ``STOPPED_S``, and one that is idle (no CPU time,
+no byte read or written, ``IDLE_S``) while another worker already waits in the barrier: its loss is then a start-up
+loss like any other. From the first round on, such a worker is the mesh's (PEER_HUNG for a stopped one, COMM_STUCK
+for an idle one: the Wrapper restarts without it, and the launcher replaces it).
+
 Waiting for the verdict. A worker killed while it imports torch dies before any worker has said whether it runs the
 Wrapper. The launcher then waits, at most ``VERDICT_S`` seconds, for another worker of the node to say so; it
 decides at once when the others have all ended (nobody is left to say it). The verdict ``classify`` returns:
@@ -45,6 +52,27 @@ import os
 
 #: How long the launcher waits for the workers to say whether they run inprocess.Wrapper after a start-up loss.
 VERDICT_S = float(os.environ.get("TORCHRAS_LAUNCH_STARTUP_VERDICT_S", "60"))
+#: A worker stopped (SIGSTOP) this long before the job's first round is killed, which makes it a start-up loss: it
+#: has no RAS node yet for the mesh to find it hung (the mesh's hang limit is as long), and the others would wait
+#: for it in the Wrapper's start-up barrier until its timeout (120 s), then fail.
+STOPPED_S = 10.0
+#: A worker that has not reached the start-up barrier, and has used no CPU time and read or written no byte (files,
+#: pipes, sockets) for this long while another worker waits in the barrier, is stuck: killed, a start-up loss. A
+#: worker that imports, loads, downloads or computes moves one of those; one blocked idle in a call (a sleep, a
+#: lock, a read that gets nothing) moves none, as the mesh's idle rule reads a rank behind (docs/architecture.md 4.2).
+IDLE_S = 30.0
+
+
+def stuck(*, stopped_for: float, idle_for: float, others_wait: bool) -> str | None:
+    """Why a worker that has not reached the Wrapper's start-up barrier is stuck there, or None."""
+    if stopped_for >= STOPPED_S:
+        return f"has been stopped (SIGSTOP) for {stopped_for:.0f} s"
+    if others_wait and idle_for >= IDLE_S:
+        return (
+            f"has used no CPU and read or written nothing for {idle_for:.0f} s while the others wait for it in the "
+            "Wrapper's start-up barrier"
+        )
+    return None
 
 
 class Verdict(enum.Enum):

@@ -158,6 +158,31 @@ class Worker:
         #: The launcher ended it because the job's latest iteration trains without it (a hung worker the Wrapper
         #: excluded): it is respawned however it ends, a clean exit included (a hung rank that resumes leaves with 0).
         self.excluded = False
+        #: What the launcher saw of it before the job's first round (``observe``; ``torchras.launch.startup``): since
+        #: when it has been stopped (SIGSTOP), its CPU seconds and bytes read and written, and since when those stand.
+        self.stopped_since: float | None = None
+        self.activity: tuple[float, int] | None = None
+        self.active_at = 0.0
+
+    def observe(self, now: float) -> None:
+        """Read its state and activity (``observed``): when it changed last, and since when it is stopped."""
+        stopped, activity = observed(self.pid)
+        if not stopped:
+            self.stopped_since = None
+        elif self.stopped_since is None:
+            self.stopped_since = now
+        if activity is None or activity != self.activity:
+            self.activity = activity
+            self.active_at = now
+
+    def stopped_for(self, now: float) -> float:
+        return 0.0 if self.stopped_since is None else now - self.stopped_since
+
+    def idle_for(self, now: float) -> float:
+        return 0.0 if self.activity is None else now - self.active_at
+
+    def forget_activity(self) -> None:
+        self.stopped_since, self.activity, self.active_at = None, None, time.monotonic()
 
     @property
     def waiting_to_join(self) -> bool:
@@ -264,3 +289,21 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def observed(pid: int) -> tuple[bool, tuple[float, int] | None]:
+    """Whether the process is stopped by a signal (SIGSTOP, SIGTSTP: state ``T``; not traced by a debugger), and
+    what it has done so far: CPU seconds (user and system) and bytes read and written through any descriptor
+    (``read_chars``, ``write_chars``: files, pipes and sockets alike). ``(False, None)`` when it cannot be read."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            stopped = process.status() == psutil.STATUS_STOPPED
+            cpu = process.cpu_times()
+            io = process.io_counters()
+        chars = int(getattr(io, "read_chars", io.read_bytes)) + int(getattr(io, "write_chars", io.write_bytes))
+        return stopped, (cpu.user + cpu.system, chars)
+    except (psutil.Error, OSError):
+        return False, None

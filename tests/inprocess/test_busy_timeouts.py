@@ -7,7 +7,8 @@ checked, against nvidia-resiliency-ext's soft timeout, which restarts a checkpoi
 
 * a rank that works (a ``torch.save`` loop, then a CPU loop) long past its soft and hard timeouts is neither
   restarted nor killed, and is restarted once its time without progress passes the busy limit;
-* a rank idle in ``time.sleep`` still soft-times-out (restarted by the wake signal) and then hard-times-out;
+* (a rank idle in ``time.sleep`` still soft-times-out and then hard-times-out: tests/inprocess/test_hard_timeout.py,
+  nvidia-resiliency-ext's ``TestHard.test_sleep``);
 * two ranks, rank 0 writing while rank 1 waits idle in ``dist.barrier()`` (the mesh holds the barrier SLOW): no
   restart, no kill; the job completes.
 
@@ -173,24 +174,6 @@ def test_a_working_rank_outlives_its_timeouts_and_is_restarted_past_the_busy_lim
         log = job.monitor_log(0)
         assert log.count("soft timeout postponed: rank 0's process is working (CPU or I/O), not hung") == 1, log
         assert "soft timeout in iteration 0" in log and "hard timeout in iteration" not in log, log
-        job.assert_nothing_left()
-    finally:
-        job.kill()
-
-
-def test_an_idle_rank_still_soft_and_hard_times_out(jobs) -> None:
-    """A rank asleep in ``time.sleep`` has no excuse: its soft timeout restarts it (the wake signal takes it out of
-    the sleep), it sleeps again, and its hard timeout ends it with SIGTERM, long before the busy limit (60 s)."""
-    job = jobs({0: [["sleep", 300]]}, soft=2, hard=4, repeat=True, TORCHRAS_BUSY_LIMIT="60")
-    try:
-        codes = job.wait()
-        report = f"exit codes {codes}\n{job.diagnostics()}"
-        assert codes == [-15], report
-        starts = job.events(0, "start")
-        assert [event["iteration"] for event in starts] == [0, 1], report
-        assert starts[1]["time"] - starts[0]["time"] < 30, report  # the soft timeout, not the busy limit
-        log = job.monitor_log(0)
-        assert "soft timeout in iteration 0" in log and "hard timeout in iteration 1" in log, log
         job.assert_nothing_left()
     finally:
         job.kill()

@@ -6,7 +6,9 @@ over. There a sleeping rank cannot receive the restart, so the hard timeout kill
 out of ``time.sleep`` at the soft timeout (docs/inprocess.md section 2.1), and the function sleeps again in the next
 iteration: it restarted for ever (issue 38). The monitor process now counts the time without progress across the
 restarts its own soft timeouts caused, so the hard timeout ends it as the reference's does; and nothing of the call
-is left: its monitor process exits with it, the store server when its linger is over.
+is left: its monitor process exits with it, the store server when its linger is over. The busy rule (on by
+default: a rank that works outlives its timeouts, tests/inprocess/test_busy_timeouts.py) shields no idle rank: the
+sleeping one restarts at its soft timeout and ends at its hard timeout.
 
 The reference asserts the time too (less than half the sleep); a wall-clock bound on this shared machine would
 fail on load, so the sleep here is 300 s: a process that the hard timeout did not end is still asleep at the

@@ -26,10 +26,12 @@ JOB = str(HERE / "heal_job.py")
 FAST = {"TORCHRAS_TIMEOUT_FACTOR": "0.3"}  # the mesh's verdicts sooner (a hang in ~3 s)
 
 
-def _launch(tmp_path: Path, *argv: str, nproc: int = 4) -> tuple[Launch, Path]:
+def _launch(tmp_path: Path, *argv: str, nproc: int = 4, env: dict | None = None) -> tuple[Launch, Path]:
     out = tmp_path / "out"
     out.mkdir()
-    launch = Launch(tmp_path, "--nproc-per-node", str(nproc), JOB, "--out", str(out), *argv, env=FAST)
+    launch = Launch(
+        tmp_path, "--nproc-per-node", str(nproc), JOB, "--out", str(out), *argv, env={**FAST, **(env or {})}
+    )
     return launch, out
 
 
@@ -77,12 +79,14 @@ def test_a_worker_killed_two_seconds_after_the_launch_still_ends_in_a_job_that_t
 def test_a_worker_stuck_before_the_wrapper_starts_is_killed_and_the_group_restarts(tmp_path: Path) -> None:
     """Blocked idle in one call after importing torch, before its Wrapper starts, where no RAS node watches it: the
     others wait in the start-up barrier for it, so the launcher kills it once it has been idle (no CPU, no byte read
-    or written) for 30 s with another worker in the barrier, and, lost at start-up, the group restarts
+    or written; 30 s by default, 8 s here) with another worker in the barrier, and, lost at start-up, the group restarts
     (TORCHELASTIC_RESTART_COUNT 1), each worker an initial member again, none a newcomer. (A kill -9 at start-up:
     the test above; the rule for a stopped worker: tests/launch/test_launch_units.py.)"""
-    launch, out = _launch(tmp_path, "--stall-at-start", "1", "--steps", "10")
+    launch, out = _launch(
+        tmp_path, "--stall-at-start", "1", "--steps", "10", env={"TORCHRAS_LAUNCH_STARTUP_IDLE_S": "8"}
+    )
     try:
-        launch.wait_for(r"worker 1 \(pid \d+, rank 1\) has used no CPU and read or written nothing for 3\d s", 180)
+        launch.wait_for(r"worker 1 \(pid \d+, rank 1\) has used no CPU and read or written nothing for \d+ s", 180)
         launch.wait_for(r"worker 1 \(pid \d+, rank 1\) ended: killed by SIGKILL.*before the job", 120)
         launch.wait_for(r"the group restarts \(1 of 3\)", 120)
         launch.wait_for(r"the group started again \(attempt 1\)", 120)
@@ -134,6 +138,9 @@ def test_sigterm_to_the_launcher_while_the_job_restarts_ends_everything(tmp_path
 
 
 def test_a_second_kill_while_the_replacement_joins_is_healed_too(tmp_path: Path) -> None:
+    """kill -9 of rank 0 at step 6: the three others train on at once from their last commit, a replacement starts;
+    rank 3 is killed while it waits to be admitted; both replacements are admitted at commits and get the model
+    from the others' memory (no checkpoint is read), and the job finishes at 4 ranks with identical weights."""
     launch, out = _launch(tmp_path, "--kill", "0:6", "--steps", "20")
     try:
         (line,) = launch.wait_for(r"worker 0 respawned: pid \d+", 240)
@@ -145,5 +152,13 @@ def test_a_second_kill_while_the_replacement_joins_is_healed_too(tmp_path: Path)
     finally:
         launch.close()
     launch.assert_nothing_left()
-    done_pids = {r["pid"] for r in records(out) if r["event"] == "done"}
-    assert replacement in done_pids
+    written = records(out)
+    assert replacement in {r["pid"] for r in written if r["event"] == "done"}
+    for iteration in {r["iteration"] for r in written if r["event"] == "synced"}:
+        synced = [r for r in written if r["event"] == "synced" and r["iteration"] == iteration]
+        assert len({r["hash"] for r in synced}) == 1, synced  # every iteration starts from one model
+    (admitted,) = [r for r in written if r["event"] == "synced" and r["pid"] == replacement]
+    assert admitted["step"] > 0, admitted  # the others' memory, not step 0
+    assert not [r for r in written if r["event"] == "loaded"]  # no checkpoint
+    assert [r for r in written if r["event"] == "synced" and r["world"] < 4], written  # the survivors trained on
+    assert re.search(r"the job trains at [23] rank\(s\) now", "\n".join(launch.lines())), launch.tail()

@@ -23,41 +23,6 @@ pytestmark = pytest.mark.slow
 JOB = str(HERE / "heal_job.py")
 
 
-def test_a_killed_worker_is_respawned_and_joins_the_world_back_at_full_size(tmp_path: Path) -> None:
-    """kill -9 of rank 0 at step 8: the three others train on at once, a replacement starts, is admitted at a commit
-    and gets the model from their memory; the job finishes at 4 ranks with identical weights, no checkpoint read."""
-    out = tmp_path / "out"
-    out.mkdir()
-    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), "--kill", "0:8", "--steps", "30"]
-    launch = Launch(tmp_path, *argv)
-    try:
-        launch.wait_for(r"worker 0 \(pid \d+, rank 0\) ended: killed by SIGKILL; respawning it \(1 of 3\)", 240)
-        launch.wait_for(r"worker 0 respawned: pid \d+; it joins the running job", 60)
-        joined = launch.wait_for(r"worker 0 \(pid \d+\) joined the job as rank 3 of 4", 240)
-        replacement = int(joined[0].split("pid ")[1].split(")")[0])
-        # 5 steps at full size after the admission, then the job may end.
-        launch.wait_for_records(out, lambda r: r["event"] == "step" and r["pid"] == replacement, 5, 120)
-        (out / "finish").touch()
-        assert launch.wait(180) == 0, launch.tail()
-    finally:
-        launch.close()
-    written = records(out)
-    done = [r for r in written if r["event"] == "done"]
-    assert len(done) == 4 and {r["world"] for r in done} == {4}, done
-    assert len({r["hash"] for r in done}) == 1, done  # the same model bytes on every rank
-    assert replacement in {r["pid"] for r in done}
-    shrunk = [r for r in written if r["event"] == "synced" and r["world"] == 3]
-    assert len(shrunk) == 3 and len({r["hash"] for r in shrunk}) == 1  # the survivors, from their last commit
-    (admitted,) = [r for r in written if r["event"] == "synced" and r["pid"] == replacement]
-    others = [r for r in written if r["event"] == "synced" and r["iteration"] == admitted["iteration"]]
-    assert len(others) == 4 and admitted["step"] > 0 and {r["hash"] for r in others} == {admitted["hash"]}
-    assert not [r for r in written if r["event"] == "loaded"]  # no checkpoint
-    lines = launch.lines()
-    assert any("the job trains at 3 rank(s) now" in line for line in lines), lines
-    assert any("the job trains at 4 rank(s) now" in line for line in lines), lines
-    assert lines[-1].endswith("the job finished (4 worker(s) completed): status 0"), lines
-
-
 def test_a_worker_that_keeps_dying_is_respawned_max_respawns_times_and_the_job_goes_on_smaller(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

@@ -60,7 +60,7 @@ STOPPED_S = 10.0
 #: pipes, sockets) for this long while another worker waits in the barrier, is stuck: killed, a start-up loss. A
 #: worker that imports, loads, downloads or computes moves one of those; one blocked idle in a call (a sleep, a
 #: lock, a read that gets nothing) moves none, as the mesh's idle rule reads a rank behind (docs/architecture.md 4.2).
-IDLE_S = 30.0
+IDLE_S = float(os.environ.get("TORCHRAS_LAUNCH_STARTUP_IDLE_S", "30"))
 
 
 def stuck(*, stopped_for: float, idle_for: float, others_wait: bool) -> str | None:

@@ -43,9 +43,12 @@ A cell that does not apply is listed as n/a with the reason (``not_applicable``)
     CLEAR_FAILURE      non-zero status and a line that names the cause (the launcher's account, a traceback)
     UNCLEAR_FAILURE    non-zero status and nothing in the output's last lines that names a cause
     HANG               still running at the bound (``--hang-bound``, 180 s after the launch)
-    LOOP               more than ``--loop-bound`` (10) restarts or injections of the fault
-    WRONG_STATUS       status 0 but the training did not finish, or non-zero though it finished (a SIGTERM is
-                       the exception: a stopped job may say so with its status)
+    LOOP               more than ``--loop-bound`` (10) restarts, or injections of the fault, in a row with no new
+                       step trained between two of them (a restart that resumes and trains further is progress,
+                       as the Wrapper's give-up rule counts it: inprocess/repeated_faults.py)
+    WRONG_STATUS       status 0 but the training did not finish, or non-zero though it finished (two exceptions:
+                       a job stopped by SIGTERM may say so with its status, and one whose function raises the
+                       same exception every time it ends, after its last step, never completed its work)
     NO_FAULT           status 0 and finished, but the fault's moment never came (the run does not count)
 
 Then every process of the job still alive ``--linger`` (15 s: the store server's documented linger is 10 s) after
@@ -410,7 +413,9 @@ class Observed:
     fault_seen: bool
     cause: str | None  # the line that names the cause of a failure, if one does
     stopped: bool = False  # the fault was a SIGTERM to the launcher
+    repeated: bool = False  # the fault was the same exception every time (the function never ends well there)
     looped: bool = False  # the harness ended the run at the loop bound
+    stalled: int = 0  # the most restarts (or injections) in a row with no new step between them (``stalled_restarts``)
 
 
 def observe_lines(lines: list[str], steps: int) -> tuple[int | None, int | None, int, int, str | None]:
@@ -432,6 +437,24 @@ def observe_lines(lines: list[str], steps: int) -> tuple[int | None, int | None,
     return last_step, last_world, highest, injections, failure_cause(lines)
 
 
+def stalled_restarts(lines: list[str]) -> int:
+    """The most restarts, or injections of the fault (whichever gives more), in a row with no new highest step
+    trained between two of them: a loop, as opposed to a fault that costs each iteration its end but lets the job
+    train on."""
+    best = 0
+    for marks in (RESTART, FAULT_LINE):
+        run, highest, at_last = 0, -1, -2
+        for line in lines:
+            found = PROGRESS.search(line)
+            if found:
+                highest = max(highest, int(found.group("step")))
+            if marks.search(line):
+                run = run + 1 if highest <= at_last else 1
+                at_last = highest
+                best = max(best, run)
+    return best
+
+
 def failure_cause(lines: list[str]) -> str | None:
     """The last line among the output's last ``CAUSE_TAIL`` that names a cause, stripped; None if none does."""
     for line in reversed(lines[-CAUSE_TAIL:]):
@@ -442,7 +465,7 @@ def failure_cause(lines: list[str]) -> str | None:
 
 def classify(seen: Observed, steps: int, world: int = WORLD, loop_bound: int = LOOP_BOUND) -> str:
     """One run's outcome (the module's docstring lists them)."""
-    if seen.looped or seen.restarts > loop_bound:
+    if seen.looped or seen.stalled > loop_bound:
         return "LOOP"
     if seen.status is None:
         return "HANG"
@@ -453,7 +476,7 @@ def classify(seen: Observed, steps: int, world: int = WORLD, loop_bound: int = L
         if not seen.fault_seen:
             return "NO_FAULT"
         return "RECOVERED_FULL" if seen.last_world == world else "RECOVERED_SMALLER"
-    if finished and not seen.stopped:
+    if finished and not seen.stopped and not seen.repeated:
         return "WRONG_STATUS"
     return "CLEAR_FAILURE" if seen.cause else "UNCLEAR_FAILURE"
 
@@ -634,8 +657,7 @@ def run_once(cell: Cell, index: int, folder: Path, hang_s: float, loop_bound: in
                 if seen_at is not None and now >= seen_at + EXTERNAL_DELAY_S[cell.phase]:
                     fault_at, note = signal_fault(job, cell)
             lines = [line for _, line in job.output()]
-            _, _, highest, injections, _ = observe_lines(lines, cell.steps)
-            if max(highest, injections) > loop_bound:
+            if stalled_restarts(lines) > loop_bound:
                 looped = True
                 break
             if job.process.poll() is not None or now - job.started > hang_s:
@@ -665,7 +687,9 @@ def run_once(cell: Cell, index: int, folder: Path, hang_s: float, loop_bound: in
         fault_seen=fault_at is not None,
         cause=cause if status is not None else None,
         stopped=cell.fault == "sigterm",
+        repeated=cell.fault == "repeat",
         looped=looped,
+        stalled=stalled_restarts(lines),
     )
     outcome = classify(seen, cell.steps, loop_bound=loop_bound)
     return Run(
@@ -777,6 +801,14 @@ def main() -> None:
     parser.add_argument("--hang-bound", type=float, default=HANG_S, help="seconds from the launch to HANG")
     parser.add_argument("--loop-bound", type=int, default=LOOP_BOUND, help="restarts past which a run is a LOOP")
     parser.add_argument("--linger", type=float, default=LINGER_S, help="seconds a process may outlive its job")
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        type=Path,
+        metavar="FOLDER",
+        help="run nothing: the table of earlier runs (their runs.jsonl); a cell run in a later folder replaces its "
+        "runs of the earlier ones (a rerun on newer code)",
+    )
     args = parser.parse_args()
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     cells = matrix()
@@ -786,6 +818,9 @@ def main() -> None:
         cells = selected(cells, args.only)
     except ValueError as error:
         parser.error(str(error))
+    if args.report:
+        print(json.dumps(report(cells, earlier_runs(args.report), 0.0)))
+        return
     sys.path.insert(0, str(Path(__file__).parent))
     started_at = datetime.datetime.now(datetime.timezone.utc)
     folder = OUTPUT / started_at.strftime("%Y%m%d-%H%M%S")
@@ -820,6 +855,20 @@ def main() -> None:
     figures = report(cells, runs, time.monotonic() - started)
     figures["started"] = started_at.strftime("%Y-%m-%d %H:%M:%S UTC")
     print(json.dumps(figures))
+
+
+def earlier_runs(folders: list[Path]) -> dict[str, list[Run]]:
+    """The runs recorded in each folder's runs.jsonl, by cell; a cell's runs in a later folder replace its runs in
+    the earlier ones."""
+    runs: dict[str, list[Run]] = {}
+    for folder in folders:
+        found: dict[str, list[Run]] = {}
+        path = folder / "runs.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            run = Run(**json.loads(line))
+            found.setdefault(run.cell, []).append(run)
+        runs.update(found)
+    return runs
 
 
 def run_all(plan: list[tuple[Cell, int]], one: Callable[[Cell, int], Run], jobs: int) -> None:

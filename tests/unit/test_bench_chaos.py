@@ -66,9 +66,15 @@ def test_still_running_at_the_bound_is_a_hang(bench):
     assert bench.classify(seen(bench, status=None, last_step=20), STEPS) == "HANG"
 
 
-def test_restarts_past_the_bound_are_a_loop_whatever_the_status(bench):
-    assert bench.classify(seen(bench, restarts=11), STEPS, loop_bound=10) == "LOOP"
-    assert bench.classify(seen(bench, restarts=10), STEPS, loop_bound=10) == "RECOVERED_FULL"
+def test_a_function_that_raises_at_every_end_fails_rightly_after_its_last_step(bench):
+    facts = dict(status=1, cause="rasd launch: ... the job gave up (...): status 1")
+    assert bench.classify(seen(bench, **facts), STEPS) == "WRONG_STATUS"  # a fault healed: 0 was due
+    assert bench.classify(seen(bench, **facts, repeated=True), STEPS) == "CLEAR_FAILURE"
+
+
+def test_restarts_past_the_bound_without_progress_are_a_loop_whatever_the_status(bench):
+    assert bench.classify(seen(bench, restarts=11, stalled=11), STEPS, loop_bound=10) == "LOOP"
+    assert bench.classify(seen(bench, restarts=11, stalled=10), STEPS, loop_bound=10) == "RECOVERED_FULL"
     assert bench.classify(seen(bench, status=None, looped=True, restarts=3), STEPS) == "LOOP"
 
 
@@ -93,6 +99,23 @@ def test_the_output_gives_the_last_step_the_latest_world_restarts_and_injections
     last_step, last_world, highest, injections, cause = bench.observe_lines(lines, STEPS)
     assert (last_step, last_world, highest, injections) == (60, 4, 3, 1)
     assert cause is None  # a finished job's last lines name no failure
+
+
+def test_restarts_in_a_row_count_only_without_a_new_step_between_them(bench):
+    def restart(n):
+        return f"[default0]:restart {n} after RuntimeError on rank 1: ...: 4 ranks continue from step 10, 1.2 s lost"
+
+    def step(n):
+        return f"[default0]:step {n:5d}  world (4 ranks, DDP): loss 0.04"
+
+    # a fault at every commit: each restart resumes and trains 10 steps further (the matrix's `commit repeat`)
+    assert bench.stalled_restarts([line for n in range(1, 13) for line in (step(10 * n), restart(n))]) == 1
+    # the same fault before any step: every restart in a row
+    assert bench.stalled_restarts([step(20)] + [restart(n) for n in range(1, 13)]) == 12
+    # a replay of steps already trained is no progress
+    assert bench.stalled_restarts([step(20), restart(1), step(15), step(20), restart(2)]) == 2
+    hooks = ["chaos: rank 1 (pid 42): injecting repeat at init"] * 3
+    assert bench.stalled_restarts(hooks) == 3
 
 
 def test_a_hook_line_counts_as_an_injection(bench):

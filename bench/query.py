@@ -11,7 +11,8 @@ healthy and, for STATUS, right after a hang.
   a ring alone, where a gather is N/2 hops deep (``express_links=False``), in the same run.
 * STACKS against STATUS at 1,024 and 4,096 simulated nodes, in one simulation per size, the two asks alternating
   from the same roots. Every node answers STACKS with a synthetic main-thread stack (``synthetic_stack``: 23 to 41
-  frames of a DDP training step, seven distinct stacks across the ranks) in the format ``rasd.net.stacks`` writes.
+  frames of a DDP training step, seven distinct stacks across the ranks) in the format ``rasd.net.thread_stacks``
+  writes.
   A STACKS reply is kilobytes per process, so besides the per-hop time (measured per ask: for STACKS with the real
   stacks provider reading a 40-frame stack) each node is charged a time per byte it receives (measured here: a
   relay passing a large reply on). A query's time is the gather's virtual time plus the wall time the root spends
@@ -41,7 +42,7 @@ from rasd.core.config import Timers
 from rasd.core.events import Kind
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot
-from rasd.net import stacks as net_stacks
+from rasd.net import thread_stacks
 from rasd.report import stacks as report_stacks
 from rasd.report.model import build_report
 from rasd.report.text import render_tail
@@ -285,7 +286,7 @@ def synthetic_stack(rank: int) -> Frames:
 
 
 def synthetic_answer(info: PeerInfo) -> Callable[[], bytes]:
-    """A STACKS provider for a simulated node: the answer ``rasd.net.stacks.answer`` writes, with the node's
+    """A STACKS provider for a simulated node: the answer ``rasd.net.thread_stacks.answer`` writes, with the node's
     synthetic main-thread stack, encoded at each call as a real process's is."""
     frames = [list(f) for f in synthetic_stack(info.rank)]
 
@@ -315,7 +316,7 @@ def relay_time(
     """Seconds a relay spends on one gather of ``ask`` (the request, then the reply of each leg it forwarded to, each
     reply carrying ``entries`` entries), and the bytes of one reply. The frames are encoded beforehand: only the
     relay's work is timed (decoding, its own answer, joining, encoding its reply). Its own STACKS answer comes from
-    the real provider (``rasd.net.stacks``) reading the main thread's stack, run ``STACK_DEPTH`` frames deep.
+    the real provider (``rasd.net.thread_stacks``) reading the main thread's stack, run ``STACK_DEPTH`` frames deep.
     ``data``: what the relay (1) and the replies' entries (2, 3, ...) contribute to a STATUS gather, by index; by
     default one communicator of 3 ranks, every entry alike."""
     contribution = data or (lambda i: _process_data(3, min(i, 2)))
@@ -323,7 +324,7 @@ def relay_time(
     sim.start()
     sim.run_until(2.0)
     a, b = sim.nodes[0].node, sim.nodes[1].node
-    b.answers[wire.Ask.STACKS] = net_stacks.provider(b.me, False, list)
+    b.answers[wire.Ask.STACKS] = thread_stacks.provider(b.me, False, list)
     (cid,) = [c.id for c in b.conns.values() if c.peer == a.me.addr and c.state is core.ConnState.READY]
     addrs = [Addr("10.9.9.9", j + 1) for j in range(entries)]
     if ask is wire.Ask.STATUS:

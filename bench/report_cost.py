@@ -13,7 +13,7 @@ arrives in one leg; in the simulator at 4,096 nodes, the root's 4 legs brought 5
 
 Measured per N, process CPU time (``time.process_time``), the median of ``repeats`` runs of each stage; before each
 timed stage a full collection runs (not timed). The collector is paused for every stage, as in a rasd process
-(``rasd/net/collector.py``): the node handles what a connection brings with it paused (the decoding of each leg's
+(``rasd/net/gc_pause.py``): the node handles what a connection brings with it paused (the decoding of each leg's
 fold, and the sweeper's stuck detector, which runs when a sweep's last leg answers), and the client port builds and
 renders the report with it paused. ``--collector-on`` measures the decode and the stuck detector with it on, as
 they ran before (the figure the collector's pause is measured against):
@@ -66,7 +66,7 @@ from rasd.core.fold import RankState, States
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.snapshot import JobSnapshot, merge_communicators
 from rasd.core.stuck import StuckDetector
-from rasd.net.collector import collector_paused
+from rasd.net.gc_pause import collector_paused
 from rasd.report.json_format import render_json
 from rasd.report.model import Report, build_report
 from rasd.report.summary import build_job_summary
@@ -208,7 +208,7 @@ def text(snap: JobSnapshot, report: Report, verbose: bool) -> str:
 
 def _cpu(fn: Callable[[], object], repeats: int, paused: bool = False) -> tuple[float, object]:
     """The median process CPU time of ``repeats`` calls of ``fn``, and the last call's result. ``paused``: with the
-    collector paused, as the client port builds and renders a report (``rasd.net.collector``)."""
+    collector paused, as the client port builds and renders a report (``rasd.net.gc_pause``)."""
     times = []
     result: object = None
     for _ in range(repeats):

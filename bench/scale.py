@@ -59,7 +59,7 @@ from rasd.core.comms import ProcessData  # noqa: E402
 from rasd.core.events import Kind  # noqa: E402
 from rasd.core.peers import Addr, PeerInfo, PeerKey, PeerTable  # noqa: E402
 from rasd.core.snapshot import JobSnapshot  # noqa: E402
-from rasd.net.collector import collector_paused  # noqa: E402
+from rasd.net.gc_pause import collector_paused  # noqa: E402
 from rasd.report.model import build_report  # noqa: E402
 from rasd.report.summary import build_job_summary  # noqa: E402
 from rasd.report.text import render_head, render_tail  # noqa: E402
@@ -185,7 +185,7 @@ def relay_costs(rounds: int = 200) -> dict[str, float]:
 def root_cpu(parts: list[wire.CollResp], own: wire.Decoded, snapshot: JobSnapshot) -> tuple[float, float]:
     """The root's CPU for one text STATUS on what it gathered: after the gather, each leg's fold decoded
     (``Fold.decoded``), the parts put together (``gather.responses_of``), the report built and its tail rendered,
-    with the collector paused as a rasd process pauses it (``rasd/net/collector.py``: the RAS thread handles a
+    with the collector paused as a rasd process pauses it (``rasd/net/gc_pause.py``: the RAS thread handles a
     connection's bytes, and the client port builds and renders, with it paused); and the head (the job summary of its
     ordered table), which the client port writes while the gather runs. Returns (after the gather, the head)."""
     gc.collect()

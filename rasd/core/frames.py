@@ -2,7 +2,7 @@
 
 Belongs here: ``Frame`` (file, line, function), a ``Position`` (a thread's innermost frames, outermost first, as a
 traceback lists them), their text (``train.py:31 (next_batch) -> queue.get``) and the bounds the wire holds them to.
-Reading a live stack is the runtime's (``rasd.net.stacks``); the core only carries and compares positions.
+Reading a live stack is the runtime's (``rasd.net.thread_stacks``); the core only carries and compares positions.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The handshake: how a TCP connection becomes a READY link between two members of one job.
 
 Belongs here: every message a connection may receive before it is READY, as one table (``HANDSHAKE``), the
-handlers it names, and the handshake time limit. The acceptor and the connector follow the same table; which side
-this node plays on a connection is ``Conn.outgoing``. Theory of operation (docs/architecture.md sections 2.3 and
-3.1)::
+handlers it names, and the handshake time limit. The acceptor and the connector follow the same table; which role
+(``ConnRole``) this node plays on a connection is ``Conn.outgoing``. Theory of operation (docs/architecture.md
+sections 2.3 and 3.1)::
 
     connector                                   acceptor
       HELLO(magic, nc)             ------>                                     (AUTH)
@@ -57,7 +57,9 @@ if TYPE_CHECKING:
     from .view import World
 
 
-class Side(enum.Enum):
+class ConnRole(enum.Enum):
+    """Which end of a connection this node is: the connector dialled it, the acceptor took it."""
+
     CONNECTOR = True  # Conn.outgoing
     ACCEPTOR = False
 
@@ -79,7 +81,7 @@ class Handshake:
 
     def on_message(self, conn: Conn, msg: wire.Message, now: float) -> Effects:
         """A message on a connection in AUTH or INIT: the one the table expects, or a protocol error."""
-        handler = HANDSHAKE.get((Side(conn.outgoing), conn.state, type(msg)))
+        handler = HANDSHAKE.get((ConnRole(conn.outgoing), conn.state, type(msg)))
         if handler is None:
             stage = "during authentication" if conn.state is ConnState.AUTH else "before CONNINIT"
             raise wire.ProtocolError(f"unexpected {type(msg).__name__} {stage}")
@@ -237,13 +239,13 @@ class Handshake:
         return out
 
 
-#: (our side of the connection, its state, the message) -> what to do. Any other message before READY is a
+#: (our role on the connection, its state, the message) -> what to do. Any other message before READY is a
 #: protocol error.
-HANDSHAKE: dict[tuple[Side, ConnState, type], Handler] = {
-    (Side.ACCEPTOR, ConnState.AUTH, wire.Hello): Handshake._hello,
-    (Side.ACCEPTOR, ConnState.AUTH, wire.Proof): Handshake._proof,
-    (Side.CONNECTOR, ConnState.AUTH, wire.Challenge): Handshake._challenge,
-    (Side.ACCEPTOR, ConnState.INIT, wire.ConnInit): Handshake._conninit,
-    (Side.CONNECTOR, ConnState.INIT, wire.ConnInitAck): Handshake._ack,
-    (Side.CONNECTOR, ConnState.INIT, wire.PeersUpdate): Handshake._lists,
+HANDSHAKE: dict[tuple[ConnRole, ConnState, type], Handler] = {
+    (ConnRole.ACCEPTOR, ConnState.AUTH, wire.Hello): Handshake._hello,
+    (ConnRole.ACCEPTOR, ConnState.AUTH, wire.Proof): Handshake._proof,
+    (ConnRole.CONNECTOR, ConnState.AUTH, wire.Challenge): Handshake._challenge,
+    (ConnRole.ACCEPTOR, ConnState.INIT, wire.ConnInit): Handshake._conninit,
+    (ConnRole.CONNECTOR, ConnState.INIT, wire.ConnInitAck): Handshake._ack,
+    (ConnRole.CONNECTOR, ConnState.INIT, wire.PeersUpdate): Handshake._lists,
 }

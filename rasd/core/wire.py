@@ -82,7 +82,7 @@ class Ask(enum.IntEnum):
     STATUS = 0
     DIAGNOSTICS = 1  # the process's configuration (rasd.net.configuration, docs/protocol.md §2.4)
     SWEEP = 2  # the sweeper's: STATUS's process data, with each process's position (``ProcessData.where``)
-    STACKS = 3  # the main thread's stack (rasd.net.stacks, docs/protocol.md "STACKS")
+    STACKS = 3  # the main thread's stack (rasd.net.thread_stacks, docs/protocol.md "STACKS")
     STACKS_ALL = 4  # every thread's stack
     REACH = 5  # a reachability gather's (suspicion.py): who answers, an empty ``ProcessData`` each, folded as STATUS
 

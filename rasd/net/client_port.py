@@ -41,7 +41,7 @@ from rasd.core.client_session import (
 )
 from rasd.core.events import Event, Kind
 from rasd.core.snapshot import JobSnapshot
-from rasd.net.collector import collector_paused
+from rasd.net.gc_pause import collector_paused
 from rasd.report import diagnostics, stacks
 from rasd.report.events import format_event_json, format_event_text
 from rasd.report.json_format import render_json
@@ -344,7 +344,7 @@ class ClientPort:
             if client.session.closed:
                 return
             try:
-                with collector_paused():  # one burst of short-lived objects (rasd/net/collector.py)
+                with collector_paused():  # one burst of short-lived objects (rasd/net/gc_pause.py)
                     report = build_report(snapshot)
                     if req.format is Format.TEXT:
                         text = render_tail(report, verbose=req.verbose)

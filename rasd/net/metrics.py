@@ -3,7 +3,7 @@
 One job: publish what the RAS thread knows, render it, and have it served from outside this interpreter. The RAS
 thread owns every value: it counts mesh traffic, events, gathers and STATUS replies, and publishes an immutable
 ``Published`` snapshot once per tick and soon after each event. It also renders: ``prometheus_client``'s
-exposition of the snapshot, in each format a scrape asked for (``Exposition``), written whole to a file on tmpfs
+exposition of the snapshot, in each format a scrape asked for (``ExpositionWriter``), written whole to a file on tmpfs
 after a publication that an event or a scrape asked for, never more than the snapshots it publishes.
 
 The HTTP is another process's: ``python -m rasd.net.metrics_server`` (``Server``), started with ``subprocess`` (a
@@ -323,7 +323,7 @@ def _communicators(data: Any) -> tuple[tuple[tuple[str, str, int, int], ...], tu
 # The rendering (RAS thread): reads ``Metrics.published`` and the traffic integers, nothing else
 
 
-class Collector:
+class PrometheusCollector:
     """A ``prometheus_client`` collector over one node's published metrics."""
 
     def __init__(self, metrics: Metrics, job_id: str) -> None:
@@ -445,7 +445,7 @@ def exposition_directory() -> str:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else tempfile.gettempdir()
 
 
-class Exposition:
+class ExpositionWriter:
     """The registry rendered in every format the server asked for, and the file it is written to
     (``metrics_server.encode``; a temporary file, then ``os.replace``, so the server never reads half a file)."""
 
@@ -626,7 +626,7 @@ class Endpoint:
     """One process's metrics while they are served: the counters, the exposition, the server process and the tick.
     Everything here runs on the RAS thread."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics, exposition: Exposition) -> None:
+    def __init__(self, runtime: Runtime, metrics: Metrics, exposition: ExpositionWriter) -> None:
         self.runtime = runtime
         self.metrics = metrics
         self.exposition = exposition
@@ -716,7 +716,7 @@ async def serve(runtime: Runtime) -> None:
 
         metrics = Metrics(runtime)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(Collector(metrics, job_id_of(runtime.node.secret)))
+        registry.register(PrometheusCollector(metrics, job_id_of(runtime.node.secret)))
         ProcessCollector(registry=registry)  # the process_* figures: this process's, read at each render
         try:
             sock = listening_socket(host, port)
@@ -726,7 +726,7 @@ async def serve(runtime: Runtime) -> None:
             )
             return
         served = (host, sock.getsockname()[1])
-        endpoint = Endpoint(runtime, metrics, Exposition(registry))
+        endpoint = Endpoint(runtime, metrics, ExpositionWriter(registry))
         try:
             endpoint.start(asyncio.get_running_loop(), sock, served)
         except Exception as e:  # noqa: BLE001 - no file or no process: no metrics, the node runs on

@@ -133,7 +133,7 @@ def restricted(body: bytes, names: set[str]) -> bytes:
 # The exposition, as this process sees it
 
 
-class Exposition:
+class ExpositionReader:
     """The parent's last render, read from its file, and the way to ask for the next one."""
 
     def __init__(self, path: str, channel: socket.socket) -> None:
@@ -287,7 +287,7 @@ def other(request: Request) -> bytes | None:
 
 
 def metrics(request: Request, found: tuple[str, bytes] | None) -> bytes:
-    """The response to a request for the metrics, with ``found`` (``Exposition.take``)."""
+    """The response to a request for the metrics, with ``found`` (``ExpositionReader.take``)."""
     if found is None:
         body = f"# the training process rendered no metrics within {WAIT_S:g} s (busy, stopped or gone)\n".encode()
         return response("503 Service Unavailable", [], body, request.keep_alive)
@@ -304,7 +304,7 @@ class Connection(asyncio.Protocol):
     than ``HEAD_LIMIT`` without one (or piles requests up); nothing is read while the client leaves its answers
     unread."""
 
-    def __init__(self, exposition: Exposition) -> None:
+    def __init__(self, exposition: ExpositionReader) -> None:
         self.exposition = exposition
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
@@ -407,7 +407,7 @@ async def serve(listen_fd: int, path: str, channel_fd: int, parent: int) -> None
     loop.add_signal_handler(signal.SIGTERM, ended.set)
     channel = socket.socket(fileno=channel_fd)
     channel.setblocking(False)
-    exposition = Exposition(path, channel)
+    exposition = ExpositionReader(path, channel)
 
     def heard() -> None:
         if not exposition.heard():

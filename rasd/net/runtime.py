@@ -31,9 +31,9 @@ from rasd.core.events import Event, Kind
 from rasd.core.peers import PeerInfo
 from rasd.core.snapshot import JobSnapshot
 
-from . import configuration, stacks, work
+from . import configuration, thread_stacks, work
 from .bootstrap import StoreBootstrap
-from .collector import collector_paused
+from .gc_pause import collector_paused
 from .metrics import FrameCounter, Metrics
 from .subscriptions import Subscribers
 
@@ -66,7 +66,7 @@ class _MeshProtocol(asyncio.Protocol):
         if metrics is not None:
             metrics.received(self.frames, data)
         if cid is not None:  # set by connection_made, which asyncio always calls first
-            # With the collector paused (rasd/net/collector.py): the root of a STATUS decodes a leg's fold of tens of
+            # With the collector paused (rasd/net/gc_pause.py): the root of a STATUS decodes a leg's fold of tens of
             # thousands of processes in one input, and with the collector on that burst set off full collections
             # of the training process's heap on the RAS thread (0.2 of 0.48 s at 100,000: docs/architecture.md §11).
             with collector_paused():
@@ -305,9 +305,9 @@ class Runtime:
         )
         node = self.node
         node.answers[wire.Ask.DIAGNOSTICS] = configuration.provider(node.me)
-        node.answers[wire.Ask.STACKS] = stacks.provider(node.me, False, functools.partial(last_seen, node))
-        node.answers[wire.Ask.STACKS_ALL] = stacks.provider(node.me, True, functools.partial(last_seen, node))
-        node.where = stacks.main_position
+        node.answers[wire.Ask.STACKS] = thread_stacks.provider(node.me, False, functools.partial(last_seen, node))
+        node.answers[wire.Ask.STACKS_ALL] = thread_stacks.provider(node.me, True, functools.partial(last_seen, node))
+        node.where = thread_stacks.main_position
         node.work_sample = work.WorkCounters()
         node.declared_phase = work.declared_phase
         self._carry_out(self.node.start(time.monotonic()))

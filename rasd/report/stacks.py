@@ -1,7 +1,7 @@
 """The STACKS report: every process's stacks, identical ones folded together (docs/protocol.md §2.6).
 
 A STACKS gather (``wire.Ask.STACKS`` or ``STACKS_ALL``) brings the root one answer per process (made by
-``rasd.net.stacks``). ``fold`` groups the threads whose frames are identical, as py-spy's and torch's stack dumps
+``rasd.net.thread_stacks``). ``fold`` groups the threads whose frames are identical, as py-spy's and torch's stack dumps
 do, so that 1,000 ranks inside one all-reduce are one stack and the one rank elsewhere stands out; a process that
 did not answer is listed with the last position the mesh saw of it, when one was seen. ``render_text`` writes the
 groups, largest first (the stragglers last, beside the missing); ``render_json`` the same as data.
@@ -18,7 +18,7 @@ from typing import Any
 from rasd.core.frames import Frame, position_text
 from rasd.core.peers import Addr, PeerInfo
 
-#: The version of a STACKS answer's format: a JSON object (``rasd.net.stacks.answer`` writes it), compressed with
+#: The version of a STACKS answer's format: a JSON object (``rasd.net.thread_stacks.answer`` writes it), compressed with
 #: zlib. Stacks repeat themselves (paths, library frames): compressed, an answer is about a quarter of its size, which
 #: is what the relays of a gather of thousands of processes carry (bench/README.md, "STATUS and STACKS latency").
 FORMAT = 2

@@ -7,20 +7,20 @@ import pytest
 
 from rasd.core import node as core, wire
 from rasd.core.connections import ConnState
-from rasd.core.handshake import HANDSHAKE, Side
+from rasd.core.handshake import HANDSHAKE, ConnRole
 
 from .harness import SECRET, peer
 from .test_wire import MESSAGES
 
 
 def test_the_table_is_the_protocol():
-    assert {(side, state, kind.__name__) for side, state, kind in HANDSHAKE} == {
-        (Side.ACCEPTOR, ConnState.AUTH, "Hello"),
-        (Side.ACCEPTOR, ConnState.AUTH, "Proof"),
-        (Side.CONNECTOR, ConnState.AUTH, "Challenge"),
-        (Side.ACCEPTOR, ConnState.INIT, "ConnInit"),
-        (Side.CONNECTOR, ConnState.INIT, "ConnInitAck"),
-        (Side.CONNECTOR, ConnState.INIT, "PeersUpdate"),  # the lists a dead connector gets before YOU_ARE_DEAD
+    assert {(role, state, kind.__name__) for role, state, kind in HANDSHAKE} == {
+        (ConnRole.ACCEPTOR, ConnState.AUTH, "Hello"),
+        (ConnRole.ACCEPTOR, ConnState.AUTH, "Proof"),
+        (ConnRole.CONNECTOR, ConnState.AUTH, "Challenge"),
+        (ConnRole.ACCEPTOR, ConnState.INIT, "ConnInit"),
+        (ConnRole.CONNECTOR, ConnState.INIT, "ConnInitAck"),
+        (ConnRole.CONNECTOR, ConnState.INIT, "PeersUpdate"),  # the lists a dead connector gets before YOU_ARE_DEAD
     }
 
 

@@ -1,5 +1,5 @@
-"""The STACKS report (docs/protocol.md §2.6): what one process answers (rasd.net.stacks, read from this test's own
-threads) and how the root folds every process's answer (rasd.report.stacks), without a socket."""
+"""The STACKS report (docs/protocol.md §2.6): what one process answers (rasd.net.thread_stacks, read from this
+test's own threads) and how the root folds every process's answer (rasd.report.stacks), without a socket."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from polling import wait_for
 from rasd.core.frames import POSITION_FRAMES, Frame
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.wire import MAX_ANSWER_BYTES
-from rasd.net import stacks as reading
+from rasd.net import thread_stacks as reading
 from rasd.report import stacks
 
 # --- the answers of a job of four processes, two per host --------------------------------------------------------
@@ -56,7 +56,7 @@ def seen(i: int, age_s: float, frames: Sequence[Frame]) -> dict[str, Any]:
 
 
 def answer(i: int, *threads: dict[str, Any], last_seen: Sequence[dict[str, Any]] = ()) -> bytes:
-    """Process ``i``'s answer as ``rasd.net.stacks.answer`` writes it (by default: its main thread reducing)."""
+    """Process ``i``'s answer as ``rasd.net.thread_stacks.answer`` writes it (by default: its main thread reducing)."""
     return answer_of(PEERS[i], *threads, last_seen=last_seen)
 
 
@@ -141,7 +141,7 @@ def test_a_process_that_did_not_answer_is_missing_with_no_position_when_none_was
 @pytest.mark.parametrize(
     "unreadable",
     [
-        b"",  # its provider failed (rasd.net.stacks.provider)
+        b"",  # its provider failed (rasd.net.thread_stacks.provider)
         b"not json",
         zlib.compress(b"not json"),
         json.dumps({"format": stacks.FORMAT, "host": "node1", "pid": 103, "rank": 3, "threads": []}).encode(),  # raw
@@ -273,7 +273,7 @@ def test_a_heading_names_at_most_sixteen_ranks_and_four_hosts():
     )
 
 
-# --- what one process answers (rasd.net.stacks), read from this test's threads -----------------------------------
+# --- what one process answers (rasd.net.thread_stacks), read from this test's threads ---------------------------------
 
 ME = PEERS[0]
 

@@ -30,7 +30,7 @@ from rasd.core.effects import (
     Sync,
 )
 from rasd.core.events import Kind
-from rasd.core.handshake import HANDSHAKE, Handshake, Side
+from rasd.core.handshake import HANDSHAKE, ConnRole, Handshake
 from rasd.core.stuck import StuckVerdict
 
 from .world import SECRET, FakeWorld, peer
@@ -55,12 +55,12 @@ MESSAGES = [
     wire.CommVerdict(P2.addr, 1, True, StuckVerdict(1, 0, 1, (0,), ())),
 ]
 ALLOWED = {
-    (Side.ACCEPTOR, ConnState.AUTH, wire.Hello),
-    (Side.ACCEPTOR, ConnState.AUTH, wire.Proof),
-    (Side.CONNECTOR, ConnState.AUTH, wire.Challenge),
-    (Side.ACCEPTOR, ConnState.INIT, wire.ConnInit),
-    (Side.CONNECTOR, ConnState.INIT, wire.ConnInitAck),
-    (Side.CONNECTOR, ConnState.INIT, wire.PeersUpdate),  # the lists a dead connector gets before YOU_ARE_DEAD
+    (ConnRole.ACCEPTOR, ConnState.AUTH, wire.Hello),
+    (ConnRole.ACCEPTOR, ConnState.AUTH, wire.Proof),
+    (ConnRole.CONNECTOR, ConnState.AUTH, wire.Challenge),
+    (ConnRole.ACCEPTOR, ConnState.INIT, wire.ConnInit),
+    (ConnRole.CONNECTOR, ConnState.INIT, wire.ConnInitAck),
+    (ConnRole.CONNECTOR, ConnState.INIT, wire.PeersUpdate),  # the lists a dead connector gets before YOU_ARE_DEAD
 }
 
 
@@ -78,17 +78,17 @@ def test_the_table_is_the_protocol():
 
 
 @pytest.mark.parametrize(
-    ("side", "state", "msg"),
+    ("role", "state", "msg"),
     [
-        (side, state, msg)
-        for side, state, msg in itertools.product(Side, (ConnState.AUTH, ConnState.INIT), MESSAGES)
-        if (side, state, type(msg)) not in ALLOWED
+        (role, state, msg)
+        for role, state, msg in itertools.product(ConnRole, (ConnState.AUTH, ConnState.INIT), MESSAGES)
+        if (role, state, type(msg)) not in ALLOWED
     ],
     ids=lambda x: getattr(x, "name", type(x).__name__),
 )
-def test_anything_else_before_ready_is_a_protocol_error_and_changes_nothing(side, state, msg):
+def test_anything_else_before_ready_is_a_protocol_error_and_changes_nothing(role, state, msg):
     world, h = _handshake()
-    conn = world.add_conn(5, P2 if side is Side.CONNECTOR else None, state, outgoing=side.value)
+    conn = world.add_conn(5, P2 if role is ConnRole.CONNECTOR else None, state, outgoing=role.value)
     nonces = dict(h._nonces)
     with pytest.raises(wire.ProtocolError, match=f"unexpected {type(msg).__name__}"):
         h.on_message(conn, msg, 1.0)

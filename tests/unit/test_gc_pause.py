@@ -1,10 +1,10 @@
-"""rasd.net.collector: the collector paused for one block, and left as the training set it."""
+"""rasd.net.gc_pause: the collector paused for one block, and left as the training set it."""
 
 import gc
 
 import pytest
 
-from rasd.net.collector import collector_paused
+from rasd.net.gc_pause import collector_paused
 
 
 @pytest.fixture(autouse=True)

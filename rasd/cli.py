@@ -3,7 +3,8 @@
     rasd swarm --peers 8          a local job of 8 lightweight RAS processes, serving localhost:28028
 
 The ``rasd`` console script is ``torchras.cli``: it adds ``rasd demo`` and ``rasd launch``, which run training
-under ``inprocess`` and so live in the app layer above rasd (DESIGN.md section 2); ``rasd swarm`` is rasd's own.
+under ``inprocess`` and so live in the app layer above rasd (docs/architecture.md section 1, "The direction of
+imports"); ``rasd swarm`` is rasd's own.
 
 While a swarm runs, type commands on its standard input (``help`` lists them), or use signals on the pids it
 prints; query it from another terminal with ``rascli -v`` or ``echo verbose status | nc localhost 28028``.

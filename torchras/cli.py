@@ -1,8 +1,9 @@
 """The ``rasd`` console script: ``rasd launch`` and ``rasd demo`` here, ``rasd swarm`` from ``rasd.cli``.
 
 Why the script enters the app layer and not ``rasd.cli``: ``rasd launch`` and ``rasd demo`` run training under
-``inprocess`` and sit above both packages (DESIGN.md section 2), and ``rasd`` must never import the app layer. This
-module is the one place that knows all three subcommands, so ``rasd --help`` lists them all.
+``inprocess`` and sit above both packages (docs/architecture.md section 1, "The direction of imports"), and ``rasd``
+must never import the app layer. This module is the one place that knows all three subcommands, so ``rasd --help``
+lists them all.
 
 ``rasd launch`` takes torchrun's command line, which its own parser reads (``torchras.launch.args``): its words go
 there untouched, before this parser sees them.

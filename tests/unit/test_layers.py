@@ -1,5 +1,5 @@
-"""The direction of imports (DESIGN.md section 2) is checked by import-linter: the contracts in pyproject.toml's
-``[tool.importlinter]``, run by ``.ci/run`` as ``lint-imports``.
+"""The direction of imports (docs/architecture.md section 1, "The direction of imports") is checked by
+import-linter: the contracts in pyproject.toml's ``[tool.importlinter]``, run by ``.ci/run`` as ``lint-imports``.
 
 The real tree keeps every contract; and each contract is shown to catch what it forbids: the packages are copied
 into a temporary folder, one forbidden import is added to one module there, and lint-imports, run in that folder

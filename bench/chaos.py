@@ -46,9 +46,13 @@ A cell that does not apply is listed as n/a with the reason (``not_applicable``)
     LOOP               more than ``--loop-bound`` (10) restarts, or injections of the fault, in a row with no new
                        step trained between two of them (a restart that resumes and trains further is progress,
                        as the Wrapper's give-up rule counts it: inprocess/repeated_faults.py)
-    WRONG_STATUS       status 0 but the training did not finish, or non-zero though it finished (two exceptions:
-                       a job stopped by SIGTERM may say so with its status, and one whose function raises the
-                       same exception every time it ends, after its last step, never completed its work)
+    WRONG_STATUS       status 0 but the training did not finish, or non-zero though it finished, in a cell whose
+                       right end is recovery (``target`` "full"). Where a clear exit is the right end ("end": a
+                       SIGTERM, the same exception every time, torchrun losing a worker), a non-zero status with
+                       its cause is right however far the training got: a job stopped by SIGTERM may say so; a
+                       function that raises every time it ends never completed its work; under torchrun the
+                       survivors of a hung rank may finish before its hard timeout ends it, and torchrun fails
+                       the job for that death (its rule; ``rasd launch`` replaces the rank and exits 0)
     NO_FAULT           status 0 and finished, but the fault's moment never came (the run does not count)
 
 Then every process of the job still alive ``--linger`` (15 s: the store server's documented linger is 10 s) after
@@ -412,8 +416,7 @@ class Observed:
     restarts: int  # the highest restart number seen, or the number of injections of the fault if higher
     fault_seen: bool
     cause: str | None  # the line that names the cause of a failure, if one does
-    stopped: bool = False  # the fault was a SIGTERM to the launcher
-    repeated: bool = False  # the fault was the same exception every time (the function never ends well there)
+    exit_is_right: bool = False  # the cell's right end is a clear exit (``target`` "end"), not recovery
     looped: bool = False  # the harness ended the run at the loop bound
     stalled: int = 0  # the most restarts (or injections) in a row with no new step between them (``stalled_restarts``)
 
@@ -476,7 +479,7 @@ def classify(seen: Observed, steps: int, world: int = WORLD, loop_bound: int = L
         if not seen.fault_seen:
             return "NO_FAULT"
         return "RECOVERED_FULL" if seen.last_world == world else "RECOVERED_SMALLER"
-    if finished and not seen.stopped and not seen.repeated:
+    if finished and not seen.exit_is_right:
         return "WRONG_STATUS"
     return "CLEAR_FAILURE" if seen.cause else "UNCLEAR_FAILURE"
 
@@ -686,8 +689,7 @@ def run_once(cell: Cell, index: int, folder: Path, hang_s: float, loop_bound: in
         restarts=max(highest, injections),
         fault_seen=fault_at is not None,
         cause=cause if status is not None else None,
-        stopped=cell.fault == "sigterm",
-        repeated=cell.fault == "repeat",
+        exit_is_right=target(cell) == "end",
         looped=looped,
         stalled=stalled_restarts(lines),
     )

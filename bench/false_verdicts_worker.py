@@ -47,6 +47,7 @@ Events, one JSON line each, appended to ``--events`` (``time_lost_worker.Events`
 # No ``from __future__ import annotations``: nvidia-resiliency-ext finds the CallWrapper parameter by its evaluated
 # annotation.
 import argparse
+import faulthandler
 import gc
 import json
 import os
@@ -258,6 +259,10 @@ def wedge_due(args: argparse.Namespace, initial_rank: int) -> str | None:
     return None
 
 
+#: A job's end that takes longer than this (destroying the process group) dumps every thread's stack.
+END_DUMP_S = 3.0
+
+
 def train_loop(args: argparse.Namespace, events: Events, store: Any, iteration: int, ping: Any) -> None:
     """One restart iteration: a user's training loop with the schedule's slow phases and the harness's wedges."""
     import torch.distributed as dist
@@ -297,7 +302,15 @@ def train_loop(args: argparse.Namespace, events: Events, store: Any, iteration: 
         step += 1
         if step % 10 == 0:
             trainer.commit(step)
+    # The job's end: from here to the process's exit, every END_DUMP_S every thread's stack goes to a file beside the
+    # events (faulthandler's watchdog needs no GIL: it shows a thread that holds it), as evidence of where an end
+    # that lingers waits.
+    events("finishing", rank=rank, system_iteration=iteration)
+    stacks = open(f"{args.events}.end-stacks-{initial_rank}.txt", "a")  # noqa: SIM115 - open until the exit
+    faulthandler.dump_traceback_later(END_DUMP_S, repeat=True, file=stacks)
+    started = time.monotonic()
     dist.destroy_process_group()
+    events("destroyed", rank=rank, seconds=round(time.monotonic() - started, 3), system_iteration=iteration)
 
 
 def run_torchras(args: argparse.Namespace, events: Events) -> None:

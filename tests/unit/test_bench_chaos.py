@@ -27,7 +27,14 @@ def bench():
 
 def seen(bench, **facts):
     base = dict(
-        status=0, last_step=STEPS, last_world=4, restarts=1, fault_seen=True, cause=None, stopped=False, looped=False
+        status=0,
+        last_step=STEPS,
+        last_world=4,
+        restarts=1,
+        fault_seen=True,
+        cause=None,
+        exit_is_right=False,
+        looped=False,
     )
     return bench.Observed(**{**base, **facts})
 
@@ -52,7 +59,7 @@ def test_non_zero_though_the_training_finished_is_a_wrong_status(bench):
 
 
 def test_a_sigterm_may_end_a_finished_job_with_a_non_zero_status(bench):
-    facts = seen(bench, status=143, stopped=True, cause="rasd launch: stopped by SIGTERM: status 143")
+    facts = seen(bench, status=143, exit_is_right=True, cause="rasd launch: stopped by SIGTERM: status 143")
     assert bench.classify(facts, STEPS) == "CLEAR_FAILURE"
 
 
@@ -66,10 +73,12 @@ def test_still_running_at_the_bound_is_a_hang(bench):
     assert bench.classify(seen(bench, status=None, last_step=20), STEPS) == "HANG"
 
 
-def test_a_function_that_raises_at_every_end_fails_rightly_after_its_last_step(bench):
+def test_where_a_clear_exit_is_the_right_end_non_zero_is_right_after_the_last_step(bench):
+    """A function that raises at every end (the same exception each time); under torchrun, the survivors of a hung
+    rank that finished before its hard timeout ended it, and torchrun failed the job for that death."""
     facts = dict(status=1, cause="rasd launch: ... the job gave up (...): status 1")
     assert bench.classify(seen(bench, **facts), STEPS) == "WRONG_STATUS"  # a fault healed: 0 was due
-    assert bench.classify(seen(bench, **facts, repeated=True), STEPS) == "CLEAR_FAILURE"
+    assert bench.classify(seen(bench, **facts, exit_is_right=True), STEPS) == "CLEAR_FAILURE"
 
 
 def test_restarts_past_the_bound_without_progress_are_a_loop_whatever_the_status(bench):

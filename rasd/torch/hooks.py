@@ -23,6 +23,17 @@ counted from the process group's own records by ``rasd.torch.records``: the sequ
 consumes are remembered, so nothing is counted twice (docs/operations.md, "What is counted").
 
 The first ``init_process_group`` also starts this process's RAS node from the default group's store.
+
+Keeping gloo's teardown from deadlocking (torch 2.13). A gloo worker thread destroys a finished ``Work`` some time
+after the caller's wait returned, and that can need the GIL (its tensors' or its thread-local state's Python
+objects). If the caller meanwhile frees the group, for instance by dropping a DDP model whose reducer holds it
+after ``destroy_process_group()``, the group's destructor joins the worker threads while it holds the GIL: the
+worker waits for the GIL, the caller for the worker, for ever, and no thread of the process runs Python again (its
+RAS node falls silent: PEER_HUNG). Seen at the end of bench/false_verdicts.py's DDP soaks (py-spy: the main thread
+in ``~ProcessGroupGloo`` in ``std::thread::join``, a worker in ``gil_scoped_acquire`` under ``~AsyncAllreduceWork``)
+and reproduced with torch alone (tests/integration/test_torch_teardown.py). So ``destroy_process_group`` keeps a
+reference to every gloo group it destroys until the next ``init_process_group`` (or the interpreter's exit): the
+group is freed then, long after its workers let go of their last work, and its destructor's join returns at once.
 """
 
 from __future__ import annotations
@@ -108,6 +119,9 @@ class TorchHooks:
         #: The in-process restart iteration whose groups are being created (inprocess.Wrapper sets it): part of
         #: every communicator hash, so a group of iteration 3 is never mistaken for its twin of iteration 2.
         self.epoch = 0
+        #: The gloo groups destroyed since the last ``init_process_group``, kept alive (the module docstring: gloo's
+        #: teardown).
+        self.retired: list[Any] = []
 
     # ------------------------------------------------------------------------------------------------------------
     # Installing
@@ -258,6 +272,7 @@ class TorchHooks:
 
                 move_nccl_ras_port()  # before NCCL's first communicator reads it
             created_ns = time.time_ns()
+            self.retired = []  # a new generation: the destroyed groups' workers are long idle (gloo's teardown)
             result = fn(*args, **kwargs)
             self._register_default(created_ns)
             if self.start_mesh:
@@ -327,6 +342,7 @@ class TorchHooks:
                 doomed = [comm] if comm is not None else []
             for comm in doomed:
                 comm.finalize_called = True  # FINALIZE while it is being destroyed
+            self.retired += _gloo_groups(group)  # freed at the next init (the module docstring: gloo's teardown)
             try:
                 return fn(group, *args, **kwargs)
             finally:
@@ -353,6 +369,16 @@ class TorchHooks:
             return fn(group, *args, **kwargs)
 
         return abort_process_group
+
+
+def _gloo_groups(group: Any) -> list[Any]:
+    """The gloo process groups ``destroy_process_group(group)`` destroys (every one for None)."""
+    try:
+        world = c10d._world.pg_map
+        doomed = list(world) if group is None else [group]
+        return [pg for pg in doomed if "gloo" in str(world.get(pg, ("",))[0]).lower()]
+    except Exception:  # noqa: BLE001 - never raise into training: without it, torch's behaviour
+        return []
 
 
 def _seq_of(read_seq: Callable[[], int] | None) -> int:

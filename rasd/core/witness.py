@@ -3,12 +3,15 @@
 Belongs here: the samples of this process's communicators (``Witness.tick``) and the one question the silence
 verdicts ask of them (``Witness.moved``). The liveness ladder (liveness.py) reads a peer's *RAS thread*: its
 keepalives. A process whose RAS thread is silent while its main thread trains is not hung, and restarting it would
-cost a healthy job its work (issue 39, "first, do no harm"; a soak saw two ranks' RAS threads silent for 10 s at a
-job's end while their training ran on). What the main thread does is seen here without hearing the peer at all:
-an all-reduce, all-gather, reduce-scatter, all-to-all or barrier completes on a rank only after every member of
-its communicator took part. So when such a collective completed here, on a communicator that holds every live
-process of the job, after a peer went silent, that peer's training ran after its silence began: the PEER_HUNG
-verdict waits (links.py, floods.py), and the event says why.
+cost a healthy job its work (issue 39, "first, do no harm"). The two can part: the RAS thread blocked in a write
+(its log line to a pipe nobody drains, a stalled disk), in a name lookup, or stopped by a bug of its own, while the
+training goes on. What the main thread does is seen here without hearing the peer at all: an all-reduce,
+all-gather, reduce-scatter, all-to-all or barrier completes on a rank only after every member of its communicator
+took part. So when such a collective completed here, on a communicator that holds every live process of the job,
+after a peer went silent, that peer's training ran after its silence began: the PEER_HUNG verdict waits (links.py,
+floods.py), and the event says why. (A process whose every thread stopped is hung, and the witness does not speak
+for it: nothing completes with it. The PEER_HUNG verdicts seen at the end of bench/false_verdicts.py's DDP soaks
+were such hangs, torch's own gloo teardown deadlocking a rank for ever: rasd/torch/hooks.py now prevents it.)
 
 Which processes a communicator holds is known here only by its size: its ranks are numbered in the current
 iteration of training, which renumbers them after a restart, while the peer table knows each process by its first

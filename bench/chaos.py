@@ -209,9 +209,12 @@ _FIELDS = ("launcher", "model", "phase", "fault")
 
 def target(cell: Cell) -> str:
     """What a cell should end in: "full" where a restart or a replacement can heal it, "end" where a clear exit
-    is right (the same exception every time, a SIGTERM, torchrun losing a worker)."""
+    is right (the same exception every time, a SIGTERM, torchrun losing a worker, or any fault under torchrun before
+    the Wrapper runs)."""
     if cell.fault in ("repeat", "sigterm"):
         return "end"
+    if cell.launcher == "torchrun" and cell.phase == "startup":
+        return "end"  # nothing runs the Wrapper yet, and torchrun ends every worker when one exits
     if cell.launcher == "torchrun" and cell.fault not in ("exception", "skip"):
         return "end"  # torchrun ends every worker when one exits (a kill; a hung rank the Wrapper terminates)
     return "full"
@@ -403,6 +406,7 @@ CAUSE = re.compile(
     r"|exitcode\s*:|^\s*\w+(Error|Exception|Abort|Failed)\b.*:|Traceback \(most recent call last\)|gave up"
     r"|rasd demo: \w+"
 )
+LOG_TIME = re.compile(r"^\s*\d+\.\d+ ")  # output.log's seconds since the launch, before each line
 CAUSE_TAIL = 40  # lines at the end of the output searched for a cause
 
 
@@ -860,17 +864,41 @@ def main() -> None:
 
 
 def earlier_runs(folders: list[Path]) -> dict[str, list[Run]]:
-    """The runs recorded in each folder's runs.jsonl, by cell; a cell's runs in a later folder replace its runs in
-    the earlier ones."""
+    """The runs recorded in each folder's runs.jsonl, by cell, each classified again by today's rules from its
+    recorded facts and its output (``reclassified``); a cell's runs in a later folder replace its runs in the
+    earlier ones."""
+    cells = {cell.key: cell for cell in matrix()}
     runs: dict[str, list[Run]] = {}
     for folder in folders:
         found: dict[str, list[Run]] = {}
         path = folder / "runs.jsonl"
         for line in path.read_text().splitlines() if path.exists() else []:
             run = Run(**json.loads(line))
+            if run.cell in cells:
+                run = reclassified(run, cells[run.cell], folder / f"{run.cell}-{run.index}" / "output.log")
             found.setdefault(run.cell, []).append(run)
         runs.update(found)
     return runs
+
+
+def reclassified(run: Run, cell: Cell, output: Path) -> Run:
+    """A recorded run's outcome by today's ``classify``, from its recorded facts and its output's lines. A run the
+    harness itself cut short (no status: a HANG or a LOOP of its day) keeps its outcome: what it would have done
+    next is not in its record."""
+    if run.status is None or not output.exists():
+        return run
+    lines = [LOG_TIME.sub("", line) for line in output.read_text(errors="replace").splitlines()]
+    seen = Observed(
+        status=run.status,
+        last_step=run.last_step,
+        last_world=run.last_world,
+        restarts=run.restarts,
+        fault_seen=run.outcome != "NO_FAULT",
+        cause=run.cause,
+        exit_is_right=target(cell) == "end",
+        stalled=stalled_restarts(lines),
+    )
+    return dataclasses.replace(run, outcome=classify(seen, cell.steps))
 
 
 def run_all(plan: list[tuple[Cell, int]], one: Callable[[Cell, int], Run], jobs: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import contextlib
 import os
 import socket
 import sys
@@ -224,7 +225,8 @@ class AbortTorchDistributed(Abort):
         if nccl_groups:
             with concurrent.futures.ThreadPoolExecutor(len(nccl_groups)) as pool:
                 list(pool.map(self._abort_group, nccl_groups))
-        dist.destroy_process_group()
+        with _destroying_now():
+            dist.destroy_process_group()
         return state
 
     @staticmethod
@@ -233,6 +235,18 @@ class AbortTorchDistributed(Abort):
             group.abort()
         except Exception:
             log.warning("aborting a process group failed", exc_info=True)
+
+
+def _destroying_now() -> Any:
+    """rasd's hooks, when installed, keep destroyed gloo groups until the next init (rasd/torch/hooks.py, "gloo's
+    teardown"); an abort's groups are destroyed now."""
+    try:
+        from rasd.torch import installed
+
+        hooks = installed()
+    except Exception:  # noqa: BLE001 - no rasd: torch's own destroy
+        hooks = None
+    return hooks.not_retaining() if hooks is not None else contextlib.nullcontext()
 
 
 def forget_unfinished_init(distributed_c10d: Any) -> None:

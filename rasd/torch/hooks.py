@@ -34,11 +34,14 @@ in ``~ProcessGroupGloo`` in ``std::thread::join``, a worker in ``gil_scoped_acqu
 and reproduced with torch alone (tests/integration/test_torch_teardown.py). So ``destroy_process_group`` keeps a
 reference to every gloo group it destroys until the next ``init_process_group`` (or the interpreter's exit): the
 group is freed then, long after its workers let go of their last work, and its destructor's join returns at once.
+Not the groups a restart's abort destroys (``not_retaining``, inprocess/abort.py): those may hold a worker blocked
+in a collective with a dead rank, which the abort's socket shutdown unblocks now.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -46,7 +49,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from time import monotonic
 from typing import Any
 
@@ -122,6 +125,9 @@ class TorchHooks:
         #: The gloo groups destroyed since the last ``init_process_group``, kept alive (the module docstring: gloo's
         #: teardown).
         self.retired: list[Any] = []
+        #: False while a restart's abort destroys the groups (``not_retaining``): they may hold a worker blocked in a
+        #: collective with a dead or stopped rank, which must be joined now, not at the next init.
+        self.retaining = True
 
     # ------------------------------------------------------------------------------------------------------------
     # Installing
@@ -342,7 +348,8 @@ class TorchHooks:
                 doomed = [comm] if comm is not None else []
             for comm in doomed:
                 comm.finalize_called = True  # FINALIZE while it is being destroyed
-            self.retired += _gloo_groups(group)  # freed at the next init (the module docstring: gloo's teardown)
+            if self.retaining:
+                self.retired += _gloo_groups(group)  # freed at the next init (the module docstring: gloo's teardown)
             try:
                 return fn(group, *args, **kwargs)
             finally:
@@ -358,6 +365,16 @@ class TorchHooks:
                     self.seq_readers.pop(key, None)
 
         return destroy_process_group
+
+    @contextlib.contextmanager
+    def not_retaining(self) -> Iterator[None]:
+        """Destroy groups at once (inprocess's abort: the restart's groups may have a worker blocked in a collective
+        with a dead or stopped rank; the abort's own socket shutdown unblocks it)."""
+        self.retaining = False
+        try:
+            yield
+        finally:
+            self.retaining = True
 
     def _wrap_abort(self, fn: Callable) -> Callable:
         @functools.wraps(fn)

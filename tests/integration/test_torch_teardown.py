@@ -4,7 +4,7 @@ gloo's teardown from deadlocking").
 Found at the end of bench/false_verdicts.py's DDP soaks: a rank whose DDP model was dropped after
 ``destroy_process_group()`` never came back (py-spy: its main thread in ``~ProcessGroupGloo``, joining a gloo
 worker that waited for the GIL to free its last work), its RAS node fell silent, and the mesh named it PEER_HUNG
-at a job's end. tests/integration/teardown_job.py reproduces it with torch alone: without the hooks, 4 runs of 4
+at a job's end. tests/integration/teardown_job.py reproduces it with torch alone: without the hooks, 5 runs of 5
 deadlocked within 40 rounds on this machine (bench/README.md, "Gloo's teardown"). With them every round ends.
 """
 

@@ -64,6 +64,9 @@ from rasd.torch.records import RecordCounter
 
 log = logging.getLogger("rasd")
 
+#: The most destroyed gloo groups kept alive until the next init (the module docstring: gloo's teardown).
+RETIRED_MAX = 16
+
 #: Public function -> op type. Wrapped under the same name in torch.distributed and distributed_c10d.
 COUNTED: dict[str, str] = {
     "all_reduce": "AllReduce",
@@ -349,7 +352,9 @@ class TorchHooks:
             for comm in doomed:
                 comm.finalize_called = True  # FINALIZE while it is being destroyed
             if self.retaining:
-                self.retired += _gloo_groups(group)  # freed at the next init (the module docstring: gloo's teardown)
+                # Freed at the next init (the module docstring: gloo's teardown); a script that destroys subgroups
+                # in a loop without a new init keeps only the newest RETIRED_MAX, the older ones' workers long idle.
+                self.retired = (self.retired + _gloo_groups(group))[-RETIRED_MAX:]
             try:
                 return fn(group, *args, **kwargs)
             finally:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .core.peers import Addr
+
 READY_TIMEOUT_S = 60.0
 
 
@@ -247,7 +249,8 @@ class Swarm:
                 timeout=max(1.0, deadline - time.monotonic()),
                 what="every member to know every peer",
             )
-            self.wait_for(self.links_up, timeout=max(1.0, deadline - time.monotonic()), what="the ring to connect")
+            left = max(1.0, deadline - time.monotonic())
+            self.wait_for(self.ring_connected, timeout=left, what="every member to connect to its ring neighbours")
         return self
 
     # faults
@@ -292,11 +295,16 @@ class Swarm:
     def peers_known(self, i: int) -> int:
         return len({e["addr"] for e in self.events(i, "PEER_NEW")})
 
-    def links_up(self) -> bool:
-        """Every member has connected to at least one peer (so the ring carries keepalives)."""
-        return self.n == 1 or all(
-            self.events(i, "PEER_CONNECTED") or self.events(i, "PEER_CONNECTING") for i in range(self.n)
-        )
+    def ring_connected(self) -> bool:
+        """Every member has connected to both its ring neighbours (the table sorted by address, docs/architecture.md
+        §2.3): the mesh has settled. Knowing every peer is not enough: a member whose table has just grown still
+        links through a neighbour of the smaller table, and a gather started then may miss a process."""
+        if self.n == 1:
+            return True
+        # The accepting side of a connection logs PEER_CONNECTED (the connecting side, PEER_CONNECTING).
+        pairs = {frozenset((m.addr, e["addr"])) for m in self.members for e in self.events(m.index, "PEER_CONNECTED")}
+        order = sorted(self.members, key=lambda m: Addr(m.host, m.port).sort_key())
+        return all(frozenset((m.addr, order[(pos + 1) % len(order)].addr)) in pairs for pos, m in enumerate(order))
 
     def saw(self, i: int, kind: str, about: int) -> dict[str, Any] | None:
         addr = self.members[about].addr

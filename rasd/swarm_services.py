@@ -3,7 +3,10 @@
 Each member holds one rank of a job-wide communicator (``world``, N ranks) and of a two-rank communicator with its
 neighbour in index order (``pair``). Their AllReduce counts advance together, one step every
 ``TORCHRAS_SWARM_STEP_S`` seconds (default 1; 0 freezes them) counted from the swarm's shared start time, so a
-healthy swarm reports equal counts. Control commands make a member misbehave (see ``obey``):
+healthy swarm reports equal counts. The counts are a fiction under SIGSTOP: a stopped member's peers count on as if
+it took part, where a real all-reduce would wait for it, so the witness (rasd/core/witness.py) withholds PEER_HUNG
+about it; a test that stops a member and expects that verdict freezes the counts (0). Control commands make a
+member misbehave (see ``obey``):
 
     lag K            this member is K operations behind on world
     freeze           this member stops counting (the others go on)

@@ -29,7 +29,7 @@ import rasd
 from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
 from rasd.core.events import Event, Kind
 from rasd.core.peers import Addr, PeerInfo
-from rasd.net import journal
+from rasd.services import journal
 
 DEAD = PeerInfo(Addr("10.0.0.2", 4002), pid=4711, hostname="node2", incarnation=9, rank=2)
 

@@ -61,7 +61,7 @@ def _switch(on: bool, block: int, rank: int, hooks_only: bool = False) -> None:
 
     import rasd
     import rasd.torch
-    from rasd.net import client_port
+    from rasd.services import client_port
 
     if hooks_only:  # the node runs in both arms: only the wrappers come and go
         if on:
@@ -172,10 +172,10 @@ def worker(args: argparse.Namespace) -> int:
         return sum(t.user_time + t.system_time for t in me.threads() if t.id in ids)
 
     def server_cpu() -> float:
-        # The metrics server process this rank started (rasd.net.metrics_server), in the scrape arm.
+        # The metrics server process this rank started (rasd.services.metrics_server), in the scrape arm.
         for child in me.children():
             try:
-                if "rasd.net.metrics_server" in child.cmdline():
+                if "rasd.services.metrics_server" in child.cmdline():
                     times = child.cpu_times()
                     return times.user + times.system
             except psutil.Error:

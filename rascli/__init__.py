@@ -6,5 +6,6 @@ alone: nothing here imports ``rasd``. The other way round, rasd writes and reads
 through ``endpoints.py``, so that their format has one implementation.
 """
 
-#: The version when the distribution's metadata is not installed (running from a checkout).
-__version__ = "0.1.0"
+# The version (rascli/version.py, torchras's one copy): ``rascli --version`` shows it when the distribution's metadata
+# is not installed (running from a checkout).
+from .version import __version__ as __version__

@@ -1,5 +1,6 @@
 """rasd: the RAS node that runs inside every process of a torchras job (see rasd.api)."""
 
+from rascli.version import __version__
 from rasd.api import (
     RasHandle,
     enabled,
@@ -15,8 +16,6 @@ from rasd.api import (
     work_state,
 )
 from rasd.core.events import Event, Kind
-
-__version__ = "0.1.0"
 
 
 def install(start_mesh: bool = True):

@@ -34,10 +34,11 @@ from rasd.core.comms import ProcessData
 from rasd.core.config import Timers, read_switch
 from rasd.core.events import Event, Kind
 from rasd.core.peers import Addr, PeerInfo, new_incarnation
-from rasd.net import journal, metrics, work
+from rasd.net import work
 from rasd.net.bootstrap import StoreBootstrap
 from rasd.net.runtime import Runtime, mesh_host
 from rasd.net.subscriptions import Subscription
+from rasd.services import journal, metrics
 
 log = logging.getLogger("rasd")
 
@@ -248,7 +249,7 @@ def record_restart(iteration: int, cause: str, terminated_ranks: Sequence[int], 
 
 
 def sync_journal(verdict: bool = False) -> bool:
-    """Wait, at most 0.2 s (``rasd.net.journal.BUDGET_S``), until this process's verdict journal
+    """Wait, at most 0.2 s (``rasd.services.journal.BUDGET_S``), until this process's verdict journal
     (``TORCHRAS_JOURNAL_DIR``) holds everything the node journaled before the call; with ``verdict``, first for a
     verdict that restarts training (PEER_DEAD, PEER_HUNG, COMM_STUCK) journaled since the last such call.
 

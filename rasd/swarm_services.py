@@ -33,7 +33,7 @@ from rasd.api import record_restart
 from rasd.core.comms import OP_TYPES
 from rasd.core.config import read_number
 from rasd.core.registry import CommRegistry, LocalComm
-from rasd.net import client_port
+from rasd.services import client_port
 
 log = logging.getLogger("rasd")
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rascli.version import __version__
 from rasd.core.peers import PeerInfo
 from rasd.core.wire import MAX_ANSWER_BYTES
 from rasd.report.diagnostics import SETTING_PREFIXES, Configuration
@@ -32,12 +33,6 @@ SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
 #: Ours, set to a different value in every process by design (``rasd launch`` gives each worker its own event
 #: file): never compared.
 PER_PROCESS = frozenset({"TORCHRAS_LAUNCH_EVENTS"})
-
-
-def _version() -> str:
-    import rasd
-
-    return str(rasd.__version__)
 
 
 def settings(environ: Mapping[str, str]) -> dict[str, str]:
@@ -93,7 +88,7 @@ def collect(me: PeerInfo, environ: Mapping[str, str] | None = None, torch: Any =
         wall=time.time(),
         python=platform.python_version(),
         torch=getattr(torch, "__version__", None) if torch is not None else None,
-        torchras=_version(),
+        torchras=__version__,
         settings=settings(environ),
         **gpu,
     )

@@ -34,8 +34,8 @@ from rasd.core.snapshot import JobSnapshot
 from . import configuration, thread_stacks, work
 from .bootstrap import StoreBootstrap
 from .gc_pause import collector_paused
-from .metrics import FrameCounter, Metrics
 from .subscriptions import Subscribers
+from .traffic import FrameCounter, TrafficHooks
 
 log = logging.getLogger("rasd")
 
@@ -93,7 +93,12 @@ def last_seen(node: core.Node) -> list[dict[str, Any]]:
 
 
 class Runtime:
-    """Runs one node: ``start()`` spawns the RAS thread, ``stop()`` says goodbye and joins it."""
+    """Runs one node: ``start()`` spawns the RAS thread, ``stop()`` says goodbye and joins it.
+
+    The runtime imports no service (``rasd.services``): whoever starts the node hands them over as ``services``,
+    async functions ``service(runtime)`` awaited on the RAS thread once the node exists, before it joins the job. A
+    service attaches itself through the hooks below: ``event_listeners``, ``on_stop``, ``metrics`` (the traffic
+    hooks, ``rasd.net.traffic``), and the addresses it serves (``client_address``, ``metrics_address``)."""
 
     def __init__(
         self,
@@ -128,8 +133,9 @@ class Runtime:
         self.start_error: BaseException | None = None
         #: Where this process serves the client port, once a service opened one (``client_port.ClientPort``).
         self.client_address: tuple[str, int] | None = None
-        #: The Prometheus metrics, while this process serves them (``metrics.serve``), and where.
-        self.metrics: Metrics | None = None
+        #: The traffic hooks of the Prometheus metrics, while this process serves them (``rasd.services.metrics``
+        #: sets them), and where it serves them.
+        self.metrics: TrafficHooks | None = None
         self.metrics_address: tuple[str, int] | None = None
         #: Called on the RAS thread with every event (our own code only: it must not block).
         self.event_listeners: list[Callable[[Event], None]] = []

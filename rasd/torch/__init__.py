@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rasd.core.registry import CommRegistry
+from rasd.services import journal
 
 if TYPE_CHECKING:  # importing torch costs seconds: only install() does it
     from .hooks import TorchHooks
@@ -28,6 +29,7 @@ def install(start_mesh: bool = True) -> TorchHooks:
     if _hooks is None:
         _hooks = TorchHooks(CommRegistry(), start_mesh=start_mesh)
         _hooks.install()
+        journal.read_flight_recorder(flight_recorder)
     return _hooks
 
 
@@ -44,4 +46,17 @@ def installed() -> TorchHooks | None:
     return _hooks
 
 
-__all__ = ["install", "installed", "uninstall"]
+def flight_recorder() -> journal.FlightRecorder | None:
+    """The Flight Recorder of the hooks installed now, for the verdict journal (``rasd.services.journal``, which
+    ``install`` hands this to): its dump and each communicator's group names; None when no hooks are installed or
+    the Flight Recorder is off. RAS thread (the records' groups are the RAS thread's)."""
+    records = _hooks.records if _hooks is not None else None
+    if records is None or not records.flight_recorder:
+        return None
+    names: dict[int, list[str]] = {}
+    for group in list(records.groups.values()):
+        names.setdefault(group.comm.comm_hash, []).append(str(group.name))
+    return records.dump, {comm_hash: tuple(group_names) for comm_hash, group_names in names.items()}
+
+
+__all__ = ["flight_recorder", "install", "installed", "uninstall"]

@@ -57,6 +57,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from rasd import api
 from rasd.api import RasHandle
 from rasd.core.comms import OP_TYPES, RESULT_IN_PROGRESS, runs_of
 from rasd.core.registry import CommRegistry, LocalComm
@@ -277,7 +278,7 @@ class TorchHooks:
         @functools.wraps(fn)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
             if self.start_mesh:
-                from rasd.net.client_port import move_nccl_ras_port
+                from rasd.services.client_port import move_nccl_ras_port
 
                 move_nccl_ras_port()  # before NCCL's first communicator reads it
             created_ns = time.time_ns()
@@ -471,12 +472,11 @@ def start_node(
     """Start this process's RAS node (once) from ``store``, reporting the communicators that ``hooks`` count and
     serving the client port. Returns the running node's handle, or None when rasd is off or cannot start (it
     never raises: rasd.start logs why)."""
-    import rasd
-    from rasd.net import client_port
+    from rasd.services import client_port
 
     serve = functools.partial(client_port.serve, counting=hooks.records.describe)
     poll = functools.partial(_poll_records, hooks)
-    return rasd.start(
+    return api.start(
         store, rank=rank, devices=devices, prefix=prefix, local_data=hooks.snapshot, services=[serve, poll]
     )
 

@@ -14,7 +14,7 @@ import time
 import torch.distributed
 
 import rasd
-from rasd.net import client_port
+from rasd.services import client_port
 
 logging.basicConfig(level=logging.WARNING, format="member %(process)d %(name)s %(message)s")
 

@@ -258,7 +258,7 @@ def test_echo_monitor_piped_into_nc_is_closed_as_nccl_does(port_env):
 
 
 def test_clients_past_the_bound_get_an_error_line(port_env, monkeypatch):
-    from rasd.net import client_port
+    from rasd.services import client_port
 
     with Swarm(1, env=port_env):
         port = base_port(port_env)
@@ -281,7 +281,7 @@ def test_clients_past_the_bound_get_an_error_line(port_env, monkeypatch):
 
 def test_a_job_of_one_process_gets_the_head_then_the_report(port_env):
     """A gather with no one to ask ends as it starts: its report still comes after the head, which the client port
-    writes once the gather's request is out (rasd/net/client_port.py)."""
+    writes once the gather's request is out (rasd/services/client_port.py)."""
     with Swarm(1, env=port_env):
         port = base_port(port_env)
         report = wait_for_report(port, lambda r: "Errors\n======" in r, DEADLINE)

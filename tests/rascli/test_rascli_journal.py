@@ -225,7 +225,7 @@ def test_what_rasd_writes_is_what_rascli_reads(tmp_path):
     from rasd.core.events import Event, Kind
     from rasd.core.frames import Frame
     from rasd.core.peers import Addr, PeerInfo
-    from rasd.net.journal import Journal
+    from rasd.services.journal import Journal
 
     me = PeerInfo(Addr("10.0.0.1", 4001), pid=4242, hostname="node1", incarnation=7, rank=1)
     peer = PeerInfo(Addr("10.0.0.2", 4002), pid=4711, hostname="node2", incarnation=9, rank=2)

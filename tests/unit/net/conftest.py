@@ -6,7 +6,7 @@ import pytest
 
 import rasd
 from mesh_of_one import free_port
-from rasd.net import client_port
+from rasd.services import client_port
 
 
 @pytest.fixture

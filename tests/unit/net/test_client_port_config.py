@@ -2,7 +2,7 @@
 
 import pytest
 
-from rasd.net.client_port import move_nccl_ras_port, parse_addr
+from rasd.services.client_port import move_nccl_ras_port, parse_addr
 
 
 @pytest.mark.parametrize(

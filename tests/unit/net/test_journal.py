@@ -1,4 +1,4 @@
-"""The verdict journal's writer (``rasd/net/journal.py``): what a line holds, its bounds in size, the budget a
+"""The verdict journal's writer (``rasd/services/journal.py``): what a line holds, its bounds in size, the budget a
 restart waits for it whatever the disk does, and one WARNING when the disk or the directory fails.
 
 The ``Journal`` is driven by hand here (``on_event`` as the RAS thread calls it, ``sync`` as inprocess's monitor
@@ -21,8 +21,8 @@ from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord
 from rasd.core.events import Event, Kind
 from rasd.core.frames import Frame
 from rasd.core.peers import Addr, PeerInfo
-from rasd.net import journal as journal_module
-from rasd.net.journal import BUDGET_S, FR_ENTRIES, SCHEMA, Journal
+from rasd.services import journal as journal_module
+from rasd.services.journal import BUDGET_S, FR_ENTRIES, SCHEMA, Journal
 
 ME = PeerInfo(Addr("10.0.0.1", 4001), pid=4242, hostname="node1", incarnation=7, rank=1)
 DEAD = PeerInfo(Addr("10.0.0.2", 4002), pid=4711, hostname="node2", incarnation=9, devices=(3,), rank=2)

@@ -1,8 +1,9 @@
-"""Prometheus metrics (``rasd.net.metrics``, docs/operations.md "Metrics and alerts"): the setting, the frame counts,
-a real node of this process scraped over HTTP (restarts, STATUS and gather histograms), bad settings and a taken
-port as one WARNING line each, and docs/monitoring's rules and dashboard checked with promtool.
+"""Prometheus metrics (``rasd.services.metrics``, docs/operations.md "Metrics and alerts"): the setting, the frame
+counts (``rasd.net.traffic``), a real node of this process scraped over HTTP (restarts, STATUS and gather
+histograms), bad settings and a taken port as one WARNING line each, and docs/monitoring's rules and dashboard
+checked with promtool.
 
-The HTTP is a server process's (``rasd.net.metrics_server``; its protocol with the parent is tested in
+The HTTP is a server process's (``rasd.services.metrics_server``; its protocol with the parent is tested in
 test_metrics_server.py): it holds the listening socket and this process's threads do no HTTP work; it ends with the
 node, and with its parent killed by SIGKILL, and takes its file with it; a server that ends, or a file that cannot
 be written, is one WARNING, and the node runs on.
@@ -35,9 +36,10 @@ from prometheus_client.exposition import choose_encoder
 import rasd
 from mesh_of_one import query
 from polling import wait_for, wait_until
-from rasd.net import metrics
-from rasd.net.metrics import FrameCounter, count_frames, metrics_address
-from rasd.net.metrics_server import TEXT, decode
+from rasd.net.traffic import FrameCounter, count_frames
+from rasd.services import metrics
+from rasd.services.metrics import metrics_address
+from rasd.services.metrics_server import TEXT, decode
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 MONITORING = REPOSITORY / "docs" / "monitoring"
@@ -60,7 +62,7 @@ def server_of(pid: int) -> psutil.Process | None:
     """The metrics server process that process ``pid`` started, or None."""
     for child in psutil.Process(pid).children():
         try:
-            if "rasd.net.metrics_server" in child.cmdline():
+            if "rasd.services.metrics_server" in child.cmdline():
                 return child
         except psutil.Error:  # gone, or a zombie: not serving
             continue

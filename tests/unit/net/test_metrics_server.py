@@ -1,4 +1,4 @@
-"""The metrics server process (``rasd.net.metrics_server``), with this test as its parent: it serves the exposition
+"""The metrics server process (``rasd.services.metrics_server``), with this test as its parent: it serves the exposition
 file the parent rendered, in the format a scrape's Accept header chooses; a stale render is asked for on the
 channel and waited on; a fresh render without the format is served in the text format, and no fresh render in time
 is a 503; it answers other methods and paths as ``prometheus_client``'s server does and keeps connections alive;
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.exposition import choose_encoder
 
-from rasd.net.metrics_server import FRESH_S, TEXT, WAIT_S, decode, encode, restricted
+from rasd.services.metrics_server import FRESH_S, TEXT, WAIT_S, decode, encode, restricted
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 #: What Prometheus 3 sends: OpenMetrics first.
@@ -64,7 +64,7 @@ class Parent:
             self.channel, theirs = socket.socketpair()
             with theirs:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "rasd.net.metrics_server", "--listen-fd", str(sock.fileno())]
+                    [sys.executable, "-m", "rasd.services.metrics_server", "--listen-fd", str(sock.fileno())]
                     + ["--file", str(self.path), "--channel-fd", str(theirs.fileno()), "--parent", str(os.getpid())],
                     pass_fds=(sock.fileno(), theirs.fileno()),
                     cwd=REPOSITORY,

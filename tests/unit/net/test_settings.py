@@ -11,9 +11,9 @@ import pytest
 
 import rasd
 from rasd.core.config import MIN_FACTOR, Timers
-from rasd.net import client_port
-from rasd.net.client_port import client_address_setting, move_nccl_ras_port
 from rasd.net.runtime import mesh_host, mesh_port
+from rasd.services import client_port
+from rasd.services.client_port import client_address_setting, move_nccl_ras_port
 from rasd.swarm import configure_logging
 from rasd.swarm_services import member_services
 

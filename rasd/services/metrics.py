@@ -6,7 +6,7 @@ thread owns every value: it counts mesh traffic, events, gathers and STATUS repl
 exposition of the snapshot, in each format a scrape asked for (``ExpositionWriter``), written whole to a file on tmpfs
 after a publication that an event or a scrape asked for, never more than the snapshots it publishes.
 
-The HTTP is another process's: ``python -m rasd.net.metrics_server`` (``Server``), started with ``subprocess`` (a
+The HTTP is another process's: ``python -m rasd.services.metrics_server`` (``Server``), started with ``subprocess`` (a
 fork without exec would copy the training threads' locks mid-use), at nice 19, on a listening socket bound here.
 It answers scrapes from the file and, over a socket pair, asks the RAS thread for a render when the file is more
 than ``metrics_server.FRESH_S`` old. Served from threads of this process, each scrape cost the training process
@@ -44,10 +44,11 @@ from typing import TYPE_CHECKING, Any
 
 from rasd.core.comms import OP_TYPES
 from rasd.core.events import Event, Kind
+from rasd.net.traffic import FrameCounter, count_frames
 from rasd.report.model import is_error_code, rank_status
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from rasd.net.runtime import Runtime
 
 log = logging.getLogger("rasd")
 
@@ -103,44 +104,6 @@ def metrics_address(environ: Mapping[str, str], warn: Callable[[str], None]) -> 
 
 # ----------------------------------------------------------------------------------------------------------------
 # What the RAS thread owns
-
-
-def count_frames(data: bytes) -> int:
-    """Frames in ``data``, which holds whole frames (a ``Send``): ``u32 length`` then that many bytes, repeated."""
-    frames = i = 0
-    n = len(data)
-    while i + 4 <= n:
-        i += 4 + int.from_bytes(data[i : i + 4], "big")
-        frames += 1
-    return frames
-
-
-class FrameCounter:
-    """Counts the frames of one connection's incoming byte stream, which arrives in arbitrary pieces."""
-
-    __slots__ = ("_head", "_need")
-
-    def __init__(self) -> None:
-        self._need = 0
-        self._head = b""
-
-    def feed(self, data: bytes) -> int:
-        frames = i = 0
-        n = len(data)
-        while i < n:
-            if self._need:
-                take = min(self._need, n - i)
-                self._need -= take
-                i += take
-                continue
-            chunk = data[i : i + 4 - len(self._head)]
-            i += len(chunk)
-            self._head += chunk
-            if len(self._head) == 4:
-                self._need = int.from_bytes(self._head, "big")
-                self._head = b""
-                frames += 1
-        return frames
 
 
 class _Histogram:
@@ -525,7 +488,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 class Server:
-    """The HTTP endpoint: ``python -m rasd.net.metrics_server`` on ``sock`` (its own copy: the caller closes this
+    """The HTTP endpoint: ``python -m rasd.services.metrics_server`` on ``sock`` (its own copy: the caller closes this
     one), serving the file at ``path``. A socket pair joins the two: ``on_request(accept)`` is called on the RAS
     thread for each render it asks for, ``rendered`` tells it of each render, and ``on_gone()`` is called once if it
     ends before ``close``."""
@@ -547,8 +510,8 @@ class Server:
         try:
             # A fork without exec would copy the training process's threads' locks mid-use; Popen execs at once.
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rasd.net.metrics_server", "--listen-fd", str(sock.fileno()), "--file", path]
-                + ["--channel-fd", str(theirs.fileno()), "--parent", str(os.getpid())],
+                [sys.executable, "-m", "rasd.services.metrics_server", "--listen-fd", str(sock.fileno())]
+                + ["--file", path, "--channel-fd", str(theirs.fileno()), "--parent", str(os.getpid())],
                 pass_fds=(sock.fileno(), theirs.fileno()),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,  # stderr stays the training process's: a traceback lands in its log

@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import re
-import sys
 import threading
 import time
 import weakref
@@ -48,7 +47,7 @@ from rasd.core.peers import Addr, PeerInfo
 from rasd.report.model import is_error_code, rank_status
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from rasd.net.runtime import Runtime
 
 log = logging.getLogger("rasd")
 
@@ -158,7 +157,7 @@ class Journal:
         self._iteration = iteration
         self._local_data = local_data
         self._on_ras_thread = on_ras_thread
-        self._flight_recorder = flight_recorder if flight_recorder is not None else torch_flight_recorder
+        self._flight_recorder = flight_recorder if flight_recorder is not None else process_flight_recorder
         self.write = write
         self.max_file_bytes = max_file_bytes
         self.max_line_bytes = max_line_bytes
@@ -516,19 +515,23 @@ def _comm_counts(comm: CommRecord) -> dict[str, Any]:
     return {"comm_hash": _hex(comm.comm_hash), "size": comm.size, "ranks": ranks}
 
 
-def torch_flight_recorder() -> FlightRecorder | None:
-    """This process's Flight Recorder, when ``rasd.torch`` counts its process groups and the Flight Recorder is on:
-    its dump (``rasd.torch.records``) and each communicator's group names. None otherwise. RAS thread (the records'
-    groups are the RAS thread's). ``rasd.torch`` is only looked up, never imported: it imports torch."""
-    torch_part = sys.modules.get("rasd.torch")
-    hooks = torch_part.installed() if torch_part is not None else None
-    records = getattr(hooks, "records", None)
-    if records is None or not getattr(records, "flight_recorder", False):
-        return None
-    names: dict[int, list[str]] = {}
-    for group in list(records.groups.values()):
-        names.setdefault(group.comm.comm_hash, []).append(str(group.name))
-    return records.dump, {comm_hash: tuple(group_names) for comm_hash, group_names in names.items()}
+#: Where a journal finds this process's Flight Recorder: handed over by the layer that counts the process groups
+#: (``rasd.torch`` on install, ``read_flight_recorder``), which this module does not import: it imports torch.
+_flight_recorder_source: Callable[[], FlightRecorder | None] | None = None
+
+
+def read_flight_recorder(source: Callable[[], FlightRecorder | None]) -> None:
+    """From now on the journals of this process read the Flight Recorder with ``source``, which they call on the RAS
+    thread (the records' groups are its): its dump and each communicator's group names, or None while it is off."""
+    global _flight_recorder_source
+    _flight_recorder_source = source
+
+
+def process_flight_recorder() -> FlightRecorder | None:
+    """This process's Flight Recorder, as the source handed to ``read_flight_recorder`` reads it; None when no source
+    was handed over (``rasd.torch`` is not installed) or the Flight Recorder is off. RAS thread."""
+    source = _flight_recorder_source
+    return source() if source is not None else None
 
 
 def of(runtime: Runtime) -> Journal | None:

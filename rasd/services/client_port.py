@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rascli.version import __version__
 from rasd.core import wire
 from rasd.core.client_session import (
     ClientSession,
@@ -41,16 +42,15 @@ from rasd.core.client_session import (
 )
 from rasd.core.events import Event, Kind
 from rasd.core.snapshot import JobSnapshot
+from rasd.net.endpoints import EndpointRegistry
 from rasd.net.gc_pause import collector_paused
+from rasd.net.runtime import Runtime
 from rasd.report import diagnostics, stacks
 from rasd.report.events import format_event_json, format_event_text
 from rasd.report.json_format import render_json
 from rasd.report.model import build_report
 from rasd.report.summary import build_job_summary
 from rasd.report.text import render_head, render_tail
-
-from .endpoints import EndpointRegistry
-from .runtime import Runtime
 
 log = logging.getLogger("rasd")
 
@@ -125,8 +125,6 @@ def job_id_of(secret: bytes) -> str:
 def version_lines() -> tuple[str, str]:
     from importlib import metadata
 
-    import rasd
-
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -135,7 +133,7 @@ def version_lines() -> tuple[str, str]:
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch.version, "cuda", None) and torch.cuda.is_available():
         runtime = f"Python {sys.version.split()[0]}, CUDA runtime version {torch.version.cuda}"
-    return f"torchras version {rasd.__version__} with torch {torch_version}", runtime
+    return f"torchras version {__version__} with torch {torch_version}", runtime
 
 
 class _Client(asyncio.Protocol):

@@ -1,5 +1,5 @@
 """The metrics server: one training process's ``/metrics`` over HTTP, from a process of its own
-(``python -m rasd.net.metrics_server``; ``rasd.net.metrics`` starts it and stops it).
+(``python -m rasd.services.metrics_server``; ``rasd.services.metrics`` starts it and stops it).
 
 Why a process (docs/operations.md §9): an HTTP server on threads of the training process runs under that process's
 GIL, and every scrape takes interpreter time from training (392 scrapes a second slowed a saturated 2-core loop by
@@ -72,7 +72,7 @@ MAGIC = "torchras-metrics 1"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The file (written by rasd.net.metrics on the RAS thread, read here)
+# The file (written by rasd.services.metrics on the RAS thread, read here)
 
 
 def encode(rendered_at: float, bodies: Mapping[str, bytes]) -> bytes:
@@ -431,7 +431,7 @@ async def serve(listen_fd: int, path: str, channel_fd: int, parent: int) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rasd.net.metrics_server", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m rasd.services.metrics_server", description=__doc__.split("\n")[0])
     ap.add_argument("--listen-fd", type=int, required=True, help="the listening socket, bound by the parent")
     ap.add_argument("--file", required=True, help="the exposition file the parent writes")
     ap.add_argument("--channel-fd", type=int, required=True, help="this process's end of a socket pair with the parent")

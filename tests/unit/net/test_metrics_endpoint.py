@@ -69,6 +69,14 @@ def server_of(pid: int) -> psutil.Process | None:
     return None
 
 
+def started_server() -> psutil.Process:
+    """This process's metrics server, waited for: its command line is read from /proc, which a loaded machine may
+    show as the parent's for a moment."""
+    server = wait_until(lambda: server_of(os.getpid()), 10, 0.05, what="this process's metrics server")
+    assert server is not None
+    return server
+
+
 def file_of(server: psutil.Process) -> Path:
     """The exposition file a server process reads (its ``--file``)."""
     args = server.cmdline()
@@ -169,7 +177,7 @@ def test_a_node_serves_its_metrics_and_they_follow_restarts_and_status_requests(
 
 def test_the_server_serves_what_the_training_process_rendered_in_the_format_asked_for(node):
     port = node.metrics_address[1]
-    server = server_of(os.getpid())
+    server = started_server()
     assert server is not None
     prometheus = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,text/plain;version=0.0.4;q=0.3"
     for accept, content_type in ((None, TEXT), (prometheus, choose_encoder(prometheus)[1])):
@@ -188,7 +196,7 @@ def test_the_server_serves_what_the_training_process_rendered_in_the_format_aske
 def test_the_server_process_its_port_and_its_file_end_with_the_node(node):
     port = node.metrics_address[1]
     scrape(port)
-    server = server_of(os.getpid())
+    server = started_server()
     assert server is not None and server.nice() == 19
     exposition = file_of(server)
     assert exposition.exists()
@@ -201,7 +209,7 @@ def test_the_server_process_its_port_and_its_file_end_with_the_node(node):
 def test_the_training_process_does_no_http_work(node):
     port = node.metrics_address[1]
     scrape(port)
-    server = server_of(os.getpid())
+    server = started_server()
     assert server is not None
     threads = {t.ident for t in threading.enumerate()}
     # The listening socket is the server's; this process holds none on the port.
@@ -304,7 +312,7 @@ def start_serving(monkeypatch) -> rasd.RasHandle:
 def test_a_server_process_that_ends_is_one_warning_and_the_node_runs(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="rasd"):
         handle = start_serving(monkeypatch)
-        server = server_of(os.getpid())
+        server = started_server()
         assert server is not None
         exposition = file_of(server)
         server.kill()
@@ -321,7 +329,7 @@ def test_a_file_that_cannot_be_written_is_one_warning_and_the_node_runs(monkeypa
     monkeypatch.setattr(metrics, "exposition_directory", lambda: str(directory))
     with caplog.at_level(logging.WARNING, logger="rasd"):
         handle = start_serving(monkeypatch)
-        server = server_of(os.getpid())
+        server = started_server()
         assert server is not None and file_of(server).parent == directory
         address = handle.metrics_address
         assert address is not None

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch.distributed
 
+from torchras_formats import launch_events as launch_records
+
 from . import (
     exception,
     fault_source,
@@ -235,7 +237,7 @@ class CallWrapper:
         w = self.wrapper
         # Before the start-up barrier: a launcher that loses a worker before the job's first round restarts the
         # group only for a job whose workers run the Wrapper (torchras.launch.startup).
-        launch_events.announce("wrapper_starting", newcomer=self._newcomer)
+        launch_events.announce(launch_records.WrapperStarting(newcomer=self._newcomer))
         newcomer_store: Any = None
         if self._newcomer:  # docs/elastic.md section 5: the running call's namespace, the next initial rank
             assert w.joining is not None
@@ -297,7 +299,9 @@ class CallWrapper:
             self.joining.join()  # in the wait list of the running round; admitted at the next round (__call__)
         # The launcher respawns a dead worker only where a replacement can be admitted (inprocess.launch_events).
         launch_events.announce(
-            "wrapper", joining=self.joining is not None, newcomer=self._newcomer, initial_rank=self.state.initial_rank
+            launch_records.Wrapper(
+                joining=self.joining is not None, newcomer=self._newcomer, initial_rank=self.state.initial_rank
+            )
         )
 
     def _join_mesh(self) -> None:
@@ -419,7 +423,7 @@ class CallWrapper:
                 self._restart()
             if self.joining is not None:
                 self.joining.close()  # the job completed: pending joins fail, nobody joins it any more
-            launch_events.announce("completed", iteration=self.state.iteration)
+            launch_events.announce(launch_records.Completed(iteration=self.state.iteration))
             if self.wrapper.completion is not None:
                 try:
                     self.wrapper.completion(self.state.freeze())
@@ -443,7 +447,7 @@ class CallWrapper:
         self._enter_admitted(admission)
         self._publish()
         launch_events.announce(
-            "joined", rank=admission.rank, world_size=admission.world_size, iteration=admission.iteration
+            launch_records.Joined(rank=admission.rank, world_size=admission.world_size, iteration=admission.iteration)
         )
         log.info(
             "process %s joins as rank %s of %s in iteration %s (round %s)",
@@ -484,7 +488,9 @@ class CallWrapper:
         if state.iteration == 0 and not self._newcomer:
             self._publish()  # later iterations (and a newcomer's first) publish right after their rank assignment
         state.set_distributed_vars()
-        launch_events.announce("iteration", iteration=state.iteration, rank=state.rank, world_size=state.world_size)
+        launch_events.announce(
+            launch_records.Iteration(iteration=state.iteration, rank=state.rank, world_size=state.world_size)
+        )
         store = self.base_store.iteration_store(state.iteration)
         assert self._user is not None
         self.store = self._user.store(state.iteration)
@@ -679,9 +685,9 @@ class CallWrapper:
         state = self.state
         log.warning("rank %s leaves the wrapper: %r", state.rank, error)
         if isinstance(error, joining_module.JoinFailed):  # refused (the job completed, or a timeout): no respawn
-            launch_events.announce("join_failed", reason=error.reason)
+            launch_events.announce(launch_records.JoinFailed(reason=error.reason))
         elif isinstance(error, exception.RestartAbort):  # an initialize gave up: no restart would heal it either
-            launch_events.announce("gave_up", reason=f"{type(error).__name__}: {error}"[:500])
+            launch_events.announce(launch_records.GaveUp(reason=f"{type(error).__name__}: {error}"[:500]))
         monitor = self.monitor_thread
         if monitor is not None:
             monitor.leave_function()

@@ -1,9 +1,9 @@
 """``--journal DIR``: the verdict journals of a job's processes (``TORCHRAS_JOURNAL_DIR``) as one timeline.
 
 rasd writes one file per process, ``journal-<host>-<pid>[-rank<r>].jsonl`` (rotated once to ``.jsonl.1``), one JSON
-object per line. docs/operations.md §11 is the format: the one contract between that writer and this reader, which
-parses it on its own (rascli imports nothing of rasd). Every journal file of the directory is read, rotated ones
-too, and the lines of all processes are merged by time (``epoch``).
+object per line. docs/operations.md §11 is the format; ``torchras_formats.journal_lines`` encodes (rasd) and decodes
+(here) its lines, so writer and reader share one implementation while rascli imports nothing of rasd. Every journal
+file of the directory is read, rotated ones too, and the lines of all processes are merged by time (``epoch``).
 
 What cannot be read is skipped, with a note on stderr, and the rest is shown: a last line cut short (its process
 was writing it, or was killed mid-line), a line that is not a journal line, a line of a schema version this reader
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,14 +27,13 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from torchras_formats.journal_lines import JOURNAL_FILE, SCHEMA, decode
+
 from .errors import Exit, RasCliError
 from .monitor import EVENT_STYLES
 from .options import Options
 from .output import Streams
 
-#: The schema version this reader knows (docs/operations.md §11).
-SCHEMA = 1
-JOURNAL_FILE = re.compile(r"journal-.+\.jsonl(?P<rotated>\.1)?")
 #: How many entries of each kind of problem a note names before it just counts them.
 NOTED_LINES = 3
 INDENT = "      "
@@ -105,7 +103,7 @@ def _parse(data: bytes, name: str, generation: int, path: Path, notes: list[str]
     for number, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
-        line = _object(raw)
+        line = decode(raw)
         if line is None:
             bad.append(number)
         elif line["v"] != SCHEMA:
@@ -119,24 +117,6 @@ def _parse(data: bytes, name: str, generation: int, path: Path, notes: list[str]
     for version, numbers in sorted(versions.items()):
         notes.append(f"skipped {_lines(numbers)} of {path}: schema version {version} (this rascli reads {SCHEMA})")
     return entries
-
-
-def _object(raw: bytes) -> dict[str, Any] | None:
-    """A journal line's object, or None: JSON, an object, an integer ``v``, a number ``epoch``, a text ``record``."""
-    try:
-        line = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(line, dict):
-        return None
-    version, epoch = line.get("v"), line.get("epoch")
-    if not isinstance(version, int) or isinstance(version, bool):
-        return None
-    if version == SCHEMA and (
-        not isinstance(epoch, (int, float)) or isinstance(epoch, bool) or not isinstance(line.get("record"), str)
-    ):
-        return None
-    return line
 
 
 def _lines(numbers: list[int]) -> str:

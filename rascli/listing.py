@@ -1,5 +1,5 @@
 """``--list``: the torchras jobs serving on this node, read from the endpoint files their processes register
-(``endpoints.py``: the format, and which files are stale).
+(``torchras_formats.endpoint_files``: the format; ``processes.py``: which files are stale).
 
 Files of processes that no longer exist are ignored (a process killed with -9 cannot remove its own file), and so is
 a file whose pid now belongs to a newer process. What is left is grouped by (port, job id): one row per job.
@@ -15,7 +15,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from .endpoints import Endpoint
+from torchras_formats.endpoint_files import Endpoint
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from importlib import metadata
 
-from . import __version__, commands, endpoints, journal, listing, monitor, watch
+from torchras_formats import endpoint_files
+
+from . import __version__, commands, journal, listing, monitor, watch
 from .errors import Exit, RasCliError
 from .options import USAGE, Options, parse
 from .output import Streams, from_sys
+from .processes import process_alive
 from .protocol import FACTOR_ENV, PROTOCOL_VERSION, Timeouts, timeout_factor
 from .render import render_report
 from .report import ReportFormatError, parse_report
@@ -78,8 +81,8 @@ def check(options: Options, timeouts: Timeouts, streams: Streams) -> int:
 
 
 def list_jobs(options: Options, streams: Streams, environ: Mapping[str, str]) -> int:
-    directory = endpoints.run_dir(environ)
-    jobs = listing.group_jobs(endpoints.read_endpoints(directory))
+    directory = endpoint_files.run_dir(environ)
+    jobs = listing.group_jobs(endpoint_files.read_endpoints(directory, process_alive))
     now = time.time()
     if options.json:
         streams.write((json.dumps([job.as_json() for job in jobs], indent=2) + "\n").encode())

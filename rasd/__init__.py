@@ -1,6 +1,5 @@
 """rasd: the RAS node that runs inside every process of a torchras job (see rasd.api)."""
 
-from rascli.version import __version__
 from rasd.api import (
     RasHandle,
     enabled,
@@ -16,6 +15,7 @@ from rasd.api import (
     work_state,
 )
 from rasd.core.events import Event, Kind
+from torchras_formats.version import __version__
 
 
 def install(start_mesh: bool = True):

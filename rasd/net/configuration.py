@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rascli.version import __version__
 from rasd.core.peers import PeerInfo
 from rasd.core.wire import MAX_ANSWER_BYTES
 from rasd.report.diagnostics import SETTING_PREFIXES, Configuration
+from torchras_formats.version import __version__
 
 log = logging.getLogger("rasd")
 

@@ -1,10 +1,10 @@
 """Which client port each torchras job on this host serves, so that two jobs never share one.
 
 Every process that serves a client port registers it as an endpoint file in the run directory. The format (the
-file's name and fields, where the directory is, and when a file is stale) is ``rascli.endpoints``, the one module
-that both this registry and ``rascli --list`` read it with: rascli is the standalone client and imports nothing of
-rasd, so the format lives on its side. This module adds what only the serving processes do: choosing a port happens
-under a file lock, so two jobs that start at the same moment still end up on different ports.
+file's name and fields, where the directory is) is ``torchras_formats.endpoint_files``, the one module that both this
+registry and ``rascli --list`` read it with; when a file is stale is ``rascli.processes.process_alive`` (psutil, which
+the standard-library-only formats package does not import). This module adds what only the serving processes do:
+choosing a port happens under a file lock, so two jobs that start at the same moment still end up on different ports.
 
 A process removes its own file when its client port closes (``rasd.stop``, exit). A process that cannot (killed
 with -9, ended by a signal it does not handle, or killed half way through writing its file) leaves it behind: the
@@ -20,7 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rascli.endpoints import TEMPORARY_FILES, Endpoint, run_dir, scan, write_endpoint
+from rascli.processes import process_alive
+from torchras_formats.endpoint_files import TEMPORARY_FILES, Endpoint, run_dir, scan, write_endpoint
 
 #: A half-written file (``*.tmp``) older than this belongs to a process that died while writing it.
 TMP_STALE_S = 60.0
@@ -48,7 +49,7 @@ class EndpointRegistry:
                 with contextlib.suppress(OSError):
                     if now - path.stat().st_mtime > TMP_STALE_S:
                         path.unlink()
-        live, stale = scan(self.dir)
+        live, stale = scan(self.dir, process_alive)
         for path in stale:
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rascli.version import __version__
 from rasd.core import wire
 from rasd.core.client_session import (
     ClientSession,
@@ -51,6 +50,7 @@ from rasd.report.json_format import render_json
 from rasd.report.model import build_report
 from rasd.report.summary import build_job_summary
 from rasd.report.text import render_head, render_tail
+from torchras_formats.version import __version__
 
 log = logging.getLogger("rasd")
 

@@ -1,10 +1,11 @@
 """The verdict journal: every verdict and every restart of this process, with its evidence, appended as one JSON
 line to a file of the process's own in ``TORCHRAS_JOURNAL_DIR`` (off when unset). docs/operations.md §11 is the
-reference: what a line holds (the contract with ``rascli --journal``, which parses it on its own), the bounds, and
-what a failure does.
+reference: what a line holds (the contract with ``rascli --journal``), the bounds, and what a failure does.
 
-Belongs here: the setting, the records (``Journal.record_of``: the one writer of the line format, schema
-``SCHEMA``), their bounds, and the thread that writes them. Nothing here raises into the node or into training.
+Belongs here: the setting, the records (``Journal.record_of``: the one writer of the records), their bounds, and the
+thread that writes them. The lines themselves (file names, schema version, encoding) are
+``torchras_formats.journal_lines``, which ``rascli --journal`` decodes them with. Nothing here raises into the node
+or into training.
 
 Three threads touch a journal, each with one job::
 
@@ -33,7 +34,6 @@ import datetime
 import json
 import logging
 import os
-import re
 import threading
 import time
 import weakref
@@ -45,6 +45,7 @@ from rasd.core.comms import OP_TYPES, CommRecord, ProcessData
 from rasd.core.events import Event, Kind
 from rasd.core.peers import Addr, PeerInfo
 from rasd.report.model import is_error_code, rank_status
+from torchras_formats.journal_lines import SCHEMA, encode, file_name
 
 if TYPE_CHECKING:
     from rasd.net.runtime import Runtime
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("rasd")
 
 ENV = "TORCHRAS_JOURNAL_DIR"
-#: The line format's version (docs/operations.md §11). A reader skips lines of a version it does not know.
-SCHEMA = 1
 #: The most a restart waits for the journal (``sync``): what a stalled disk can add to a restart, at worst.
 BUDGET_S = 0.2
 #: A file is rotated (renamed to ``<name>.1``, replacing the previous one) before a line would take it past this.
@@ -104,20 +103,9 @@ _journals: weakref.WeakKeyDictionary[Runtime, Journal] = weakref.WeakKeyDictiona
 FlightRecorder = tuple[Callable[[], Any], dict[int, tuple[str, ...]]]
 
 
-def file_name(host: str, pid: int, rank: int) -> str:
-    """``journal-<host>-<pid>-rank<rank>.jsonl`` (no rank part while the rank is unknown): who wrote it, at a glance."""
-    safe = re.sub(r"[^A-Za-z0-9._]", "_", host) or "host"
-    return f"journal-{safe}-{pid}" + (f"-rank{rank}" if rank >= 0 else "") + ".jsonl"
-
-
 def iso_time(epoch: float) -> str:
     """UTC, ISO 8601 with microseconds: ``2026-11-21T11:45:03.123456Z``."""
     return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def encode(record: dict[str, Any]) -> bytes:
-    """One line: compact JSON, ASCII only (so no byte of it is a line break but the last), ending in a newline."""
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=True, default=str).encode("ascii") + b"\n"
 
 
 @dataclass

@@ -451,18 +451,20 @@ def test_a_worker_announces_whole_lines_and_never_raises(tmp_path, monkeypatch: 
     import json
 
     from inprocess import launch_events
+    from torchras_formats.launch_events import Completed, Iteration, Joined, Wrapper
 
     monkeypatch.delenv(launch_events.ENVIRONMENT, raising=False)
-    launch_events.announce("wrapper", joining=True)  # no launcher: nothing written, nothing raised
+    # No launcher: nothing written, nothing raised.
+    launch_events.announce(Wrapper(joining=True, newcomer=False, initial_rank=0))
     path = tmp_path / "events.jsonl"
     monkeypatch.setenv(launch_events.ENVIRONMENT, str(path))
-    launch_events.announce("joined", rank=3, world_size=4)
-    launch_events.announce("completed", iteration=2)
+    launch_events.announce(Joined(rank=3, world_size=4, iteration=1))
+    launch_events.announce(Completed(iteration=2))
     first, second = (json.loads(line) for line in path.read_text().splitlines())
     assert (first["event"], first["rank"], first["world_size"], first["pid"]) == ("joined", 3, 4, os.getpid())
     assert second["event"] == "completed"
     monkeypatch.setenv(launch_events.ENVIRONMENT, str(tmp_path))  # a folder: the write fails, training does not
-    launch_events.announce("iteration", iteration=1)
+    launch_events.announce(Iteration(iteration=1, rank=0, world_size=1))
 
 
 def test_a_worker_lost_before_the_first_round_restarts_the_group_only_under_the_wrapper() -> None:

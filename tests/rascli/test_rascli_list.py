@@ -13,9 +13,10 @@ import psutil
 import pytest
 
 from polling import wait_until
-from rascli.endpoints import Endpoint, parse_endpoint, process_alive, read_endpoints, run_dir, scan, write_endpoint
 from rascli.listing import group_jobs
+from rascli.processes import process_alive
 from rascli_helpers import rascli_run, run_cli
+from torchras_formats.endpoint_files import Endpoint, parse_endpoint, read_endpoints, run_dir, scan, write_endpoint
 
 ME = os.getpid()
 MY_START = psutil.Process(ME).create_time()
@@ -54,7 +55,7 @@ def test_jobs_are_grouped_by_port_and_job_id(tmp_path: Path) -> None:
     register(tmp_path, 28028, pids[0], "aa11", started=MY_START + 5)
     register(tmp_path, 28028, pids[1], "aa11", started=MY_START + 3)
     register(tmp_path, 28029, pids[0], "bb22")
-    jobs = group_jobs(read_endpoints(tmp_path))
+    jobs = group_jobs(read_endpoints(tmp_path, process_alive))
     assert [(job.port, job.job_id, len(job.pids)) for job in jobs] == [
         (28028, "aa11", len(set(pids))),
         (28029, "bb22", 1),
@@ -70,7 +71,7 @@ def test_files_of_gone_processes_and_junk_are_ignored(tmp_path: Path) -> None:
     (tmp_path / "28033-1.json").write_text(json.dumps({"port": "x", "pid": 1, "job_id": "e"}))
     (tmp_path / "28034-1.json").write_text(json.dumps([1, 2]))
     (tmp_path / "notes.txt").write_text("ignored")
-    jobs = group_jobs(read_endpoints(tmp_path))
+    jobs = group_jobs(read_endpoints(tmp_path, process_alive))
     assert [(job.port, job.job_id) for job in jobs] == [(28028, "aa11")]
 
 
@@ -168,7 +169,7 @@ def test_list_as_a_command(tmp_path: Path) -> None:
 def test_written_endpoints_read_back(tmp_path: Path) -> None:
     path = write_endpoint(tmp_path, "localhost", 28028, "3f2a9c")
     assert path == tmp_path / f"28028-{ME}.json" and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
-    (endpoint,) = read_endpoints(tmp_path)
+    (endpoint,) = read_endpoints(tmp_path, process_alive)
     assert (endpoint.host, endpoint.port, endpoint.job_id, endpoint.pid) == ("localhost", 28028, "3f2a9c", ME)
     assert parse_endpoint(path.read_text()) == endpoint
     assert json.loads(path.read_text()) == endpoint.as_json()
@@ -195,7 +196,7 @@ def test_a_file_with_a_field_of_the_wrong_kind_is_no_endpoint(tmp_path: Path, ch
     with pytest.raises(ValueError):
         parse_endpoint(json.dumps({**good, **change}))
     (tmp_path / f"28028-{ME}.json").write_text(json.dumps({**good, **change}))
-    assert scan(tmp_path) == ([], [])  # neither live nor stale: not ours to judge
+    assert scan(tmp_path, process_alive) == ([], [])  # neither live nor stale: not ours to judge
 
 
 def test_every_field_but_the_hostname_is_required() -> None:
@@ -209,6 +210,6 @@ def test_every_field_but_the_hostname_is_required() -> None:
 def test_scan_tells_stale_files_apart(tmp_path: Path) -> None:
     register(tmp_path, 28028, ME, "aa11")
     register(tmp_path, 28030, dead_pid(), "cc33")
-    live, stale = scan(tmp_path)
+    live, stale = scan(tmp_path, process_alive)
     assert [e.port for e in live] == [28028] and [p.name for p in stale] == [next(tmp_path.glob("28030-*")).name]
-    assert scan(tmp_path / "missing") == ([], [])
+    assert scan(tmp_path / "missing", process_alive) == ([], [])

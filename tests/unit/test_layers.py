@@ -4,7 +4,7 @@ import-linter: the contracts in pyproject.toml's ``[tool.importlinter]``, run by
 The real tree keeps every contract; and each contract is shown to catch what it forbids: the packages are copied
 into a temporary folder, one forbidden import is added to one module there, and lint-imports, run in that folder
 with the same configuration, fails and names the contract and the import. Each run builds the import graph of the
-four packages afresh (no cache): about a second.
+five packages afresh (no cache): about a second.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rasd", "rascli", "inprocess", "torchras")
+PACKAGES = ("rasd", "rascli", "inprocess", "torchras", "torchras_formats")
 # The checker of this interpreter's environment (.venv/bin/lint-imports), as .ci/run runs it.
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
@@ -44,7 +44,7 @@ def test_the_tree_keeps_every_contract() -> None:
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The four packages, pyproject.toml and our contract type (tests/unit/layers_contract.py), copied once."""
+    """The five packages, pyproject.toml and our contract type (tests/unit/layers_contract.py), copied once."""
     folder = tmp_path_factory.mktemp("pristine")
     for package in PACKAGES:
         shutil.copytree(ROOT / package, folder / package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -71,6 +71,23 @@ VIOLATIONS = [
         "rascli imports nothing of rasd, inprocess or torchras",
         "rascli.main -> rasd",
         id="rascli-imports-rasd",
+    ),
+    pytest.param(
+        # The formats' home is imported by every package: it imports none of them (issue 41, item 5).
+        "torchras_formats/journal_lines.py",
+        "from rascli import errors",
+        "formats-alone",
+        "torchras_formats imports nothing of rasd, rascli, inprocess or torchras",
+        "torchras_formats.journal_lines -> rascli.errors",
+        id="formats-import-rascli",
+    ),
+    pytest.param(
+        "torchras_formats/endpoint_files.py",
+        "import psutil",
+        "formats-sans-io",
+        "torchras_formats imports no third-party package, only the standard library",
+        "torchras_formats.endpoint_files imports psutil",
+        id="formats-import-third-party",
     ),
     pytest.param(
         "rasd/core/__init__.py",

@@ -1,11 +1,11 @@
-"""A plain ``pip install`` of the distribution runs: every third-party package the four runtime packages import is a
+"""A plain ``pip install`` of the distribution runs: every third-party package the five runtime packages import is a
 dependency in pyproject.toml's ``[project]``, or an optional one imported only where it is needed.
 
 Why a test: ``./bootstrap`` installs more than the distribution declares (the test tools, the checkers, etcd3gw), so
 a run from the development environment never shows a missing dependency; a user's ``pip install`` does, at run time
 (issue 27: ``rasd demo`` restarted for ever on ``Numpy is not available``). So the imports are read from the source
-(every ``import`` statement of rasd, rascli, inprocess and torchras, those inside functions too, with ``ast``) and
-held against the declared requirements:
+(every ``import`` statement of rasd, rascli, inprocess, torchras and torchras_formats, those inside functions too,
+with ``ast``) and held against the declared requirements:
 
 * a package imported at run time is declared in ``dependencies`` (under its distribution's name);
 * a package of an optional extra (``etcd``), or an optional package of someone else's stack (NVML, Transformer
@@ -37,7 +37,7 @@ except ModuleNotFoundError:  # Python 3.10: tomllib came with 3.11
     tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rasd", "rascli", "inprocess", "torchras")
+PACKAGES = ("rasd", "rascli", "inprocess", "torchras", "torchras_formats")
 
 #: Import name -> distribution name, for every third-party package the runtime packages may import.
 DISTRIBUTIONS = {
@@ -199,7 +199,7 @@ def test_every_declared_dependency_is_used_and_says_why() -> None:
         if item.module in DISTRIBUTIONS
     }
     for name in declared():
-        assert name in imported or name in TORCH_NEEDS, f"{name} is declared but nothing of the four packages uses it"
+        assert name in imported or name in TORCH_NEEDS, f"{name} is declared but nothing of the five packages uses it"
 
 
 @pytest.mark.parametrize("distribution", sorted(TORCH_NEEDS))

@@ -36,6 +36,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from torchras_formats import launch_events
+from torchras_formats.launch_events import LaunchEvent
+
 from . import (
     args as args_module,
     environment,
@@ -810,7 +813,7 @@ class Launcher:
         # Python handler of SIGTERM cannot run: SIGKILL (and SIGCONT, for a stopped worker's children) at once.
         self._stop_workers(signal.SIGKILL)
 
-    def _worker_mode(self, slot: workers_module.Slot, event: dict, wrapped: bool) -> None:
+    def _worker_mode(self, slot: workers_module.Slot, event: launch_events.Announcement, wrapped: bool) -> None:
         """A worker said that it runs the Wrapper, or that it trains without one: a job that mixes both is refused
         (``restarts.mixed_message``); a Wrapper's job keeps the in-place healing, and --max-restarts is not used."""
         pid = event.get("pid")
@@ -994,7 +997,7 @@ class Launcher:
                 self._close_pipe(read_end)
         return not self.draining
 
-    # ---- what the workers' Wrappers announce (inprocess.launch_events) -----------------------------------------
+    # ---- what the workers' Wrappers announce (inprocess.launch_events; the lines: torchras_formats.launch_events) --
 
     def _read_announcements(self) -> None:
         for slot in self.slots:
@@ -1008,32 +1011,29 @@ class Launcher:
             complete = data[: data.rfind(b"\n") + 1]
             slot.events_offset += len(complete)
             for line in complete.splitlines():
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict):
+                event = launch_events.decode(line)
+                if event is not None:
                     self._announced(slot, event)
         if self.gave_up is not None:  # after every file is read: a replacement's "joined" may be in a later one
             self._stop_waiting_replacements()
 
-    def _announced(self, slot: workers_module.Slot, event: dict) -> None:
+    def _announced(self, slot: workers_module.Slot, event: launch_events.Announcement) -> None:
         kind = event.get("event")
         worker = slot.worker
         current = worker is not None and event.get("pid") == worker.pid
-        if kind in ("wrapper", "wrapper_starting"):
+        if kind in (LaunchEvent.WRAPPER, LaunchEvent.WRAPPER_STARTING):
             self.wrapped = True
             self.wrapper_built = True
             self._worker_mode(slot, event, wrapped=True)
-        elif kind in ("process_group_starting", "process_group"):
+        elif kind in (LaunchEvent.PROCESS_GROUP_STARTING, LaunchEvent.PROCESS_GROUP):
             self._worker_mode(slot, event, wrapped=False)
-        if kind == "wrapper" and current and not event.get("newcomer"):
+        if kind == LaunchEvent.WRAPPER and current and not event.get("newcomer"):
             self.job_started = True  # its start-up barrier passed: every initial rank met (``startup``)
-        if kind == "wrapper" and event.get("joining") and not self.heals:
+        if kind == LaunchEvent.WRAPPER and event.get("joining") and not self.heals:
             self.heals = True
             if self.plan.max_respawns:
                 log.info("the workers' inprocess.Wrapper admits newcomers: a dead worker is respawned and joins")
-        elif kind == "joined":
+        elif kind == LaunchEvent.JOINED:
             if current and worker is not None:
                 worker.joined = True
             log.info(
@@ -1044,17 +1044,17 @@ class Launcher:
                 event.get("world_size"),
                 event.get("iteration"),
             )
-        elif kind == "join_failed" and current and worker is not None:
+        elif kind == LaunchEvent.JOIN_FAILED and current and worker is not None:
             worker.refused = event.get("reason") == "closed"
             worker.join_timed_out = event.get("reason") == "timeout"
-        elif kind == "completed" and current and worker is not None:
+        elif kind == LaunchEvent.COMPLETED and current and worker is not None:
             worker.completed = True
             self._job_completed()
-        elif kind == "gave_up":
+        elif kind == LaunchEvent.GAVE_UP:
             if current and worker is not None:
                 worker.gave_up = True
             self._job_gave_up(slot, event)
-        elif kind == "iteration":
+        elif kind == LaunchEvent.ITERATION:
             iteration, world = int(event.get("iteration", 0)), int(event.get("world_size", 0))
             if current and worker is not None:
                 worker.iteration = iteration
@@ -1075,7 +1075,7 @@ class Launcher:
                 slot.respawn_at = None
                 log.info("worker %s is not respawned: the job has completed", slot.local_rank)
 
-    def _job_gave_up(self, slot: workers_module.Slot, event: dict) -> None:
+    def _job_gave_up(self, slot: workers_module.Slot, event: launch_events.Announcement) -> None:
         """A worker's Wrapper gave up: the job ends. Nothing is respawned any more; the workers end by themselves."""
         if self.gave_up is not None:
             return  # said once, for the first; the others' own lines say that their Wrapper gave up too

@@ -8,7 +8,7 @@ gets the same node. The launcher does not start this module where the node is of
 ``--no-rasd``) or the worker is not Python (``--no-python``).
 
 The notes, through the launcher's events file (``TORCHRAS_LAUNCH_EVENTS``, the file ``inprocess.launch_events``
-writes to):
+writes to; the lines are ``torchras_formats.launch_events``'s):
 
 * ``process_group_starting``, as the first ``init_process_group`` of the process is called, and ``process_group``
   once it returns: the launcher learns that the worker trains, and, when its Wrapper did not say
@@ -35,27 +35,28 @@ import time
 from typing import Any
 
 from rasd import run as rasd_run
+from torchras_formats.launch_events import ENVIRONMENT, ProcessGroup, ProcessGroupStarting, Record, encode
 
 log = logging.getLogger("torchras.launch")
 
-EVENTS = "TORCHRAS_LAUNCH_EVENTS"
 RESTART = "TORCHRAS_LAUNCH_RESTART"
 
 
-def announce(event: str, **fields: Any) -> None:
-    """One JSON line in the launcher's events file (``inprocess.launch_events.announce``'s format)."""
-    path = os.environ.get(EVENTS)
+def announce(record: Record) -> None:
+    """``record``'s line in the launcher's events file (as ``inprocess.launch_events.announce`` writes it: this
+    module does not import inprocess, whose Wrapper a plain worker does not run)."""
+    path = os.environ.get(ENVIRONMENT)
     if not path:
         return
     try:
-        line = json.dumps(dict(fields, event=event, time=time.time(), pid=os.getpid()), default=str) + "\n"
+        line = encode(record, time.time(), os.getpid())
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(descriptor, line.encode())
+            os.write(descriptor, line)
         finally:
             os.close(descriptor)
     except Exception as error:  # noqa: BLE001 - a note to the launcher never stops training
-        log.debug("could not tell the launcher about %s: %s", event, error)
+        log.debug("could not tell the launcher about %s: %s", record.EVENT.value, error)
 
 
 def restart_note(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, Any] | None:
@@ -75,7 +76,7 @@ def _after_first_init() -> None:
     try:
         import torch.distributed as dist
 
-        announce("process_group", rank=dist.get_rank(), world_size=dist.get_world_size())
+        announce(ProcessGroup(rank=dist.get_rank(), world_size=dist.get_world_size()))
         note = restart_note()
         if note is not None:
             import rasd
@@ -99,7 +100,7 @@ def watch_first_init() -> None:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         nonlocal done
         if not done:
-            announce("process_group_starting")
+            announce(ProcessGroupStarting())
         result = hooked(*args, **kwargs)
         if not done:
             done = True

@@ -1,8 +1,8 @@
 """The endpoint files: how a process that serves a client port records it, so that other torchras processes on the
 host (choosing their port) and ``rascli --list`` find it. The one implementation of the format: rasd's registry
 (``rasd.net.endpoints``: the lock, the port choice, removing stale files) writes and reads the files through this
-module, and ``--list`` (``listing.py``) reads them through it. It imports only the standard library and psutil, so a
-training process that imports it loads nothing else of the client.
+module, and ``rascli --list`` (``rascli/listing.py``) reads them through it. Standard library only: whether a file's
+process still runs (psutil) is the caller's ``alive``, ``rascli.processes.process_alive`` for both.
 
 Every serving process writes ``<port>-<pid>.json`` into the run directory (``$TORCHRAS_RUN_DIR``, default
 ``/tmp/torchras-<uid>/endpoints``), first as ``<port>-<pid>.tmp`` and then renamed, so a reader never sees half a
@@ -13,7 +13,7 @@ file::
 
 A job's id is a hash of its secret, so the processes of one job agree on it without talking, and it reveals nothing
 about the secret. A file that is not an endpoint (not JSON, a field missing or of the wrong type) is skipped, never
-judged. An endpoint is *stale* when its process no longer runs (``process_alive``): killed with -9, a zombie, or its
+judged. An endpoint is *stale* when its process no longer runs (``alive`` says no): killed with -9, a zombie, or its
 pid now held by a newer process.
 """
 
@@ -29,16 +29,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 log = logging.getLogger(__name__)
 
 RUN_DIR_ENV = "TORCHRAS_RUN_DIR"
 #: The endpoint files, and the same files while they are being written.
 FILES = "*-*.json"
 TEMPORARY_FILES = "*-*.tmp"
-#: How much later than its endpoint's start a process may have been created and still be the same process.
-PID_REUSE_SLACK = 2.0
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -92,33 +88,10 @@ def _integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def process_alive(pid: int, started: float) -> bool:
-    """Whether ``pid`` still runs the process that registered an endpoint at ``started`` (wall clock).
-
-    A process is gone only on evidence: psutil finds no such process (``NoSuchProcess``, ``ZombieProcess`` included),
-    it is a zombie (exited, not yet reaped: it serves nothing), or it was created after ``started`` (the pid now
-    belongs to a newer process). A process that exists but cannot be inspected (``AccessDenied``, or any other
-    psutil or OS error) is alive. Mistaking a live process for a gone one costs far more than the reverse: its
-    file is deleted for good (the process never writes it again), ``--list`` no longer shows its job, and another
-    job may then take its port, which mixes two jobs on one port. Mistaking a gone one for a live one costs a row
-    in ``--list`` and one port skipped, until the process can be inspected again."""
-    if pid <= 0:
-        return False  # no process that could register has such a pid (psutil refuses it)
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        created = process.create_time()
-    except psutil.NoSuchProcess:
-        return False
-    except (psutil.Error, OSError):
-        return True
-    return created <= started + PID_REUSE_SLACK
-
-
-def scan(directory: Path, alive: Callable[[int, float], bool] = process_alive) -> tuple[list[Endpoint], list[Path]]:
-    """The endpoints registered in ``directory`` whose process still runs, in file-name order, and the files of the
-    stale ones. A file that cannot be read or holds no endpoint is in neither list. Never raises."""
+def scan(directory: Path, alive: Callable[[int, float], bool]) -> tuple[list[Endpoint], list[Path]]:
+    """The endpoints registered in ``directory`` whose process still runs (``alive(pid, started)``), in file-name
+    order, and the files of the stale ones. A file that cannot be read or holds no endpoint is in neither list.
+    Never raises."""
     try:
         paths = sorted(directory.glob(FILES))
     except OSError as err:
@@ -140,7 +113,7 @@ def scan(directory: Path, alive: Callable[[int, float], bool] = process_alive) -
     return live, stale
 
 
-def read_endpoints(directory: Path, alive: Callable[[int, float], bool] = process_alive) -> list[Endpoint]:
+def read_endpoints(directory: Path, alive: Callable[[int, float], bool]) -> list[Endpoint]:
     """The endpoints registered in ``directory`` whose process still runs (the stale files are left as they are)."""
     return scan(directory, alive)[0]
 

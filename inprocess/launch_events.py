@@ -18,35 +18,12 @@ only the Wrapper knows:
   restarts met, so the job ends: ``rasd launch`` respawns no worker any more, lets the others end, says why the job
   gave up and exits non-zero (``torchras.launch.workers``).
 
-The events' names, their records and the line format are ``torchras_formats.launch_events``, which the launcher
-decodes them with; this module writes them. The launcher names the file in ``TORCHRAS_LAUNCH_EVENTS`` (one file per
-worker process). Without it (plain torchrun, a test) nothing is written. A line is written whole with one ``write``
-of a file opened for appending, and nothing here raises into training: a full disk or a removed folder costs the
-launcher its lines, not the job its step.
+The events' names, their records, the line format and the one writer (``announce``) are
+``torchras_formats.launch_events``'s, which the launcher decodes them with and a plain worker's entry point writes
+with too; this module is the Wrapper's name for them. The launcher names the file in ``TORCHRAS_LAUNCH_EVENTS`` (one
+file per worker process). Without it (plain torchrun, a test) nothing is written, and nothing raises into training.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import time
-
-from torchras_formats.launch_events import ENVIRONMENT as ENVIRONMENT, Record, encode
-
-log = logging.getLogger(__name__)
-
-
-def announce(record: Record) -> None:
-    """Append ``record``'s line to the launcher's file, if a launcher asked for one."""
-    path = os.environ.get(ENVIRONMENT)
-    if not path:
-        return
-    try:
-        line = encode(record, time.time(), os.getpid())
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(descriptor, line)
-        finally:
-            os.close(descriptor)
-    except Exception as error:  # noqa: BLE001 - the launcher's lines are a courtesy, never a reason to stop training
-        log.debug("could not tell the launcher about %s: %s", record.EVENT.value, error)
+from torchras_formats.launch_events import ENVIRONMENT as ENVIRONMENT, announce as announce

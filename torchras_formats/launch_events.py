@@ -13,10 +13,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
+import os
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict
 
 ENVIRONMENT = "TORCHRAS_LAUNCH_EVENTS"
+
+log = logging.getLogger(__name__)
 
 
 class LaunchEvent(str, enum.Enum):
@@ -144,3 +149,22 @@ def decode(line: bytes) -> Announcement | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None  # type: ignore[return-value]
+
+
+def announce(record: Record) -> None:
+    """Append ``record``'s line to the file the launcher named in ``ENVIRONMENT``, if it named one: whole, with one
+    ``write`` of a file opened for appending. Never raises: a full disk or a removed folder costs the launcher its
+    lines, not the job its step. Both writers use it: the Wrapper (``inprocess.launch_events``) and a plain
+    worker's entry point (``torchras.launch.worker_main``)."""
+    path = os.environ.get(ENVIRONMENT)
+    if not path:
+        return
+    try:
+        line = encode(record, time.time(), os.getpid())
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(descriptor, line)
+        finally:
+            os.close(descriptor)
+    except Exception as error:  # noqa: BLE001 - the launcher's lines are a courtesy, never a reason to stop training
+        log.debug("could not tell the launcher about %s: %s", record.EVENT.value, error)

@@ -35,28 +35,11 @@ import time
 from typing import Any
 
 from rasd import run as rasd_run
-from torchras_formats.launch_events import ENVIRONMENT, ProcessGroup, ProcessGroupStarting, Record, encode
+from torchras_formats.launch_events import ProcessGroup, ProcessGroupStarting, announce
 
 log = logging.getLogger("torchras.launch")
 
 RESTART = "TORCHRAS_LAUNCH_RESTART"
-
-
-def announce(record: Record) -> None:
-    """``record``'s line in the launcher's events file (as ``inprocess.launch_events.announce`` writes it: this
-    module does not import inprocess, whose Wrapper a plain worker does not run)."""
-    path = os.environ.get(ENVIRONMENT)
-    if not path:
-        return
-    try:
-        line = encode(record, time.time(), os.getpid())
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(descriptor, line)
-        finally:
-            os.close(descriptor)
-    except Exception as error:  # noqa: BLE001 - a note to the launcher never stops training
-        log.debug("could not tell the launcher about %s: %s", record.EVENT.value, error)
 
 
 def restart_note(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, Any] | None:

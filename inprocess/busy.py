@@ -36,7 +36,7 @@ WORKING_WINDOW = 2.0
 #: the node would count as this process's work).
 EVERY = 0.25
 #: Slack on the evidence's deadline for a watchdog turn that comes late on a loaded machine.
-SLACK = 1.0
+SLACK = 2.0
 
 WORKING = "working"
 WAITING = "waiting"

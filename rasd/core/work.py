@@ -15,9 +15,15 @@ counters is the runtime's; judging a communicator with them is ``stuck.py``'s.
 The rule, for each window between two samples (half a keepalive interval apart, half a second by default, so that a
 rank that stopped working is dated to within that):
 
-    working in the window  <=>  CPU >= WORK_CPU_SHARE of one core   (a training step: 100-200 %)
+    working in the window  <=>  CPU + run-queue wait >= WORK_CPU_SHARE of one core   (a training step: 100-200 %)
                                 or bytes >= WORK_IO_RATE per second  (a checkpoint to disk: 100+ MB/s)
                                 or its main thread's position moved  (Python code running, however slowly)
+
+The run-queue wait is the time the main thread was ready to run but waited for a core (the kernel's
+``schedstat``): on a host starved of CPU (load at several times the cores, a CI machine running three test
+workers), a rank computing in a loop gets a few percent of a core and would look idle by its CPU alone; the
+time it wanted a core and did not get one is work too. A thread blocked in a sleep, a lock or a read never waits
+on a run queue, so an idle wedge stays idle.
 
 The RAS thread's own CPU and bytes (its keepalives, gathers and reports) are left out, so an idle rank's node never
 makes it look busy. A window where the counters could not be read says nothing: the meter keeps what it knew.
@@ -45,6 +51,8 @@ class WorkSample:
 
     cpu_s: float  # CPU seconds, user and system
     io_bytes: int  # bytes read and written through system calls (``rchar + wchar``)
+    #: Seconds the main thread waited on a run queue, ready to run (``schedstat``; 0 where the kernel has none).
+    runnable_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +124,7 @@ def working(before: WorkSample, after: WorkSample, seconds: float) -> bool:
     """The rule above, for one window of ``seconds`` between two samples."""
     if seconds <= 0:
         return False
-    cpu = after.cpu_s - before.cpu_s
+    cpu = (after.cpu_s - before.cpu_s) + (after.runnable_s - before.runnable_s)
     io = after.io_bytes - before.io_bytes
     return cpu >= WORK_CPU_SHARE * seconds or io >= WORK_IO_RATE * seconds
 

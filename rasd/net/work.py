@@ -1,7 +1,8 @@
 """This process's work counters and declared phase, read for the node's work meter (``rasd.core.work``).
 
-The counters are the kernel's, read from ``/proc`` on the RAS thread twice a second (five small files; tens of
-microseconds): the process's CPU time and bytes read and written (``/proc/self/stat``, ``/proc/self/io``), less the
+The counters are the kernel's, read from ``/proc`` on the RAS thread twice a second (six small files; tens of
+microseconds): the process's CPU time and bytes read and written (``/proc/self/stat``, ``/proc/self/io``), its main
+thread's run-queue wait (``/proc/self/schedstat``: ready to run on a starved host, not idle), less the
 RAS thread's own (``/proc/self/task/<tid>/...``: its keepalives and gathers must not make an idle rank look busy),
 plus its live child processes' in its own session (data-loader workers, asynchronous checkpoint writers; not the
 Wrapper's monitor process, which starts a session of its own), found through the kernel's ``children`` lists.
@@ -42,6 +43,16 @@ def _stat(stat_path: str) -> tuple[float, int]:
 
 def _cpu_seconds(stat_path: str) -> float:
     return _stat(stat_path)[0]
+
+
+def _runnable_seconds(schedstat_path: str) -> float:
+    """The second field of a ``schedstat`` file: nanoseconds the task waited on a run queue, ready to run; 0 where
+    the kernel keeps no scheduler statistics (``CONFIG_SCHED_INFO`` off)."""
+    try:
+        with open(schedstat_path, "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _io_bytes(io_path: str) -> int:
@@ -108,7 +119,10 @@ class WorkCounters:
                     continue  # a helper detached into a session of its own (the Wrapper's monitor process): not work
                 cpu += child_cpu
                 io += _io_bytes(f"/proc/{child}/io")
-        return WorkSample(cpu_s=max(cpu, 0.0), io_bytes=max(io, 0))
+        # The main thread's run-queue wait (``/proc/<pid>/schedstat`` is the thread group leader's: the main
+        # thread's): the work a starved host kept it from doing (rasd/core/work.py).
+        runnable = _runnable_seconds(f"/proc/{pid}/schedstat")
+        return WorkSample(cpu_s=max(cpu, 0.0), io_bytes=max(io, 0), runnable_s=runnable)
 
 
 #: The phase this process's code declared, or None (``rasd.phase``).

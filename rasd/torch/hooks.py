@@ -34,12 +34,19 @@ in ``~ProcessGroupGloo`` in ``std::thread::join``, a worker in ``gil_scoped_acqu
 and reproduced with torch alone (tests/integration/test_torch_teardown.py). So ``destroy_process_group`` keeps a
 reference to every gloo group it destroys until the next ``init_process_group`` (or the interpreter's exit): the
 group is freed then, long after its workers let go of their last work, and its destructor's join returns at once.
+When the last one was destroyed just before the interpreter exits, an ``atexit`` handler waits a short grace
+(``EXIT_GRACE_S``) with the GIL released: a worker that still frees its last work while the interpreter finalizes
+is ended by Python (``pthread_exit``) inside a C++ destructor, which aborts the process ("terminate called without
+an active exception", SIGABRT: seen once on CI, tests/integration/test_torch_teardown.py). The handler frees
+nothing: a group destroyed while a worker was blocked in a collective with a dead peer would hold the exit in its
+destructor's join.
 Not the groups a restart's abort destroys (``not_retaining``, inprocess/abort.py): those may hold a worker blocked
 in a collective with a dead rank, which the abort's socket shutdown unblocks now.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import functools
@@ -67,6 +74,9 @@ log = logging.getLogger("rasd")
 
 #: The most destroyed gloo groups kept alive until the next init (the module docstring: gloo's teardown).
 RETIRED_MAX = 16
+#: At the interpreter's exit, how long after the last ``destroy_process_group`` it waits before finalizing: time for
+#: the kept groups' workers to free their last work (microseconds to milliseconds).
+EXIT_GRACE_S = 0.25
 
 #: Public function -> op type. Wrapped under the same name in torch.distributed and distributed_c10d.
 COUNTED: dict[str, str] = {
@@ -129,6 +139,7 @@ class TorchHooks:
         #: The gloo groups destroyed since the last ``init_process_group``, kept alive (the module docstring: gloo's
         #: teardown).
         self.retired: list[Any] = []
+        self.retired_at = float("-inf")  # when the newest of them was destroyed (monotonic)
         #: False while a restart's abort destroys the groups (``not_retaining``): they may hold a worker blocked in a
         #: collective with a dead or stopped rank, which must be joined now, not at the next init.
         self.retaining = True
@@ -149,11 +160,19 @@ class TorchHooks:
             self._replace("_abort_process_group", self._wrap_abort(abort))
         if dist.is_initialized():  # installed after init: adopt the groups that exist
             self._register_default()
+        atexit.register(self.settle_retired)
 
     def uninstall(self) -> None:
         for (module, name), fn in self.originals.items():
             setattr(module, name, fn)
         self.originals.clear()
+        atexit.unregister(self.settle_retired)
+
+    def settle_retired(self) -> None:
+        """At the exit, give the kept gloo groups' workers until ``EXIT_GRACE_S`` after the newest one's destruction
+        to free their last work, the GIL released (the module docstring: gloo's teardown). At most that long."""
+        if self.retired:
+            time.sleep(max(0.0, min(EXIT_GRACE_S, self.retired_at + EXIT_GRACE_S - monotonic())))
 
     def _replace(self, name: str, wrapper: Callable) -> None:
         for module in (c10d, dist):
@@ -356,6 +375,7 @@ class TorchHooks:
                 # Freed at the next init (the module docstring: gloo's teardown); a script that destroys subgroups
                 # in a loop without a new init keeps only the newest RETIRED_MAX, the older ones' workers long idle.
                 self.retired = (self.retired + _gloo_groups(group))[-RETIRED_MAX:]
+                self.retired_at = monotonic()
             try:
                 return fn(group, *args, **kwargs)
             finally:

@@ -75,6 +75,16 @@ def test_a_window_is_work_when_its_cpu_or_its_bytes_pass_the_thresholds():
     assert not working(base, WorkSample(99.0, 1000), 0.0)
 
 
+def test_time_ready_to_run_on_a_starved_host_is_work_like_cpu():
+    """A rank computing on a host at several times its cores gets a few percent of a core; the time its main thread
+    waited on a run queue, ready to run, is work too. An idle wedge never waits on a run queue."""
+    base = WorkSample(cpu_s=10.0, io_bytes=0, runnable_s=5.0)
+    starved = WorkSample(cpu_s=10.0 + WORK_CPU_SHARE / 4, io_bytes=0, runnable_s=5.0 + WORK_CPU_SHARE)
+    assert working(base, starved, 1.0)
+    idle = WorkSample(cpu_s=10.0 + WORK_CPU_SHARE / 4, io_bytes=0, runnable_s=5.0 + 0.001)
+    assert not working(base, idle, 1.0)
+
+
 class Counters:
     def __init__(self) -> None:
         self.sample: WorkSample | None = WorkSample(0.0, 0)

@@ -9,7 +9,10 @@ Every serving process writes ``<port>-<pid>.json`` into the run directory (``$TO
 file::
 
     {"host": "localhost", "port": 28028, "job_id": "3f2a...", "pid": 1234, "started": 1763722800.5,
-     "hostname": "node7"}
+     "hostname": "node7", "explicit": false}
+
+``explicit``: the port is the process's own ``TORCHRAS_ADDR``, not its job's choice from the default; the other
+processes of its job do not follow it there (absent in older files: false).
 
 A job's id is a hash of its secret, so the processes of one job agree on it without talking, and it reveals nothing
 about the secret. A file that is not an endpoint (not JSON, a field missing or of the wrong type) is skipped, never
@@ -53,6 +56,8 @@ class Endpoint:
     #: When the process registered, wall clock (``time.time()``).
     started: float
     hostname: str
+    #: The process's own ``TORCHRAS_ADDR``, not the port its job chose from the default.
+    explicit: bool = False
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -62,6 +67,7 @@ class Endpoint:
             "pid": self.pid,
             "started": self.started,
             "hostname": self.hostname,
+            "explicit": self.explicit,
         }
 
 
@@ -75,13 +81,16 @@ def parse_endpoint(text: str) -> Endpoint:
         raise ValueError(f"no {', '.join(missing)}")
     host, port, job_id, pid, started = data["host"], data["port"], data["job_id"], data["pid"], data["started"]
     hostname = data.get("hostname", "")
+    explicit = data.get("explicit", False)
     if not (isinstance(host, str) and isinstance(job_id, str) and isinstance(hostname, str)):
         raise ValueError("host, job_id and hostname must be strings")
+    if not isinstance(explicit, bool):
+        raise ValueError("explicit must be true or false")
     if not (_integer(port) and 0 < port < 65536 and _integer(pid) and pid > 0):
         raise ValueError("port must be a port number and pid a positive integer")
     if not (isinstance(started, (int, float)) and not isinstance(started, bool) and math.isfinite(started)):
         raise ValueError("started must be a finite number")
-    return Endpoint(host, port, job_id, pid, float(started), hostname)
+    return Endpoint(host, port, job_id, pid, float(started), hostname, explicit)
 
 
 def _integer(value: object) -> bool:
@@ -118,10 +127,10 @@ def read_endpoints(directory: Path, alive: Callable[[int, float], bool]) -> list
     return scan(directory, alive)[0]
 
 
-def write_endpoint(directory: Path, host: str, port: int, job_id: str) -> Path:
+def write_endpoint(directory: Path, host: str, port: int, job_id: str, explicit: bool = False) -> Path:
     """Register this process's client port: write its endpoint file (through a temporary file, so that no reader
     sees half of it) and return its path. Raises OSError when the directory cannot take it."""
-    endpoint = Endpoint(host, port, job_id, os.getpid(), time.time(), socket.gethostname())
+    endpoint = Endpoint(host, port, job_id, os.getpid(), time.time(), socket.gethostname(), explicit)
     path = directory / f"{port}-{endpoint.pid}.json"
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps(endpoint.as_json()))

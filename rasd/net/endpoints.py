@@ -63,8 +63,8 @@ class EndpointRegistry:
         except OSError:
             return 0
 
-    def register(self, host: str, port: int, job_id: str) -> Path:
-        return write_endpoint(self.dir, host, port, job_id)
+    def register(self, host: str, port: int, job_id: str, explicit: bool = False) -> Path:
+        return write_endpoint(self.dir, host, port, job_id, explicit)
 
     def unregister(self, path: Path) -> None:
         """Remove this process's file, and any stale ones beside it. Never raises."""

@@ -7,9 +7,10 @@ Binding (docs/operations.md §2): ``TORCHRAS_ADDR`` (default ``localhost:28028``
 ::1 where localhost has both, with SO_REUSEPORT so the processes of one job share the port and any of them
 answers. A different job never shares it: under the registry's lock, a process joins the port its job already
 serves, or takes the first port from the default that no other job holds and that binds. With an explicit
-``TORCHRAS_ADDR`` only that port is tried. A process that cannot bind carries on without a client port and says
-why in one log line; a setting that is not an address is the default, after one log line. Nothing here stops the
-node, let alone training (``ClientPort.open`` never raises).
+``TORCHRAS_ADDR`` only that port is tried, whatever port the rest of its job serves: the setting is the process's
+own, as NCCL binds each process's ``NCCL_RAS_ADDR``. A process that cannot bind carries on without a client port
+and says why in one log line; a setting that is not an address is the default, after one log line. Nothing here
+stops the node, let alone training (``ClientPort.open`` never raises).
 
 Clients are independent: every write is asynchronous, a client that stops reading is dropped once it has
 ``MAX_CLIENT_BUFFER`` bytes waiting, and at most ``MAX_CLIENTS`` are connected to one process at a time.
@@ -242,12 +243,13 @@ class ClientPort:
         loop = asyncio.get_running_loop()
         with self.registry.locked():
             live = self.registry.live()
-            ours = sorted({e.port for e in live if e.job_id == job})
+            # The port its job chose from the default; not a port one of its processes was given (TORCHRAS_ADDR).
+            ours = sorted({e.port for e in live if e.job_id == job and not e.explicit})
             others = {e.port for e in live if e.job_id != job}
-            if ours:
-                candidates = ours[:1]
-            elif explicit:
+            if explicit:  # this process's own address, as NCCL_RAS_ADDR is: never the one its job serves elsewhere
                 candidates = [base]
+            elif ours:
+                candidates = ours[:1]
             else:
                 candidates = [p for p in range(base, base + PORT_SEARCH) if p not in others]
             reason = "another torchras job serves it" if explicit and base in others else ""
@@ -258,7 +260,7 @@ class ClientPort:
                         self.runtime.own_socket(sock)
                         self.servers.append(await loop.create_server(lambda: _Client(self), sock=sock))
                     self.port = port
-                    self._registration = self.registry.register(self.host, port, job)
+                    self._registration = self.registry.register(self.host, port, job, explicit)
                     self.runtime.client_address = (self.host, port)
                     break
         if self.port is None:

@@ -92,3 +92,14 @@ def test_an_endpoint_whose_process_cannot_be_inspected_is_kept(tmp_path: Path, m
 
     monkeypatch.setattr(psutil, "Process", denied)
     assert [e.port for e in registry.live()] == [28028] and kept.exists()
+
+
+def test_an_explicit_endpoint_says_so_and_older_files_are_not_explicit(tmp_path: Path) -> None:
+    from torchras_formats.endpoint_files import parse_endpoint, write_endpoint
+
+    given = parse_endpoint(write_endpoint(tmp_path, "localhost", 30001, "job", explicit=True).read_text())
+    assert given.explicit and given.port == 30001
+    older = json.loads(write(tmp_path, 30002, os.getpid(), time.time()).read_text())  # written before the field
+    assert not parse_endpoint(json.dumps(older)).explicit
+    with pytest.raises(ValueError, match="explicit"):
+        parse_endpoint(json.dumps({**older, "explicit": "yes"}))

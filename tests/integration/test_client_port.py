@@ -216,8 +216,8 @@ def test_a_port_taken_by_another_program(port_env):
 
 def test_an_explicit_address_per_process_is_served_even_where_the_job_serves_another(port_env):
     """``TORCHRAS_ADDR`` is the process's own setting, as ``NCCL_RAS_ADDR`` is: member 2 serves its explicit port
-    although members 0 and 1 already serve the default (before, it joined theirs and logged a false "held by another
-job or program"; issue 42, item 5)."""
+        although members 0 and 1 already serve the default (before, it joined theirs and logged a false "held by another
+    job or program"; issue 42, item 5)."""
     base = base_port(port_env)
     own = base + 7
     with Swarm(3, env=port_env, member_env={2: {"TORCHRAS_ADDR": f"localhost:{own}"}}) as sw:

@@ -11,8 +11,9 @@ healthy and, for STATUS, right after a hang.
   a ring alone, where a gather is N/2 hops deep (``express_links=False``), in the same run.
 * STACKS against STATUS at 1,024 and 4,096 simulated nodes, in one simulation per size, the two asks alternating
   from the same roots. Every node answers STACKS with a synthetic main-thread stack (``synthetic_stack``: 23 to 41
-  frames of a DDP training step, seven distinct stacks across the ranks) in the format ``rasd.net.thread_stacks``
-  writes.
+  frames of a DDP training step, seven distinct stacks across the ranks) and its collective counters
+  (``synthetic_counters``: the ranks in DDP's all-reduce inside AllReduce 33 for 21 s, the others short of it, so
+  that the fold names a collective for every group, issue 42) in the format ``rasd.net.thread_stacks`` writes.
   A STACKS reply is kilobytes per process, so besides the per-hop time (measured per ask: for STACKS with the real
   stacks provider reading a 40-frame stack) each node is charged a time per byte it receives (measured here: a
   relay passing a large reply on). A query's time is the gather's virtual time plus the wall time the root spends
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rasd.core import node as core, wire
-from rasd.core.comms import N_OPS, CommRecord, ProcessData, RankRecord
+from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, ProcessData, RankRecord
 from rasd.core.config import Timers
 from rasd.core.events import Kind
 from rasd.core.peers import Addr, PeerInfo
@@ -285,10 +286,27 @@ def synthetic_stack(rank: int) -> Frames:
     return (*_FIT, *_STEP, *_CLOSURE, *_BACKWARD)
 
 
+ALL_REDUCE = OP_TYPES.index("AllReduce")
+
+
+def synthetic_counters(rank: int) -> tuple[CommRecord, ...]:
+    """Rank ``rank``'s counters of the world communicator where ``synthetic_stack`` leaves it: the ranks in DDP's
+    all-reduce inside AllReduce 33 for 21 s, the others short of it (32 launched), so that every answer carries
+    counters and the fold names a collective for every group (issue 42)."""
+    launched = [0] * N_OPS
+    completed = [0] * N_OPS
+    reducing = synthetic_stack(rank)[-1][2] == "all_reduce"
+    launched[ALL_REDUCE] = 33 if reducing else 32
+    completed[ALL_REDUCE] = 32
+    record = RankRecord(rank, launched=tuple(launched), completed=tuple(completed), idle_ms=21_000)
+    return (CommRecord(0x1234, 0, (record,)),)
+
+
 def synthetic_answer(info: PeerInfo) -> Callable[[], bytes]:
     """A STACKS provider for a simulated node: the answer ``rasd.net.thread_stacks.answer`` writes, with the node's
-    synthetic main-thread stack, encoded at each call as a real process's is."""
+    synthetic main-thread stack and its collective counters, encoded at each call as a real process's is."""
     frames = [list(f) for f in synthetic_stack(info.rank)]
+    counters = synthetic_counters(info.rank)
 
     def make() -> bytes:
         doc = {
@@ -299,6 +317,7 @@ def synthetic_answer(info: PeerInfo) -> Callable[[], bytes]:
             "wall": 0.0,
             "threads": [{"thread": "MainThread", "main": True, "frames": frames}],
             "last_seen": [],
+            "comms": report_stacks.comms_of(counters),
         }
         return report_stacks.encode(doc)[0]
 
@@ -324,7 +343,7 @@ def relay_time(
     sim.start()
     sim.run_until(2.0)
     a, b = sim.nodes[0].node, sim.nodes[1].node
-    b.answers[wire.Ask.STACKS] = thread_stacks.provider(b.me, False, list)
+    b.answers[wire.Ask.STACKS] = thread_stacks.provider(b.me, False, list, lambda: contribution(1).comms)
     (cid,) = [c.id for c in b.conns.values() if c.peer == a.me.addr and c.state is core.ConnState.READY]
     addrs = [Addr("10.9.9.9", j + 1) for j in range(entries)]
     if ask is wire.Ask.STATUS:

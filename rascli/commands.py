@@ -34,6 +34,8 @@ STACKS_STYLES = (
     (re.compile(r"^\S.*:$"), "bold cyan"),  # a group's heading: its ranks, processes and thread
     (re.compile(r"^    \.\.\. \("), "dim"),
     (re.compile(r"^    rank .*: (last seen|no position)"), "red"),
+    (re.compile(r"^    collective: not in "), "bold red"),  # the rank the others wait for (issue 42)
+    (re.compile(r"^    collective: inside "), "yellow"),
 )
 DIAGNOSTICS_STYLES = (
     (re.compile(r" NCCL DIAG \[OK\] "), "green"),

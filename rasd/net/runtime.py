@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from rasd.core import node as core, wire
-from rasd.core.comms import ProcessData
+from rasd.core.comms import CommRecord, ProcessData
 from rasd.core.config import Timers
 from rasd.core.events import Event, Kind
 from rasd.core.peers import PeerInfo
@@ -90,6 +90,12 @@ def last_seen(node: core.Node) -> list[dict[str, Any]]:
         }
         for peer, position, age in node.silent_positions(time.monotonic())
     ]
+
+
+def comm_records(node: core.Node) -> tuple[CommRecord, ...]:
+    """This process's collective counters, as a status gather takes them: a STACKS answer names the collective each
+    main thread is in with them."""
+    return node.local_data().comms
 
 
 class Runtime:
@@ -311,8 +317,9 @@ class Runtime:
         )
         node = self.node
         node.answers[wire.Ask.DIAGNOSTICS] = configuration.provider(node.me)
-        node.answers[wire.Ask.STACKS] = thread_stacks.provider(node.me, False, functools.partial(last_seen, node))
-        node.answers[wire.Ask.STACKS_ALL] = thread_stacks.provider(node.me, True, functools.partial(last_seen, node))
+        seen, comms = functools.partial(last_seen, node), functools.partial(comm_records, node)
+        node.answers[wire.Ask.STACKS] = thread_stacks.provider(node.me, False, seen, comms)
+        node.answers[wire.Ask.STACKS_ALL] = thread_stacks.provider(node.me, True, seen, comms)
         node.where = thread_stacks.main_position
         node.work_sample = work.WorkCounters()
         node.declared_phase = work.declared_phase

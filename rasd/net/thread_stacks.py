@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rasd.core.comms import CommRecord
 from rasd.core.frames import POSITION_FRAMES, Frame, Position, clipped
 from rasd.core.peers import PeerInfo
 from rasd.core.wire import MAX_ANSWER_BYTES
@@ -69,9 +70,16 @@ def thread_stacks(all_threads: bool) -> list[dict[str, Any]]:
     return out
 
 
-def answer(me: PeerInfo, all_threads: bool, last_seen: Iterable[dict[str, Any]] = ()) -> bytes:
-    """This process's STACKS answer: who it is, its threads' stacks, and the last positions it holds of processes
-    it hears nothing from. Within ``MAX_ANSWER_BYTES``: the outermost frames go first."""
+def answer(
+    me: PeerInfo,
+    all_threads: bool,
+    last_seen: Iterable[dict[str, Any]] = (),
+    comms: Iterable[CommRecord] = (),
+) -> bytes:
+    """This process's STACKS answer: who it is, its threads' stacks, its collective counters (``comms``: the
+    records a status gather takes, so that the report says which collective each main thread is in), and the last
+    positions it holds of processes it hears nothing from. Within ``MAX_ANSWER_BYTES``: the outermost frames go
+    first."""
     threads = thread_stacks(all_threads)
     declared = work.declared_phase()
     doc = {
@@ -82,6 +90,7 @@ def answer(me: PeerInfo, all_threads: bool, last_seen: Iterable[dict[str, Any]] 
         "wall": time.time(),
         "threads": threads,
         "last_seen": list(last_seen),
+        "comms": report.comms_of(comms),
         "phase": None
         if declared is None
         else {"name": declared.name, "seconds": time.monotonic() - declared.started, "limit": declared.limit},
@@ -100,12 +109,17 @@ def answer(me: PeerInfo, all_threads: bool, last_seen: Iterable[dict[str, Any]] 
     return data
 
 
-def provider(me: PeerInfo, all_threads: bool, last_seen: Callable[[], list[dict[str, Any]]]) -> Callable[[], bytes]:
+def provider(
+    me: PeerInfo,
+    all_threads: bool,
+    last_seen: Callable[[], list[dict[str, Any]]],
+    comms: Callable[[], Iterable[CommRecord]] = tuple,
+) -> Callable[[], bytes]:
     """What the node calls for a STACKS gather (``Node.answers``); never raises."""
 
     def make() -> bytes:
         try:
-            return answer(me, all_threads, last_seen())
+            return answer(me, all_threads, last_seen(), comms())
         except Exception:  # an empty answer: the root lists this process as not answering
             log.warning("rasd: could not read this process's stacks", exc_info=True)
             return b""

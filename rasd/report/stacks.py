@@ -5,6 +5,15 @@ A STACKS gather (``wire.Ask.STACKS`` or ``STACKS_ALL``) brings the root one answ
 do, so that 1,000 ranks inside one all-reduce are one stack and the one rank elsewhere stands out; a process that
 did not answer is listed with the last position the mesh saw of it, when one was seen. ``render_text`` writes the
 groups, largest first (the stragglers last, beside the missing); ``render_json`` the same as data.
+
+Each answer also carries its process's collective counters (``comms_of``: per communicator rank, the operations
+launched and completed by type, and how long they have stood), so that a main thread's stack says which collective
+it is in, as the frames cannot when the collective runs in C++ (DDP's reducer): the ranks *inside* an operation
+(launched, not completed) and the ranks that have *not launched* an operation others are inside, once the counters
+have stood ``STOOD_S`` (a healthy job's stacks fold as before). Main threads fold
+by their frames and these collectives together: "ranks 0,1,3: inside AllReduce operation 33 of communicator
+bbf5..., for 21 s" above their backward frames, "rank 2: not in AllReduce operation 33, never launched it" above the
+frame it waits in.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rasd.core.comms import N_OPS, OP_TYPES, CommRecord
 from rasd.core.frames import Frame, position_text
 from rasd.core.peers import Addr, PeerInfo
 
@@ -26,6 +36,18 @@ FORMAT = 2
 MAX_DECODED = 1 << 20
 #: A group names at most this many processes in its heading.
 NAMED = 16
+#: An answer carries the counters of at most this many communicator ranks of its process (those with an operation
+#: in flight first).
+MAX_COMMS = 32
+#: A rank's collectives named on its stack: at most this many (communicators it is inside or behind in).
+MAX_COLLECTIVES = 4
+#: A collective is named once its ranks' counters have stood this long: a healthy job's ranks pass through
+#: collectives many times a second, and naming each would split their identical stacks into groups by the
+#: all-reduce they happened to be in when asked.
+STOOD_S = 1.0
+
+INSIDE = "inside"
+NOT_LAUNCHED = "not_launched"
 
 
 @dataclass(frozen=True)
@@ -39,13 +61,36 @@ class Proc:
         return f"rank {self.rank} ({self.host}:{self.pid})" if self.rank >= 0 else f"{self.host}:{self.pid}"
 
 
+@dataclass(frozen=True)
+class Collective:
+    """A collective operation a main thread is in, or has not reached while others are in it: ``state``
+    ``INSIDE`` (launched, not completed) or ``NOT_LAUNCHED``; the communicator's hash (16 hex digits), the
+    operation's type and its number among that communicator's operations of that type (1-based, as a COMM_STUCK
+    verdict numbers them)."""
+
+    state: str
+    comm: str
+    op: str
+    number: int
+
+    def text(self, seconds: float, inside: Sequence[Proc]) -> str:
+        what = f"{self.op} operation {self.number} of communicator {self.comm}"
+        if self.state == INSIDE:
+            return f"collective: inside {what} (launched, not completed), for {seconds:.1f} s"
+        others = f", while {_who(inside)} {'is' if len(inside) == 1 else 'are'} inside it" if inside else ""
+        return f"collective: not in {what}: never launched it{others}"
+
+
 @dataclass
 class Group:
-    """Threads with identical frames, in processes listed by rank."""
+    """Threads with identical frames (and, for main threads, the same collectives), in processes listed by rank."""
 
     frames: tuple[Frame, ...]
     threads: list[tuple[Proc, str]] = field(default_factory=list)  # (process, thread name)
     cut: bool = False  # some thread's outermost frames were left out to fit the answer
+    collectives: tuple[Collective, ...] = ()
+    #: The longest that any of its ranks' counters stood (how long they have been inside), in seconds.
+    collective_s: float = 0.0
 
     @property
     def procs(self) -> list[Proc]:
@@ -79,6 +124,8 @@ class Stacks:
     collection_time: float
     all_threads: bool
     phases: tuple[Phase, ...] = ()
+    #: For each collective some rank is inside: those ranks (named by a NOT_LAUNCHED line).
+    inside: dict[tuple[str, str, int], tuple[Proc, ...]] = field(default_factory=dict)
 
 
 def _order(p: Proc) -> tuple[int, int, str, int]:
@@ -87,6 +134,62 @@ def _order(p: Proc) -> tuple[int, int, str, int]:
 
 def _frames(raw: Any) -> tuple[Frame, ...]:
     return tuple(Frame(str(f), int(line), str(fn)) for f, line, fn in raw)
+
+
+def comms_of(records: Iterable[CommRecord]) -> list[dict[str, Any]]:
+    """What an answer carries of its process's communicators (``ProcessData.comms``): per communicator rank, the
+    operations launched and completed, by type (``[type, launched, completed]`` for the types it has launched), and
+    how long its counters have stood; those with an operation in flight first, at most ``MAX_COMMS``."""
+    out = []
+    for record in records:
+        for rank in record.ranks:
+            ops = [[op, n, rank.completed[op]] for op, n in enumerate(rank.launched) if n]
+            out.append(
+                {
+                    "comm": f"{record.comm_hash & 0xFFFFFFFFFFFFFFFF:016x}",
+                    "rank": rank.comm_rank,
+                    "ops": ops,
+                    "idle_ms": rank.idle_ms,
+                    "busy": any(launched != completed for _, launched, completed in ops),
+                }
+            )
+    out.sort(key=lambda c: not c["busy"])
+    for c in out:
+        del c["busy"]
+    return out[:MAX_COMMS]
+
+
+@dataclass(frozen=True)
+class _Counters:
+    comm: str
+    #: (operation type, launched, completed) for the types its rank has launched.
+    ops: tuple[tuple[int, int, int], ...]
+    idle_s: float
+
+
+def _counters(raw: Any) -> list[_Counters]:
+    out = []
+    for c in raw or ():
+        ops = tuple((int(op), int(launched), int(completed)) for op, launched, completed in c["ops"])
+        ops = tuple(entry for entry in ops if 0 <= entry[0] < N_OPS)  # a newer version's types: not named here
+        out.append(_Counters(str(c["comm"]), ops, max(0.0, int(c["idle_ms"]) / 1000)))
+    return out
+
+
+def _collectives(
+    counters: Sequence[_Counters], frontier: dict[tuple[str, int], int], inside: dict[tuple[str, str, int], Any]
+) -> tuple[tuple[Collective, ...], float]:
+    """The collectives a process is in (or behind in), and the longest its counters stood among them."""
+    found: list[Collective] = []
+    seconds = 0.0
+    for c in counters:
+        for op, launched, completed in c.ops:
+            if launched > completed and c.idle_s >= STOOD_S:
+                found.append(Collective(INSIDE, c.comm, OP_TYPES[op], completed + 1))
+                seconds = max(seconds, c.idle_s)
+            elif launched < frontier.get((c.comm, op), 0) and (c.comm, OP_TYPES[op], launched + 1) in inside:
+                found.append(Collective(NOT_LAUNCHED, c.comm, OP_TYPES[op], launched + 1))
+    return tuple(found[:MAX_COLLECTIVES]), seconds
 
 
 def encode(doc: dict[str, Any]) -> tuple[bytes, int]:
@@ -121,12 +224,14 @@ def fold(
     """Fold the answers of a STACKS gather. ``live``: the processes expected to answer; ``ranks``: keep only these
     ranks (None: all)."""
     by_addr = {p.addr: p for p in peers}
-    # Keyed by the frames as they arrived (tuples of plain values): a Frame is made once per distinct stack, not
-    # once per frame of every process (the folding of 4,096 processes' stacks, bench/README.md).
-    groups: dict[tuple[tuple[Any, ...], ...], Group] = {}
+    # Keyed by the frames as they arrived (tuples of plain values), and for main threads the collectives: a Frame is
+    # made once per distinct stack, not once per frame of every process (the folding of 4,096 processes' stacks,
+    # bench/README.md).
+    groups: dict[tuple[Any, ...], Group] = {}
+    made: dict[tuple[tuple[Any, ...], ...], tuple[Frame, ...]] = {}
     seen: dict[tuple[str, int], tuple[tuple[Frame, ...], float]] = {}
     phases: list[Phase] = []
-    answered = 0
+    parsed: list[tuple[Proc, list[tuple[str, Any, bool, bool]], list[_Counters]]] = []
     unreadable = set()
     for addr, data in answers.items():
         doc = decode(data)
@@ -135,10 +240,14 @@ def fold(
             continue
         try:
             proc = Proc(str(doc["host"]), int(doc["pid"]), int(doc["rank"]))
-            threads = [(str(t["thread"]), tuple(map(tuple, t["frames"])), bool(t.get("cut"))) for t in doc["threads"]]
-            for _, raw, _ in threads:
-                if raw not in groups:
-                    groups[raw] = Group(_frames(raw))  # checks each frame's shape, once per distinct stack
+            threads = [
+                (str(t["thread"]), tuple(map(tuple, t["frames"])), bool(t.get("cut")), bool(t.get("main")))
+                for t in doc["threads"]
+            ]
+            for _, raw, _, _ in threads:
+                if raw not in made:
+                    made[raw] = _frames(raw)  # checks each frame's shape, once per distinct stack
+            counters = _counters(doc.get("comms"))
             for s in doc.get("last_seen", ()):
                 key = (str(s["host"]), int(s["pid"]))
                 age = float(s["age_s"])
@@ -153,15 +262,35 @@ def fold(
         except (KeyError, TypeError, ValueError):
             unreadable.add(addr)
             continue
+        parsed.append((proc, threads, counters))
+        if phase is not None and (ranks is None or proc.rank in ranks):
+            phases.append(phase)
+    # Where each communicator's operations stand across the job: the most launched of each type, and who is inside.
+    frontier: dict[tuple[str, int], int] = {}
+    inside: dict[tuple[str, str, int], list[Proc]] = {}
+    for proc, _, counters in parsed:
+        for c in counters:
+            for op, launched, completed in c.ops:
+                key = (c.comm, op)
+                if launched > frontier.get(key, 0):
+                    frontier[key] = launched
+                if launched > completed and c.idle_s >= STOOD_S:
+                    inside.setdefault((c.comm, OP_TYPES[op], completed + 1), []).append(proc)
+    answered = 0
+    for proc, threads, counters in parsed:
         if ranks is not None and proc.rank not in ranks:
             continue
-        if phase is not None:
-            phases.append(phase)
         answered += 1  # of the processes asked about, as ``missing`` counts them
-        for name, raw, cut in threads:
-            group = groups[raw]
+        collectives, seconds = _collectives(counters, frontier, inside)
+        for name, raw, cut, main in threads:
+            folded = (raw, collectives) if main else (raw, ())
+            group = groups.get(folded)
+            if group is None:
+                group = groups[folded] = Group(made[raw], collectives=collectives if main else ())
             group.threads.append((proc, name))
             group.cut = group.cut or cut
+            if main:
+                group.collective_s = max(group.collective_s, seconds)
     missing = []
     for addr in live:
         if addr in answers and addr not in unreadable:
@@ -175,7 +304,8 @@ def fold(
     ordered = sorted((g for g in groups.values() if g.threads), key=lambda g: (-len(g.threads), _order(g.procs[0])))
     missing.sort(key=lambda m: _order(m.proc))
     phases.sort(key=lambda p: _order(p.proc))
-    return Stacks(tuple(ordered), tuple(missing), answered, collection_time, all_threads, tuple(phases))
+    within = {key: tuple(sorted(procs, key=_order)) for key, procs in inside.items()}
+    return Stacks(tuple(ordered), tuple(missing), answered, collection_time, all_threads, tuple(phases), within)
 
 
 def _who(procs: Sequence[Proc]) -> str:
@@ -215,6 +345,9 @@ def render_text(stacks: Stacks) -> str:
     ]
     for group in stacks.groups:
         lines.append(heading(group) + ":")
+        for collective in group.collectives:
+            inside = stacks.inside.get((collective.comm, collective.op, collective.number), ())
+            lines.append("    " + collective.text(group.collective_s, inside))
         if group.cut:
             lines.append("    ... (outermost frames left out)")
         lines += [f"    {frame}" for frame in group.frames] or ["    (no Python frames)"]
@@ -253,6 +386,17 @@ def render_json(stacks: Stacks, host: str, pid: int, timestamp: float) -> str:
                     "processes": [{"host": p.host, "pid": p.pid, "rank": p.rank} for p in g.procs],
                     "threads": sorted({name for _, name in g.threads}),
                     "cut": g.cut,
+                    "collectives": [
+                        {
+                            "state": c.state,
+                            "communicator": c.comm,
+                            "op": c.op,
+                            "operation": c.number,
+                            "seconds": round(g.collective_s, 3) if c.state == INSIDE else None,
+                            "inside_ranks": [p.rank for p in stacks.inside.get((c.comm, c.op, c.number), ())],
+                        }
+                        for c in g.collectives
+                    ],
                     "frames": frames(g.frames),
                 }
                 for g in stacks.groups

@@ -243,13 +243,21 @@ def test_a_stalled_rank_is_shown_where_it_waits_by_stacks_the_verdict_the_restar
         stacks = ""
         for _ in range(30):  # rank 2 reaches time.sleep right after the line; the others reach the all-reduce
             stacks = subprocess.run([*rascli, "--stacks"], env=env, capture_output=True, text=True, timeout=60).stdout
-            if "_inject)" in stacks and "ranks 0,1,3 (" in stacks:
+            if "_inject)" in stacks and "ranks 0,1,3 (" in stacks and "collective: not in" in stacks:
                 break
         stalled = re.search(r"^rank 2 \(.*\n((?:    .*\n)+)", stacks, re.MULTILINE)
         assert stalled is not None and re.search(r"demo_worker\.py:(\d+) \(_inject\)\n$", stalled.group(1)), stacks
         frame = re.search(r"demo_worker\.py:(\d+) \(_inject\)\n$", stalled.group(1)).group(0).strip()  # type: ignore[union-attr]
         others = re.search(r"^ranks 0,1,3 \(.*\n((?:    .*\n)+)", stacks, re.MULTILINE)
         assert others is not None and "(backward)" in others.group(1), stacks
+        # Which collective: DDP's all-reduce runs in C++, so the frames cannot say; the counters do (issue 42).
+        inside = re.search(r"collective: inside AllReduce operation (\d+) of communicator (\w+) ", others.group(1))
+        assert inside is not None, stacks
+        number, comm = inside.groups()
+        assert (
+            f"collective: not in AllReduce operation {number} of communicator {comm}: never launched it, while ranks "
+            "0,1,3 are inside it" in stalled.group(1)
+        ), stacks
         out, err = demo.communicate(timeout=400)
         out = "".join(lines) + out
         assert demo.returncode == 0, f"{out}\n{err[-3000:]}"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from polling import wait_for
+from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, RankRecord
 from rasd.core.frames import POSITION_FRAMES, Frame
 from rasd.core.peers import Addr, PeerInfo
 from rasd.core.wire import MAX_ANSWER_BYTES
@@ -55,9 +56,14 @@ def seen(i: int, age_s: float, frames: Sequence[Frame]) -> dict[str, Any]:
     }
 
 
-def answer(i: int, *threads: dict[str, Any], last_seen: Sequence[dict[str, Any]] = ()) -> bytes:
+def answer(
+    i: int,
+    *threads: dict[str, Any],
+    last_seen: Sequence[dict[str, Any]] = (),
+    comms: Sequence[dict[str, Any]] | None = None,
+) -> bytes:
     """Process ``i``'s answer as ``rasd.net.thread_stacks.answer`` writes it (by default: its main thread reducing)."""
-    return answer_of(PEERS[i], *threads, last_seen=last_seen)
+    return answer_of(PEERS[i], *threads, last_seen=last_seen, comms=comms)
 
 
 def packed(obj: object) -> bytes:
@@ -65,8 +71,13 @@ def packed(obj: object) -> bytes:
     return zlib.compress(json.dumps(obj).encode())
 
 
-def answer_of(p: PeerInfo, *threads: dict[str, Any], last_seen: Sequence[dict[str, Any]] = ()) -> bytes:
-    doc = {
+def answer_of(
+    p: PeerInfo,
+    *threads: dict[str, Any],
+    last_seen: Sequence[dict[str, Any]] = (),
+    comms: Sequence[dict[str, Any]] | None = None,
+) -> bytes:
+    doc: dict[str, Any] = {
         "format": stacks.FORMAT,
         "host": p.hostname,
         "pid": p.pid,
@@ -75,6 +86,8 @@ def answer_of(p: PeerInfo, *threads: dict[str, Any], last_seen: Sequence[dict[st
         "threads": list(threads) or [thread(REDUCING)],
         "last_seen": list(last_seen),
     }
+    if comms is not None:
+        doc["comms"] = list(comms)
     return stacks.encode(doc)[0]
 
 
@@ -247,12 +260,14 @@ def test_json_carries_the_same_groups_and_missing_processes():
             "processes": [{"host": "node0", "pid": 100, "rank": 0}, {"host": "node0", "pid": 101, "rank": 1}],
             "threads": ["MainThread"],
             "cut": False,
+            "collectives": [],
             "frames": [{"file": f.file, "line": f.line, "function": f.function} for f in REDUCING],
         },
         {
             "processes": [{"host": "node1", "pid": 102, "rank": 2}],
             "threads": ["MainThread"],
             "cut": True,
+            "collectives": [],
             "frames": frames,
         },
     ]
@@ -419,6 +434,19 @@ def test_the_answer_says_who_answers_and_folds_with_the_same_stack_of_another_pr
     assert ranks_of(group) == [0, 1] and group.frames[-1].function == "thread_stacks"
 
 
+def test_the_answer_carries_its_processs_collective_counters_and_the_fold_names_the_collective():
+    """``provider``'s ``comms`` are the records a status gather takes (``ProcessData.comms``)."""
+    records = {0: record(0, 7, inside=True), 1: record(1, 7, inside=False)}
+
+    def comms_of(rank: int) -> tuple[CommRecord, ...]:
+        return (records[rank],)
+
+    answers = {p.addr: reading.provider(p, False, list, lambda p=p: comms_of(p.rank))() for p in PEERS[:2]}
+    assert [stacks.decode(a)["comms"][0]["comm"] for a in answers.values()] == [f"{WORLD:016x}"] * 2
+    folded = stacks.fold(answers, PEERS[:2], [p.addr for p in PEERS[:2]], 0.0, False)
+    assert sorted(c.state for g in folded.groups for c in g.collectives) == [stacks.INSIDE, stacks.NOT_LAUNCHED]
+
+
 def test_the_answer_carries_the_last_positions_it_was_given():
     last = [seen(3, 2.0, LOADING)]
     doc = stacks.decode(reading.provider(ME, False, lambda: last)())
@@ -476,3 +504,103 @@ def test_a_bad_phase_limit_is_one_warning_and_the_busy_limit(caplog: pytest.LogC
     assert [r.getMessage() for r in caplog.records] == [
         "rasd.phase('eval', limit='soon'): the limit is not a number of seconds; using the busy limit"
     ]
+
+
+# --- the collective each rank is in (issue 42, item 1) ---------------------------------------------------------------
+
+WORLD = 0xBBF5_0000_1234_ABCD
+ALLREDUCE = OP_TYPES.index("AllReduce")
+BARRIER = OP_TYPES.index("Barrier")
+
+
+def record(rank: int, reduced: int, inside: bool, idle_ms: int = 21_000) -> CommRecord:
+    """A process's rank of the world communicator: ``reduced`` all-reduces completed, and one more launched when
+    ``inside``; one barrier done."""
+    launched = [0] * N_OPS
+    completed = [0] * N_OPS
+    launched[ALLREDUCE] = reduced + (1 if inside else 0)
+    completed[ALLREDUCE] = reduced
+    launched[BARRIER] = completed[BARRIER] = 1
+    rank_record = RankRecord(rank, launched=tuple(launched), completed=tuple(completed), idle_ms=idle_ms)
+    return CommRecord(WORLD, 4, (rank_record,))
+
+
+def counters(rank: int, reduced: int, inside: bool, idle_ms: int = 21_000) -> list[dict[str, Any]]:
+    """What the answer of that process carries (``stacks.comms_of``)."""
+    return stacks.comms_of([record(rank, reduced, inside, idle_ms)])
+
+
+def test_ranks_inside_an_all_reduce_and_the_rank_that_never_launched_it_are_named_on_their_stacks():
+    """The demo's DDP stall: ranks 0, 1 and 3 inside AllReduce 33 of the world communicator (DDP's reducer runs it in
+    C++: their frames show only backward), rank 2 stalled before launching it."""
+    backward = (MODULE, STEP, Frame("/torch/autograd/graph.py", 829, "_engine_run_backward"))
+    answers = {
+        i: answer(i, thread(backward), comms=counters(i, 32, inside=True, idle_ms=21_000 + i * 100)) for i in (0, 1, 3)
+    }
+    answers[2] = answer(2, thread(LOADING), comms=counters(2, 32, inside=False))
+    folded = fold(answers)
+    inside, behind = folded.groups
+    assert ranks_of(inside) == [0, 1, 3] and ranks_of(behind) == [2]
+    comm = f"{WORLD:016x}"
+    assert inside.collectives == (stacks.Collective(stacks.INSIDE, comm, "AllReduce", 33),)
+    assert inside.collective_s == pytest.approx(21.3)
+    assert behind.collectives == (stacks.Collective(stacks.NOT_LAUNCHED, comm, "AllReduce", 33),)
+    text = stacks.render_text(folded)
+    assert (
+        f"ranks 0,1,3 (3 processes on node0, node1, thread MainThread):\n"
+        f"    collective: inside AllReduce operation 33 of communicator {comm} (launched, not completed), for 21.3 s\n"
+        f"    /src/train.py:10 (<module>)\n"
+    ) in text
+    assert (
+        f"rank 2 (node1:102, thread MainThread):\n"
+        f"    collective: not in AllReduce operation 33 of communicator {comm}: never launched it, while ranks 0,1,3 "
+        f"are inside it\n"
+    ) in text
+    groups = json.loads(stacks.render_json(folded, "node0", 100, 0.0))["stacks"]["groups"]
+    assert groups[0]["collectives"] == [
+        {
+            "state": "inside",
+            "communicator": comm,
+            "op": "AllReduce",
+            "operation": 33,
+            "seconds": 21.3,
+            "inside_ranks": [0, 1, 3],
+        }
+    ]
+    assert groups[1]["collectives"][0]["state"] == "not_launched" and groups[1]["collectives"][0]["seconds"] is None
+
+
+def test_ranks_inside_the_same_collective_with_the_same_frames_fold_and_other_collectives_split_them():
+    answers = {i: answer(i, comms=counters(i, 10, inside=True)) for i in (0, 1)}
+    answers[2] = answer(2, comms=counters(2, 11, inside=True))  # the same frames, the next all-reduce
+    answers[3] = answer(3)  # an answer of an older rasd: no counters
+    folded = fold(answers)
+    assert [ranks_of(g) for g in folded.groups] == [[0, 1], [2], [3]]
+    assert [g.collectives[0].number if g.collectives else None for g in folded.groups] == [11, 12, None]
+
+
+def test_a_collective_is_named_only_once_its_counters_have_stood_a_second():
+    """A healthy job passes through collectives many times a second: its identical stacks stay one group."""
+    answers = {i: answer(i, comms=counters(i, 10, inside=i % 2 == 0, idle_ms=30)) for i in range(4)}
+    (group,) = fold(answers).groups
+    assert ranks_of(group) == [0, 1, 2, 3] and group.collectives == ()
+
+
+def test_threads_other_than_the_main_one_carry_no_collective_and_malformed_counters_make_an_answer_unreadable():
+    worker = thread(LOADING, name="loader", main=False)
+    folded = fold({0: answer(0, thread(REDUCING), worker, comms=counters(0, 5, inside=True))}, all_threads=True)
+    by_thread = {g.threads[0][1]: g for g in folded.groups}
+    assert by_thread["MainThread"].collectives and not by_thread["loader"].collectives
+    unknown = [{**counters(1, 5, inside=True)[0], "ops": [[N_OPS + 3, 1, 0]]}]  # a type of a newer version
+    (group,) = fold({1: answer(1, comms=unknown)}).groups
+    assert group.collectives == ()
+    malformed = [{**counters(1, 5, inside=True)[0], "ops": [[1, 2]]}]
+    assert fold({1: answer(1, comms=malformed)}).answered == 0
+
+
+def test_the_counters_an_answer_carries_put_communicators_with_an_operation_in_flight_first_and_are_bounded():
+    idle = [CommRecord(i, 2, (RankRecord(0),)) for i in range(stacks.MAX_COMMS + 8)]
+    busy = CommRecord(WORLD, 4, (RankRecord(1, launched=(1,) + (0,) * (N_OPS - 1)),))
+    carried = stacks.comms_of([*idle, busy])
+    assert len(carried) == stacks.MAX_COMMS and carried[0]["comm"] == f"{WORLD:016x}" and carried[0]["rank"] == 1
+    assert carried[0]["ops"] == [[0, 1, 0]] and carried[1]["ops"] == []  # only the types launched

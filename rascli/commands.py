@@ -10,11 +10,14 @@ ends with exit code 5.
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import re
 
 from rich.text import Text
 
+from . import native
 from .connection import Connection
 from .errors import Exit, RasCliError
 from .options import Options
@@ -62,7 +65,10 @@ def styled(text: str, stacks: bool) -> Text:
 
 def report(options: Options, timeouts: Timeouts, streams: Streams) -> int:
     """Send DIAGNOSTICS or STACKS and print the reply until the job closes the connection: as it arrives in a pipe
-    (and as JSON), styled on a terminal once it is whole."""
+    (and as JSON), styled on a terminal once it is whole. With ``--native``, the native frames follow
+    (``native_frames``)."""
+    if options.native:
+        return native_frames(options, timeouts, streams)
     if streams.console is not None and not options.json:
         buffer = io.BytesIO()
         quiet = Streams(buffer, streams.err, None, None, streams.progress)
@@ -102,6 +108,37 @@ def _report(options: Options, timeouts: Timeouts, streams: Streams) -> int:
     if not received:
         raise RasCliError(f"the job at {conn.where} closed the connection without answering '{command}'", Exit.PROTOCOL)
     return Exit.PROTOCOL if _refused(received.split(b"\n", 1)[0]) else Exit.OK
+
+
+def native_frames(options: Options, timeouts: Timeouts, streams: Streams) -> int:
+    """``--stacks --native``: the STACKS report as without ``--native``, then the C and C++ frames of each process
+    on this host (``rascli.native``). The processes come from a second STACKS, as JSON. With ``-f json``, one
+    object: the job's ``stacks`` and rascli's ``native`` beside it."""
+    plain = dataclasses.replace(options, native=False)
+    if not options.json:
+        code = report(plain, timeouts, streams)
+        if code != Exit.OK:
+            return code
+    buffer = io.BytesIO()
+    code = _report(dataclasses.replace(plain, format="json"), timeouts, Streams(buffer, streams.err, None, None, None))
+    if code != Exit.OK:
+        streams.write(buffer.getvalue())
+        return code
+    try:
+        stacks = json.loads(buffer.getvalue().decode("utf-8", "replace").removeprefix("OK\n"))
+    except ValueError:
+        raise RasCliError("the job's STACKS report in JSON could not be read", Exit.PROTOCOL) from None
+    with streams.waiting("Reading the native frames of this host's processes with py-spy..."):
+        found = native.collect(stacks, options.all_threads, native.ranks_of(options.ranks))
+    if options.json:
+        streams.write((json.dumps({**stacks, "native": native.as_json(found)}, indent=2) + "\n").encode())
+        return Exit.OK
+    text = native.render_text(found)
+    if streams.console is not None:
+        streams.console.print(styled("\n" + text.rstrip("\n"), stacks=True), soft_wrap=True)
+    else:
+        streams.write(("\n" + text).encode())
+    return Exit.OK
 
 
 def command(options: Options, timeouts: Timeouts, streams: Streams) -> int:

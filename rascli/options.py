@@ -56,6 +56,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("D", "diagnostics", Arg.NONE),
     Spec(None, "stacks", Arg.NONE),
     Spec(None, "all-threads", Arg.NONE),
+    Spec(None, "native", Arg.NONE),
     Spec("r", "ranks", Arg.REQUIRED),
 )
 
@@ -80,6 +81,8 @@ Options:
       --stacks           where every rank is in its code: the main thread's stack of every
                          process, identical stacks folded together
       --all-threads      with --stacks: every thread, not only the main one
+      --native           with --stacks: also the C and C++ frames of the processes on this host,
+                         read with py-spy (pip install py-spy); never runs in the job
   -r, --ranks=LIST       with --stacks: only these ranks (0,2,5-7)
       --check            print a one-line verdict; the exit code says healthy (0) or not (1)
                          healthy = the report lists nothing under Errors and nothing under Warnings
@@ -132,6 +135,8 @@ class Options:
     diagnostics: bool = False
     stacks: bool = False
     all_threads: bool = False
+    #: ``--native``: after the stacks, each local process's native frames (rascli.native, py-spy).
+    native: bool = False
     #: ``--ranks``: the ranks ``--stacks`` shows, as typed (``0,2,5-7``); ``None``: all.
     ranks: str | None = None
     #: The words after the options, joined by single spaces: a command sent as one line (``None``: none).
@@ -323,6 +328,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Opti
         diagnostics="diagnostics" in switches,
         stacks="stacks" in switches,
         all_threads="all_threads" in switches,
+        native="native" in switches,
         ranks=ranks,
         command=" ".join(words) if words else None,
         no_color="no_color" in switches,
@@ -350,7 +356,7 @@ def _check_combinations(options: Options) -> None:
     ]
     if len(modes) > 1:
         raise usage_error(f"{' and '.join(modes)} cannot be used together")
-    if (options.all_threads or options.ranks is not None) and not options.stacks:
-        raise usage_error("--all-threads and --ranks go with --stacks")
+    if (options.all_threads or options.native or options.ranks is not None) and not options.stacks:
+        raise usage_error("--all-threads, --native and --ranks go with --stacks")
     if options.json and (options.watch is not None or options.check):
         raise usage_error(f"{modes[0]} reads the text report; it cannot be used with --format=json")

@@ -165,6 +165,49 @@ def test_stacks_fold_the_members_identical_main_threads_into_one_group(job: tupl
     assert every["all_threads"] and len(every["groups"]) > 1
 
 
+def py_spy_cannot_dump(pid: int) -> str | None:
+    """Why py-spy cannot read process ``pid`` here (not installed, ptrace not allowed), or None when it can."""
+    from rascli import native
+
+    py_spy = native.find_py_spy()
+    if py_spy is None:
+        return "py-spy is not installed"
+    probe = native.dump(py_spy, native.Target(-1, "localhost", pid), all_threads=False)
+    return probe.error or None
+
+
+def test_native_frames_show_the_c_call_each_members_main_thread_waits_in(job: tuple[Swarm, int, Path]) -> None:
+    """``rascli --stacks --native`` (issue 42, item 2): every member's main thread sleeps in ``time.sleep``, a C call
+    whose Python frame is all the stacks show; py-spy's dump shows the libc call beneath it, folded across members."""
+    swarm, port, _ = job
+    reason = py_spy_cannot_dump(swarm.members[0].pid)
+    if reason is not None:
+        pytest.skip(f"py-spy cannot read the members here: {reason}")
+    where = ["-h", "127.0.0.1", "-p", str(port)]
+    text = wait_for(
+        lambda: rascli_run(["--stacks", "--native", *where], timeout=120),
+        lambda r: (
+            r.returncode == 0
+            and b'thread "MainThread", idle):' in r.stdout
+            and f"({PEERS} processes on ".encode() in r.stdout
+        ),
+        90,
+        0.5,
+        what="the members' native frames, folded",
+    )
+    out = text.stdout.decode()
+    native_part = out[out.index("Native frames of the processes on this host (py-spy ") :]
+    assert f"ranks {','.join(str(r) for r in range(PEERS))} (" in native_part, out
+    assert re.search(r"\n    time_sleep \(libpython[^)]*\)\n    clock_nanosleep \(libc[^)]*\)\n", native_part), out
+    assert "Not dumped" not in native_part, out
+    doc = json.loads(rascli_run(["--stacks", "--native", "-f", "json", *where], timeout=120).stdout)
+    assert doc["stacks"]["answered_count"] == PEERS and doc["native"]["error"] is None
+    dumped = {p["pid"]: p for p in doc["native"]["processes"]}
+    assert sorted(dumped) == sorted(m.pid for m in swarm.members)
+    assert all(p["error"] is None and p["threads"][0]["frames"] for p in dumped.values())
+    assert all(p["seconds"] > 0 for p in dumped.values())
+
+
 def test_the_job_refuses_a_control_command_and_bad_stacks_ranks_with_exit_5(job: tuple[Swarm, int, Path]) -> None:
     _, port, _ = job
     control = rascli_run(["-h", "127.0.0.1", "-p", str(port), "CONTROL", "PROFILER_MASK", "all"])

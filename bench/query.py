@@ -32,6 +32,7 @@ import json
 import random
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -109,6 +110,7 @@ def real(n: int = 16, pairs: int = 50, after_hang: int = 20) -> dict[str, float]
                     head = f"Stacks of {n} of {n} processes"
                     assert text.startswith(head), f"a STACKS report of every process expected, got {text[:200]!r}"
                     stacks_bytes = len(text.encode())
+        native = native_times(PORT)
         victim = n // 3
         sw.pause(victim)
         first, report = status(PORT)
@@ -125,6 +127,55 @@ def real(n: int = 16, pairs: int = 50, after_hang: int = 20) -> dict[str, float]
         "stacks_report_bytes": float(stacks_bytes),
         "first_after_hang": first,
         "after_hang_p50": statistics.median(after),
+        **native,
+    }
+
+
+#: A process blocked in a C call with torch loaded: a TCPStore client waiting for a key nobody sets.
+_TORCH_BLOCKED = """
+import datetime, sys, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=600))
+print("ready", flush=True)
+store.get("never")
+"""
+
+
+def native_times(port: int, runs: int = 3) -> dict[str, float]:
+    """``rascli --stacks --native -f json`` on the swarm, as a user runs it (``runs`` times): the whole command's
+    seconds and each process's dump (py-spy); then py-spy's dump of one process with torch loaded, blocked in a C
+    call. Empty where py-spy is not installed or cannot read the processes."""
+    from rascli import native
+
+    py_spy = native.find_py_spy()
+    if py_spy is None:
+        return {}
+    commands, dumps = [], []
+    for _ in range(runs):
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "rascli.main", "-p", str(port), "--stacks", "--native", "-f", "json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        commands.append(time.perf_counter() - started)
+        doc = json.loads(done.stdout)
+        if any(p["error"] for p in doc["native"]["processes"]):
+            return {}
+        dumps += [p["seconds"] for p in doc["native"]["processes"]]
+    blocked = subprocess.Popen([sys.executable, "-c", _TORCH_BLOCKED], stdout=subprocess.PIPE, text=True)
+    try:
+        assert blocked.stdout is not None and blocked.stdout.readline().strip() == "ready"
+        target = native.Target(0, "localhost", blocked.pid)
+        torch_dumps = [native.dump(py_spy, target, all_threads=False) for _ in range(runs)]
+    finally:
+        blocked.kill()
+        blocked.wait()
+    return {
+        "native_command_p50": statistics.median(commands),
+        "native_dump_p50": statistics.median(dumps),
+        "native_dump_max": max(dumps),
+        "native_dump_torch_p50": statistics.median(d.seconds for d in torch_dumps),
     }
 
 
@@ -518,6 +569,16 @@ def main(argv: list[str] | None = None) -> int:
         ),
         ("later STATUS after the SIGSTOP, p50", real_["after_hang_p50"], "as fast as healthy"),
     ]
+    if "native_command_p50" in real_:
+        rows += [
+            (f"rascli --stacks --native, {n_real} processes, p50", real_["native_command_p50"], "the whole command"),
+            (
+                "  py-spy dump --native per process, p50",
+                real_["native_dump_p50"],
+                f"max {real_['native_dump_max']:.3f} s",
+            ),
+            ("  the same, a process with torch loaded, p50", real_["native_dump_torch_p50"], "blocked in a C call"),
+        ]
     figures: dict[str, float] = {
         f"status_p50_s_{n_real}": real_["p50"],
         f"status_p90_s_{n_real}": real_["p90"],
@@ -528,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         f"stacks_report_bytes_{n_real}": real_["stacks_report_bytes"],
         "first_after_hang_s": real_["first_after_hang"],
         "after_hang_p50_s": real_["after_hang_p50"],
+        **{f"{k}_s": v for k, v in real_.items() if k.startswith("native_")},
     }
     goals = {f"stacks_{n_real}": real_["stacks_p50"] / real_["p50"] <= GOAL_RATIO}
     print(

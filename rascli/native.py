@@ -3,8 +3,9 @@
 A STACKS report shows where each rank is in its Python code; a rank blocked inside a C call (a GIL-released socket
 read, a gloo or NCCL wait, a CUDA synchronisation, a store's ``get``) shows only the Python frame that made the call.
 Its native frames come from py-spy (``py-spy dump --native --pid P``, MIT licence, one static binary in its wheel:
-``pip install py-spy``, or ``pip install torchras[native]``), which reads the process's memory with ptrace: nothing
-runs in the training process, and nothing of this runs unless asked. rascli asks the job for the STACKS report as
+``pip install py-spy``, or ``pip install torchras[native]``), which reads the process's memory with ptrace: no code of
+ours runs in the training process, which py-spy holds stopped only while it reads the stacks (milliseconds), and
+nothing of this runs unless asked. rascli asks the job for the STACKS report as
 JSON (who the processes are), then dumps the processes that run on its own host, a few at a time. A process on
 another host cannot be read from here (rascli says so, naming the host); a kernel that does not allow ptrace
 (``kernel.yama.ptrace_scope`` 1 or more for a process that is not rascli's descendant, a container without

@@ -24,13 +24,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ports import shifted
-from ras_client import connect, wait_for_json, wait_for_report
+from ras_client import ask, connect, wait_for_json, wait_for_report
 from rasd.core.comms import OP_TYPES
 
 pytestmark = pytest.mark.slow  # every test starts torch processes
@@ -331,6 +332,49 @@ def test_every_op_type_is_counted_launched_and_completed_in_the_registry_and_the
     assert "    0         1         1         4         4         4   RUNNING      OK\n" in report
     assert "    1         2         1         2         2         4   RUNNING      OK\n" in report
     assert report.endswith("Errors\n======\n\nWarnings\n========\n\n"), report
+
+
+def torch_handler(port: int, name: str) -> str:
+    """One of the handlers of torch's per-rank debug server (``torch.distributed.debug``), as its frontend asks."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/handler/{name}?", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return answer.read().decode("utf-8", "replace")
+
+
+def test_torchs_debug_server_and_rasd_answer_side_by_side_and_its_dumps_change_no_count(job: TorchJob):
+    """torch's own debug server (issue 42, item 4: ``torch.distributed.debug``, whose frontend serves port 25999)
+    beside rasd: its per-rank stacks (``dump_traceback``) and Flight Recorder dump (``fr_trace_json``), asked of
+    every rank while rasd's STACKS runs, all answer; neither takes a signal, and a Flight Recorder dump only reads
+    the records, so rasd counts the next collectives exactly."""
+    ports = {rank: data["port"] for rank, data in job.command("debugserver").items()}
+    answers: dict[str, str] = {}
+
+    def ask_torch(rank: int, name: str) -> None:
+        answers[f"{name} {rank}"] = torch_handler(ports[rank], name)
+
+    def ask_rasd() -> None:
+        answers["stacks"] = ask(job.port, b"STACKS\n")
+
+    threads = [threading.Thread(target=ask_rasd)] + [
+        threading.Thread(target=ask_torch, args=(rank, name))
+        for rank in range(WORLD)
+        for name in ("dump_traceback", "fr_trace_json")
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    assert answers["stacks"].startswith(f"Stacks of {WORLD} of {WORLD} processes"), answers["stacks"][:500]
+    for rank in range(WORLD):
+        assert "torch_worker.py" in answers[f"dump_traceback {rank}"], answers[f"dump_traceback {rank}"][:500]
+        assert json.loads(answers[f"fr_trace_json {rank}"])["entries"], rank  # the job's collectives so far
+    before = job.command("snap")
+    after = job.command("ops")
+    for rank in range(WORLD):
+        world_before, world = comm_of(before[rank]["registry"], WORLD), comm_of(after[rank]["registry"], WORLD)
+        assert delta(world["launched"], world_before["launched"]) == OPS_WORLD, f"rank {rank}"
+        assert delta(world["completed"], world_before["completed"]) == OPS_WORLD, f"rank {rank}"
+    assert all(json.loads(torch_handler(ports[rank], "fr_trace_json"))["entries"] for rank in range(WORLD))
 
 
 def test_a_rank_that_skips_an_all_reduce_is_a_mismatch_then_stuck_then_recovers(job: TorchJob):

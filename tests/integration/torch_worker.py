@@ -17,6 +17,7 @@ Commands:
   catchup    rank 2 only: the all_reduce it skipped
   asyncfail  a new group [0,1] with a 2 s timeout; rank 0 issues an async all_reduce that rank 1 never joins
   destroy    ranks 0 and 1 destroy the failed group; rank 3 (only) destroys the group [2,3]
+  debugserver  torch's own per-rank debug server (the worker half of ``torch.distributed.debug``'s, port 0)
   exit       barrier, destroy_process_group, exit 0
 """
 
@@ -142,6 +143,12 @@ def main() -> int:
             dist.send(torch.ones(2), nxt)
             w.wait()
             dist.all_reduce(torch.ones(4), dist.ReduceOp.SUM, groups["pair"])  # the group passed positionally
+        elif cmd == "debugserver":
+            import torch.distributed.debug  # registers torch's handlers (stacks, Flight Recorder)
+            from torch._C._distributed_c10d import _WorkerServer
+
+            groups["debugserver"] = _WorkerServer("::", 0)
+            data["port"] = groups["debugserver"].port  # type: ignore[attr-defined]
         elif cmd == "lag":
             if RANK != 2:
                 dist.all_reduce(torch.ones(4))
@@ -163,6 +170,8 @@ def main() -> int:
             if RANK == 3:
                 dist.destroy_process_group(groups.pop("g23"))
         elif cmd == "exit":
+            if "debugserver" in groups:
+                groups.pop("debugserver").shutdown()  # type: ignore[attr-defined]
             dist.barrier()
             dist.destroy_process_group()
             data["registry"] = registry()

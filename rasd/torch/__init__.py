@@ -56,7 +56,7 @@ def flight_recorder() -> journal.FlightRecorder | None:
     names: dict[int, list[str]] = {}
     for group in list(records.groups.values()):
         names.setdefault(group.comm.comm_hash, []).append(str(group.name))
-    return records.dump, {comm_hash: tuple(group_names) for comm_hash, group_names in names.items()}
+    return records.dump_every, {comm_hash: tuple(group_names) for comm_hash, group_names in names.items()}
 
 
 __all__ = ["flight_recorder", "install", "installed", "uninstall"]

@@ -12,6 +12,16 @@ backend (torch 2.13; docs/operations.md, "What is counted"):
   finished (``retired``), on NCCL its state (``scheduled``, ``started``, ``completed``). Point-to-point calls
   are not recorded on gloo.
 
+Which Flight Recorder (``recorder_of``). gloo and the legacy NCCL backend write into the *native* recorder, which
+``_dump_fr_trace_json()`` reads. torch 2.15's generic, hook-based recorder serves the backends that do not record
+natively (``nccl2``, its default NCCL backend, among them): torch attaches a ``FlightRecorderHook`` to each of their
+groups at creation (``_world.pg_flight_recorder_hooks``), every such backend writes into a recorder of its own,
+read with ``_dump_fr_trace_json(backend=<name>)``, and its entries are named ``<backend>:<op>``
+(``nccl2:all_reduce``) and finish as the native ones do (``retired``, ``state`` ``completed``). Found by feature
+detection, never by version: a group with a hook is read from its backend's recorder, any other from the native
+one; a torch whose dump takes no ``backend`` (2.13, 2.14) has no hook-based recorder. ``describe`` says which
+recorders are read (the report's version lines); docs/operations.md has the table by torch version and backend.
+
 Per communicator the count is split into what the hooks counted and what happened beneath them::
 
     launched[op] = hooks' launched[op] + beneath[op]
@@ -116,6 +126,9 @@ class _Group:
     fr_seq: int = 0  # the highest collective sequence id read from the Flight Recorder
     last_op: int = OTHER  # the op type of the last collective beneath the hooks that was read
     pending: dict[int, int] = field(default_factory=dict)  # sequence id -> op type: read, not seen finished
+    #: The Flight Recorder its collectives are written to: None for the native one, else the backend whose
+    #: hook-based recorder holds them (``recorder_of``), found at each read.
+    recorder: str | None = None
     quiet_since_read: bool = False
     polled_seq: int = -1  # the sequence number at the last ``poll``
     read: bool = False  # the Flight Recorder has been read since this group began
@@ -137,10 +150,21 @@ def _beneath_unread(group: _Group) -> int:
 class RecordCounter:
     """Adds to each registered communicator the collectives that torch's records show beneath the hooks."""
 
-    def __init__(self, flight_recorder: bool | None = None, dump: Callable[[], bytes | str] | None = None) -> None:
-        """``dump`` returns the Flight Recorder's JSON (default: torch's ``_dump_fr_trace_json``)."""
+    def __init__(
+        self,
+        flight_recorder: bool | None = None,
+        dump: Callable[[str | None], bytes | str] | None = None,
+        recorder_of: Callable[[Any], str | None] | None = None,
+    ) -> None:
+        """``dump(recorder)`` returns a Flight Recorder's JSON: the native one for None, else that backend's
+        hook-based one (default: torch's ``_dump_fr_trace_json``); ``recorder_of(pg)`` says which a group writes to
+        (default: torch's hooks, ``recorder_of``)."""
         self.flight_recorder = flight_recorder_on() if flight_recorder is None else flight_recorder
         self.dump = dump or _dump_flight_recorder
+        self.recorder_of = recorder_of or _recorder_of
+        #: The recorders found so far: None (the native one) and backend names; those that could not be read.
+        self.recorders: set[str | None] = set()
+        self.unreadable: set[str | None] = set()
         self.groups: dict[int, _Group] = {}  # id(LocalComm) -> the group
         self.last_read = -1e18
         self.reads = 0  # Flight Recorder dumps taken (bench/overhead.py reports them)
@@ -148,11 +172,28 @@ class RecordCounter:
         self.failed = False
 
     def describe(self) -> str:
-        """The counting in force, for the report's runtime line."""
+        """The counting in force, for the report's runtime line: which records are read."""
         if self.failed:
             return "Collectives counted by the Python hooks only (this torch keeps no process-group records)"
-        source = "sequence numbers and Flight Recorder" if self.flight_recorder else "sequence numbers only"
+        if not self.flight_recorder:
+            source = "sequence numbers only"
+        else:
+            read = sorted(r for r in self.recorders - self.unreadable if r is not None)
+            hooked = f"; hook-based for {', '.join(read)}" if read else ""
+            source = f"sequence numbers and Flight Recorder (native{hooked})"
         return f"Collectives counted from process-group records ({source}) and Python hooks"
+
+    def dump_every(self) -> str:
+        """Every recorder the groups write to, as one dump (its ``entries`` one after the other), for the verdict
+        journal; a recorder that cannot be read is left out."""
+        entries: list[Any] = []
+        recorders = {None} | {g.recorder for g in self.groups.values()} | self.recorders
+        for recorder in sorted(recorders - self.unreadable, key=lambda r: r or ""):
+            try:
+                entries += json.loads(self.dump(recorder)).get("entries", [])
+            except Exception:  # noqa: BLE001 - left out, as _read leaves it
+                continue
+        return json.dumps({"entries": entries})
 
     def add(self, pg: Any, comm: LocalComm, created_ns: int) -> None:
         """Count ``pg``'s collectives into ``comm`` from now on (training thread, right after torch made it)."""
@@ -223,26 +264,40 @@ class RecordCounter:
             group.comm.beneath_unread_completed = not self.flight_recorder  # nothing will ever say otherwise
 
     def _read(self, now: float) -> None:
+        """Read every recorder the groups write to (the native one, and each hook-based one: ``recorder_of``)."""
         started = time.perf_counter()
+        for group in self.groups.values():
+            pg = group.pg()
+            if pg is not None:
+                group.recorder = self.recorder_of(pg)
+        entries_of: dict[str | None, dict[str, list[dict[str, Any]]]] = {}
         try:
-            entries = json.loads(self.dump()).get("entries", [])
-        except Exception as e:  # noqa: BLE001 - no usable Flight Recorder: types stay estimates
-            log.info("rasd: the Flight Recorder cannot be read (%s); op types beneath the hooks count as Other", e)
-            self.flight_recorder = False
-            return
+            for recorder in {group.recorder for group in self.groups.values()} - self.unreadable:
+                self.recorders.add(recorder)
+                try:
+                    entries = json.loads(self.dump(recorder)).get("entries", [])
+                except Exception as e:  # noqa: BLE001 - no usable recorder: its groups' types stay estimates
+                    which = "the Flight Recorder" if recorder is None else f"{recorder}'s hook-based Flight Recorder"
+                    log.info("rasd: %s cannot be read (%s); op types beneath the hooks count as Other", which, e)
+                    self.unreadable.add(recorder)
+                    continue
+                by_name = entries_of.setdefault(recorder, {})
+                for entry in entries:
+                    if entry.get("is_p2p"):
+                        continue  # point-to-point calls are counted by the hooks (gloo does not record them)
+                    group_name = entry.get("process_group", ["", ""])[0]
+                    by_name.setdefault(str(group_name), []).append(entry)
         finally:
             self.read_seconds += time.perf_counter() - started
+        if None in self.unreadable and not entries_of:
+            self.flight_recorder = False  # nothing readable: as before there was a recorder to read
+            return
         self.reads += 1
         self.last_read = now
-        by_name: dict[str, list[dict[str, Any]]] = {}
-        for entry in entries:
-            if entry.get("is_p2p"):
-                continue  # point-to-point calls are counted by the hooks (gloo does not record them)
-            group_name = entry.get("process_group", ["", ""])[0]
-            by_name.setdefault(str(group_name), []).append(entry)
         for group in self.groups.values():
-            self._take(group, by_name.get(group.name, []))
-            group.read = True
+            if group.recorder in entries_of:
+                self._take(group, entries_of[group.recorder].get(group.name, []))
+                group.read = True
 
     def _take(self, group: _Group, entries: list[dict[str, Any]]) -> None:
         comm = group.comm
@@ -283,11 +338,29 @@ class RecordCounter:
         group.fr_seq = settled
 
 
-def _dump_flight_recorder() -> bytes:
+def _dump_flight_recorder(recorder: str | None = None) -> bytes:
+    """A Flight Recorder's JSON: the native one, or ``recorder``'s hook-based one (torch 2.15 on: a torch whose dump
+    takes no ``backend`` raises TypeError here, and that recorder counts as unreadable)."""
     import torch
 
     dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")  # noqa: B009 - private, untyped
-    return dump(includeCollectives=True, onlyActive=False)
+    if recorder is None:
+        return dump(includeCollectives=True, onlyActive=False)
+    return dump(includeCollectives=True, onlyActive=False, backend=recorder)
+
+
+def _recorder_of(pg: Any) -> str | None:
+    """The recorder a group's collectives are written to: its backend's hook-based one when torch attached a
+    ``FlightRecorderHook`` to it (torch 2.15 on: ``_world.pg_flight_recorder_hooks``), else None (the native one)."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        hooks = getattr(c10d._world, "pg_flight_recorder_hooks", None)
+        if not hooks or pg not in hooks:
+            return None
+        return str(c10d.get_backend(pg))
+    except Exception:  # noqa: BLE001 - a group torch no longer knows: the native recorder, as before
+        return None
 
 
 def _finished(entry: dict[str, Any]) -> bool:

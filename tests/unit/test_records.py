@@ -44,7 +44,10 @@ class FakeRecorder:
             if e["collective_seq_id"] == seq_id:
                 e["retired"] = True
 
-    def dump(self) -> str:
+    def dump(self, recorder: str | None = None) -> str:
+        """The native recorder's JSON (a torch 2.13 dump: there is no other recorder to ask for)."""
+        if recorder is not None:
+            raise TypeError("_dump_fr_trace_json() got an unexpected keyword argument 'backend'")
         self.dumps += 1
         return json.dumps({"entries": self.entries})
 
@@ -263,3 +266,114 @@ def test_a_move_is_dated_by_the_poll_that_saw_it_not_by_the_next_snapshot() -> N
     beneath(group, recorder, "gloo:all_reduce")
     counter.refresh(now=16.0)  # a move no poll saw yet: dated by the snapshot
     assert comm.last_change == 16.0
+
+
+# --- which Flight Recorder: torch 2.15's hook-based recorders beside the native one (fakes of each API shape) ----
+
+
+class NamedGroup(FakeGroup):
+    def __init__(self, name: str, backend: str) -> None:
+        super().__init__()
+        self.group_name = name
+        self.backend = backend
+
+
+class Recorders:
+    """torch 2.15's shape: the native recorder (gloo, legacy NCCL) and one hook-based recorder per backend that does
+    not record natively (``nccl2``), read with ``_dump_fr_trace_json(backend=...)``. ``hooked`` False: torch 2.13's
+    and 2.14's, whose dump takes no ``backend``."""
+
+    def __init__(self, hooked: bool = True) -> None:
+        self.native, self.nccl2 = FakeRecorder(), FakeRecorder()
+        self.hooked = hooked
+
+    def dump(self, recorder: str | None = None) -> str:
+        if recorder is None:
+            return self.native.dump()
+        if not self.hooked:
+            raise TypeError("_dump_fr_trace_json() got an unexpected keyword argument 'backend'")
+        assert recorder == "nccl2"
+        return self.nccl2.dump()
+
+    @staticmethod
+    def recorder_of(pg: NamedGroup) -> str | None:
+        return pg.backend if pg.backend == "nccl2" else None  # torch attached a FlightRecorderHook to nccl2 groups
+
+
+def two_groups(hooked: bool) -> tuple[RecordCounter, Recorders, dict[str, tuple[NamedGroup, LocalComm]]]:
+    recorders = Recorders(hooked)
+    counter = RecordCounter(flight_recorder=True, dump=recorders.dump, recorder_of=recorders.recorder_of)
+    groups = {}
+    for i, backend in enumerate(("gloo", "nccl2")):
+        group, comm = NamedGroup(str(i), backend), LocalComm(comm_hash=10 + i, size=4, rank=0)
+        counter.add(group, comm, created_ns=5)
+        groups[backend] = (group, comm)
+    return counter, recorders, groups
+
+
+def test_a_group_of_a_backend_without_native_recording_is_counted_from_its_hook_based_recorder() -> None:
+    counter, recorders, groups = two_groups(hooked=True)
+    gloo, gloo_comm = groups["gloo"]
+    nccl2, nccl2_comm = groups["nccl2"]
+    gloo.seq += 1
+    recorders.native.record(gloo.seq, "gloo:broadcast", group="0")
+    for _ in range(2):  # DDP's buckets on nccl2: entries named by the backend, finished as "completed"
+        nccl2.seq += 1
+        recorders.nccl2.record(nccl2.seq, "nccl2:all_reduce", group="1")
+    nccl2.seq += 1
+    recorders.nccl2.record(nccl2.seq, "nccl2:_all_gather_base", retired=False, group="1")  # in flight
+    counter.refresh(1.0)
+    assert gloo_comm.beneath_launched[BROADCAST] == gloo_comm.beneath_completed[BROADCAST] == 1
+    assert nccl2_comm.beneath_launched[ALLREDUCE] == nccl2_comm.beneath_completed[ALLREDUCE] == 2
+    assert (nccl2_comm.beneath_launched[ALLGATHER], nccl2_comm.beneath_completed[ALLGATHER]) == (1, 0)
+    assert "(native; hook-based for nccl2)" in counter.describe()
+    recorders.nccl2.retire(3)
+    counter.refresh(2.0)  # gone quiet with one pending: read again
+    assert nccl2_comm.beneath_completed[ALLGATHER] == 1
+    journal = json.loads(counter.dump_every())["entries"]  # what the verdict journal reads: both recorders
+    assert sorted(e["profiling_name"] for e in journal) == [
+        "gloo:broadcast",
+        "nccl2:_all_gather_base",
+        "nccl2:all_reduce",
+        "nccl2:all_reduce",
+    ]
+
+
+def test_a_torch_whose_dump_takes_no_backend_counts_those_groups_as_other_and_reads_the_native_one(caplog) -> None:
+    counter, recorders, groups = two_groups(hooked=False)
+    gloo, gloo_comm = groups["gloo"]
+    nccl2, nccl2_comm = groups["nccl2"]
+    gloo.seq += 1
+    recorders.native.record(gloo.seq, "gloo:all_reduce", group="0")
+    nccl2.seq += 1
+    with caplog.at_level("INFO", logger="rasd"):
+        counter.refresh(1.0)
+        counter.refresh(40.0)
+    assert gloo_comm.beneath_launched[ALLREDUCE] == 1  # the native recorder is read as before
+    assert nccl2_comm.beneath_unread == 1 and nccl2_comm.beneath_unread_op == OTHER  # the total exact, the type not
+    assert sum("nccl2's hook-based Flight Recorder cannot be read" in r.message for r in caplog.records) == 1
+    assert counter.flight_recorder and "(native)" in counter.describe()
+
+
+@pytest.mark.slow  # a real process group
+def test_the_installed_torch_is_read_by_feature_detection(tmp_path) -> None:
+    """Against the torch installed here (2.13 on this project's machines): a gloo group writes to the native
+    recorder, which reads; whether a hook-based recorder exists is what the dump's ``backend`` argument says."""
+    import torch
+    import torch.distributed as dist
+
+    from rasd.torch import records
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        dist.all_reduce(torch.ones(2))
+        assert records._recorder_of(group) is None
+        native = json.loads(records._dump_flight_recorder())
+        assert any(e["profiling_name"] == "gloo:all_reduce" for e in native.get("entries", []))
+        try:  # 2.15 on: a JSON dump of nccl2's hook-based recorder (empty here); before: no such argument
+            assert isinstance(json.loads(records._dump_flight_recorder("nccl2")), dict)
+        except TypeError as no_backend:
+            assert "backend" in str(no_backend), (torch.__version__, no_backend)
+    finally:
+        dist.destroy_process_group()

@@ -140,23 +140,19 @@ def comms_of(records: Iterable[CommRecord]) -> list[dict[str, Any]]:
     """What an answer carries of its process's communicators (``ProcessData.comms``): per communicator rank, the
     operations launched and completed, by type (``[type, launched, completed]`` for the types it has launched), and
     how long its counters have stood; those with an operation in flight first, at most ``MAX_COMMS``."""
-    out = []
+    carried: list[tuple[bool, dict[str, Any]]] = []
     for record in records:
         for rank in record.ranks:
             ops = [[op, n, rank.completed[op]] for op, n in enumerate(rank.launched) if n]
-            out.append(
-                {
-                    "comm": f"{record.comm_hash & 0xFFFFFFFFFFFFFFFF:016x}",
-                    "rank": rank.comm_rank,
-                    "ops": ops,
-                    "idle_ms": rank.idle_ms,
-                    "busy": any(launched != completed for _, launched, completed in ops),
-                }
-            )
-    out.sort(key=lambda c: not c["busy"])
-    for c in out:
-        del c["busy"]
-    return out[:MAX_COMMS]
+            entry = {
+                "comm": f"{record.comm_hash & 0xFFFFFFFFFFFFFFFF:016x}",
+                "rank": rank.comm_rank,
+                "ops": ops,
+                "idle_ms": rank.idle_ms,
+            }
+            carried.append((any(launched != completed for _, launched, completed in ops), entry))
+    carried.sort(key=lambda busy_entry: not busy_entry[0])
+    return [entry for _, entry in carried[:MAX_COMMS]]
 
 
 @dataclass(frozen=True)
@@ -177,13 +173,20 @@ def _counters(raw: Any) -> list[_Counters]:
 
 
 def _collectives(
-    counters: Sequence[_Counters], frontier: dict[tuple[str, int], int], inside: dict[tuple[str, str, int], Any]
+    counters: Sequence[_Counters],
+    frontier: dict[tuple[str, int], int],
+    inside: dict[tuple[str, str, int], Any],
+    types: dict[str, tuple[int, ...]],
 ) -> tuple[tuple[Collective, ...], float]:
-    """The collectives a process is in (or behind in), and the longest its counters stood among them."""
+    """The collectives a process is in (or behind in), and the longest its counters stood among them. ``types``:
+    every operation type some rank launched, by communicator: a type the process never launched is behind too when
+    others are inside its first operation."""
     found: list[Collective] = []
     seconds = 0.0
     for c in counters:
-        for op, launched, completed in c.ops:
+        counts = {op: (launched, completed) for op, launched, completed in c.ops}
+        for op in types.get(c.comm, ()):
+            launched, completed = counts.get(op, (0, 0))
             if launched > completed and c.idle_s >= STOOD_S:
                 found.append(Collective(INSIDE, c.comm, OP_TYPES[op], completed + 1))
                 seconds = max(seconds, c.idle_s)
@@ -276,12 +279,16 @@ def fold(
                     frontier[key] = launched
                 if launched > completed and c.idle_s >= STOOD_S:
                     inside.setdefault((c.comm, OP_TYPES[op], completed + 1), []).append(proc)
+    types_of: dict[str, list[int]] = {}
+    for comm, op in sorted(frontier):
+        types_of.setdefault(comm, []).append(op)
+    types = {comm: tuple(ops) for comm, ops in types_of.items()}
     answered = 0
     for proc, threads, counters in parsed:
         if ranks is not None and proc.rank not in ranks:
             continue
         answered += 1  # of the processes asked about, as ``missing`` counts them
-        collectives, seconds = _collectives(counters, frontier, inside)
+        collectives, seconds = _collectives(counters, frontier, inside, types)
         for name, raw, cut, main in threads:
             folded = (raw, collectives) if main else (raw, ())
             group = groups.get(folded)

@@ -579,6 +579,14 @@ def test_ranks_inside_the_same_collective_with_the_same_frames_fold_and_other_co
     assert [g.collectives[0].number if g.collectives else None for g in folded.groups] == [11, 12, None]
 
 
+def test_a_rank_that_never_launched_an_operation_of_that_type_is_not_in_the_first_one():
+    """A stall before the first all-reduce (a first step): the stalled rank's counters have no AllReduce at all."""
+    answers = {i: answer(i, comms=counters(i, 0, inside=True)) for i in (0, 1, 3)}
+    answers[2] = answer(2, thread(LOADING), comms=counters(2, 0, inside=False))
+    behind = next(g for g in fold(answers).groups if ranks_of(g) == [2])
+    assert behind.collectives == (stacks.Collective(stacks.NOT_LAUNCHED, f"{WORLD:016x}", "AllReduce", 1),)
+
+
 def test_a_collective_is_named_only_once_its_counters_have_stood_a_second():
     """A healthy job passes through collectives many times a second: its identical stacks stay one group."""
     answers = {i: answer(i, comms=counters(i, 10, inside=i % 2 == 0, idle_ms=30)) for i in range(4)}

@@ -166,9 +166,9 @@ class _Counters:
 def _counters(raw: Any) -> list[_Counters]:
     out = []
     for c in raw or ():
-        ops = tuple((int(op), int(launched), int(completed)) for op, launched, completed in c["ops"])
-        ops = tuple(entry for entry in ops if 0 <= entry[0] < N_OPS)  # a newer version's types: not named here
-        out.append(_Counters(str(c["comm"]), ops, max(0.0, int(c["idle_ms"]) / 1000)))
+        ops = [(int(op), int(launched), int(completed)) for op, launched, completed in c["ops"]]
+        known = tuple(entry for entry in ops if 0 <= entry[0] < N_OPS)  # a newer version's types: not named here
+        out.append(_Counters(str(c["comm"]), known, max(0.0, int(c["idle_ms"]) / 1000)))
     return out
 
 
@@ -177,22 +177,20 @@ def _collectives(
     frontier: dict[tuple[str, int], int],
     inside: dict[tuple[str, str, int], Any],
     types: dict[str, tuple[int, ...]],
-) -> tuple[tuple[Collective, ...], float]:
-    """The collectives a process is in (or behind in), and the longest its counters stood among them. ``types``:
+) -> tuple[Collective, ...]:
+    """The collectives a process is in (or behind in). ``types``:
     every operation type some rank launched, by communicator: a type the process never launched is behind too when
     others are inside its first operation."""
     found: list[Collective] = []
-    seconds = 0.0
     for c in counters:
         counts = {op: (launched, completed) for op, launched, completed in c.ops}
         for op in types.get(c.comm, ()):
             launched, completed = counts.get(op, (0, 0))
             if launched > completed and c.idle_s >= STOOD_S:
                 found.append(Collective(INSIDE, c.comm, OP_TYPES[op], completed + 1))
-                seconds = max(seconds, c.idle_s)
             elif launched < frontier.get((c.comm, op), 0) and (c.comm, OP_TYPES[op], launched + 1) in inside:
                 found.append(Collective(NOT_LAUNCHED, c.comm, OP_TYPES[op], launched + 1))
-    return tuple(found[:MAX_COLLECTIVES]), seconds
+    return tuple(found[:MAX_COLLECTIVES])
 
 
 def encode(doc: dict[str, Any]) -> tuple[bytes, int]:
@@ -284,11 +282,19 @@ def fold(
         types_of.setdefault(comm, []).append(op)
     types = {comm: tuple(ops) for comm, ops in types_of.items()}
     answered = 0
+    # Most ranks' counters are alike (a job's ranks run the same collectives): each distinct set is judged once.
+    judged: dict[tuple[Any, ...], tuple[Collective, ...]] = {}
     for proc, threads, counters in parsed:
         if ranks is not None and proc.rank not in ranks:
             continue
         answered += 1  # of the processes asked about, as ``missing`` counts them
-        collectives, seconds = _collectives(counters, frontier, inside, types)
+        alike = tuple((c.comm, c.ops, c.idle_s >= STOOD_S) for c in counters)
+        if alike not in judged:
+            judged[alike] = _collectives(counters, frontier, inside, types)
+        collectives = judged[alike]
+        seconds = max(
+            (c.idle_s for c in counters if c.idle_s >= STOOD_S and any(n > done for _, n, done in c.ops)), default=0.0
+        )
         for name, raw, cut, main in threads:
             folded = (raw, collectives) if main else (raw, ())
             group = groups.get(folded)

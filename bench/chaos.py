@@ -815,6 +815,11 @@ def main() -> None:
         help="run nothing: the table of earlier runs (their runs.jsonl); a cell run in a later folder replaces its "
         "runs of the earlier ones (a rerun on newer code)",
     )
+    parser.add_argument(
+        "--combine",
+        action="store_true",
+        help="with --report: every folder's runs of a cell together (passes of the matrix, each once per cell)",
+    )
     args = parser.parse_args()
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     cells = matrix()
@@ -825,7 +830,7 @@ def main() -> None:
     except ValueError as error:
         parser.error(str(error))
     if args.report:
-        print(json.dumps(report(cells, earlier_runs(args.report), 0.0)))
+        print(json.dumps(report(cells, earlier_runs(args.report, args.combine), 0.0)))
         return
     sys.path.insert(0, str(Path(__file__).parent))
     started_at = datetime.datetime.now(datetime.timezone.utc)
@@ -863,10 +868,10 @@ def main() -> None:
     print(json.dumps(figures))
 
 
-def earlier_runs(folders: list[Path]) -> dict[str, list[Run]]:
+def earlier_runs(folders: list[Path], combine: bool = False) -> dict[str, list[Run]]:
     """The runs recorded in each folder's runs.jsonl, by cell, each classified again by today's rules from its
     recorded facts and its output (``reclassified``); a cell's runs in a later folder replace its runs in the
-    earlier ones."""
+    earlier ones, or with ``combine`` join them (passes of the matrix)."""
     cells = {cell.key: cell for cell in matrix()}
     runs: dict[str, list[Run]] = {}
     for folder in folders:
@@ -877,7 +882,8 @@ def earlier_runs(folders: list[Path]) -> dict[str, list[Run]]:
             if run.cell in cells:
                 run = reclassified(run, cells[run.cell], folder / f"{run.cell}-{run.index}" / "output.log")
             found.setdefault(run.cell, []).append(run)
-        runs.update(found)
+        for cell, cell_runs in found.items():
+            runs[cell] = runs.get(cell, []) + cell_runs if combine else cell_runs
     return runs
 
 

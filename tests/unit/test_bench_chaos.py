@@ -175,3 +175,22 @@ def test_each_fault_is_made_once_by_inject_by_a_hook_or_from_outside(bench):
         assert sum(ways) == 1, cell
     steady = bench.worker_arguments(bench.Cell("rasd", "ddp", "steady", "repeat"))
     assert steady.count(f"exception:rank=1,step={bench.STEADY_STEP}") > bench.LOOP_BOUND
+
+
+def test_a_later_folder_replaces_a_cells_runs_unless_the_passes_are_combined(bench, tmp_path):
+    import dataclasses
+    import json
+
+    def folder(name: str, *cells: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        runs = [bench.Run(cell, 0, "RECOVERED_FULL", 30.0, 40.0, None, 120, 4, 1, 0, [], None) for cell in cells]
+        (path / "runs.jsonl").write_text("".join(json.dumps(dataclasses.asdict(run)) + "\n" for run in runs))
+        return path
+
+    first = folder("first", "rasd_ddp_steady_kill", "rasd_ddp_end_kill")
+    second = folder("second", "rasd_ddp_steady_kill")
+    replaced = bench.earlier_runs([first, second])
+    combined = bench.earlier_runs([first, second], combine=True)
+    assert {cell: len(runs) for cell, runs in replaced.items()} == {"rasd_ddp_steady_kill": 1, "rasd_ddp_end_kill": 1}
+    assert {cell: len(runs) for cell, runs in combined.items()} == {"rasd_ddp_steady_kill": 2, "rasd_ddp_end_kill": 1}

@@ -76,7 +76,7 @@ log = logging.getLogger("rasd")
 RETIRED_MAX = 16
 #: At the interpreter's exit, how long after the last ``destroy_process_group`` it waits before finalizing: time for
 #: the kept groups' workers to free their last work (microseconds to milliseconds).
-EXIT_GRACE_S = 0.25
+EXIT_GRACE_S = 0.1
 
 #: Public function -> op type. Wrapped under the same name in torch.distributed and distributed_c10d.
 COUNTED: dict[str, str] = {

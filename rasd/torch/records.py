@@ -179,8 +179,8 @@ class RecordCounter:
             source = "sequence numbers only"
         else:
             read = sorted(r for r in self.recorders - self.unreadable if r is not None)
-            hooked = f"; hook-based for {', '.join(read)}" if read else ""
-            source = f"sequence numbers and Flight Recorder (native{hooked})"
+            hooked = "".join(f", {name}'s hook-based Flight Recorder" for name in read)
+            source = f"sequence numbers, native Flight Recorder{hooked}"
         return f"Collectives counted from process-group records ({source}) and Python hooks"
 
     def dump_every(self) -> str:

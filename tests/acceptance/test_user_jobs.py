@@ -193,7 +193,7 @@ def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(
         assert "hard timeout" not in logs.lower() and "SIGKILL" not in logs, logs  # ... nobody killed
         _check_counts(job, results)
         text = ask(job.port, b"STATUS\n")
-        assert "Collectives counted from process-group records (sequence numbers and Flight Recorder)" in text
+        assert "Collectives counted from process-group records (sequence numbers, native Flight Recorder)" in text
         # The restart came from the mesh's COMM_STUCK verdict (not a local timeout), and it reached rank 2 in its
         # blocking call through the wake: nobody was left behind.
         assert re.search(r"Last restart: COMM_STUCK .*rank 2 behind.*; no rank terminated", text), text

@@ -215,21 +215,20 @@ def test_a_port_taken_by_another_program(port_env):
 
 
 def test_an_explicit_address_per_process_is_served_even_where_the_job_serves_another(port_env):
-    """``TORCHRAS_ADDR`` is the process's own setting, as ``NCCL_RAS_ADDR`` is: member 2 serves its explicit port
-        although members 0 and 1 already serve the default (before, it joined theirs and logged a false "held by another
-    job or program"; issue 42, item 5)."""
+    """``TORCHRAS_ADDR`` is the process's own setting, as ``NCCL_RAS_ADDR`` is: member 1 serves its explicit port
+    although member 0 serves the default, and neither follows the other (before, member 1 joined member 0's port
+    and logged a false "held by another job or program", or member 0 followed member 1's; issue 42, item 5)."""
     base = base_port(port_env)
     own = base + 7
-    with Swarm(3, env=port_env, member_env={2: {"TORCHRAS_ADDR": f"localhost:{own}"}}) as sw:
+    with Swarm(2, env=port_env, member_env={1: {"TORCHRAS_ADDR": f"localhost:{own}"}}) as sw:
         for port in (base, own):
             assert "RUNNING      OK" in wait_for_report(port, lambda r: "RUNNING      OK" in r, DEADLINE)
         regs = [json.loads(p.read_text()) for p in Path(port_env["TORCHRAS_RUN_DIR"]).glob("*.json")]
-        assert {(r["port"], r["pid"]) for r in regs} == {
-            (base, sw.members[0].pid),
-            (base, sw.members[1].pid),
-            (own, sw.members[2].pid),
+        assert {(r["port"], r["pid"], r["explicit"]) for r in regs} == {
+            (base, sw.members[0].pid, False),
+            (own, sw.members[1].pid, True),
         }
-        assert [m.client_port for m in sw.members] == [base, base, own]
+        assert [m.client_port for m in sw.members] == [base, own]
 
 
 def test_echo_status_piped_into_nc_gets_the_whole_report(port_env):

@@ -10,7 +10,7 @@ import pytest
 from rasd.core.registry import CommRegistry
 from rasd.torch import hooks as torch_hooks
 
-GRACE = 0.5  # twice the default: a wait and no wait differ by far more than a loaded machine's jitter
+GRACE = 0.5  # five times the default: a wait and no wait differ by far more than a loaded machine's jitter
 
 
 def settle_seconds(hooks: torch_hooks.TorchHooks) -> float:

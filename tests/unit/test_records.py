@@ -326,7 +326,7 @@ def test_a_group_of_a_backend_without_native_recording_is_counted_from_its_hook_
     assert gloo_comm.beneath_launched[BROADCAST] == gloo_comm.beneath_completed[BROADCAST] == 1
     assert nccl2_comm.beneath_launched[ALLREDUCE] == nccl2_comm.beneath_completed[ALLREDUCE] == 2
     assert (nccl2_comm.beneath_launched[ALLGATHER], nccl2_comm.beneath_completed[ALLGATHER]) == (1, 0)
-    assert "(native; hook-based for nccl2)" in counter.describe()
+    assert "(sequence numbers, native Flight Recorder, nccl2's hook-based Flight Recorder)" in counter.describe()
     recorders.nccl2.retire(3)
     counter.refresh(2.0)  # gone quiet with one pending: read again
     assert nccl2_comm.beneath_completed[ALLGATHER] == 1
@@ -352,7 +352,7 @@ def test_a_torch_whose_dump_takes_no_backend_counts_those_groups_as_other_and_re
     assert gloo_comm.beneath_launched[ALLREDUCE] == 1  # the native recorder is read as before
     assert nccl2_comm.beneath_unread == 1 and nccl2_comm.beneath_unread_op == OTHER  # the total exact, the type not
     assert sum("nccl2's hook-based Flight Recorder cannot be read" in r.message for r in caplog.records) == 1
-    assert counter.flight_recorder and "(native)" in counter.describe()
+    assert counter.flight_recorder and "(sequence numbers, native Flight Recorder)" in counter.describe()
 
 
 @pytest.mark.slow  # a real process group

@@ -43,6 +43,7 @@ def test_a_sample_reads_the_cpu_of_the_other_threads_and_the_main_threads_run_qu
     assert _runnable_seconds("/proc/no-such-process/schedstat") == 0.0
 
 
+@pytest.mark.slow  # two processes, a second and a half
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
 def test_two_loops_sharing_one_core_each_wait_on_the_run_queue_for_about_half_the_time() -> None:
     """What the field means: a process ready to run but kept off the core by another is counted there."""

@@ -129,7 +129,7 @@ def native_frames(options: Options, timeouts: Timeouts, streams: Streams) -> int
     except ValueError:
         raise RasCliError("the job's STACKS report in JSON could not be read", Exit.PROTOCOL) from None
     with streams.waiting("Reading the native frames of this host's processes with py-spy..."):
-        found = native.collect(stacks, options.all_threads, native.ranks_of(options.ranks))
+        found = native.collect(stacks, options.all_threads)
     if options.json:
         streams.write((json.dumps({**stacks, "native": native.as_json(found)}, indent=2) + "\n").encode())
         return Exit.OK

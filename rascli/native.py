@@ -81,14 +81,14 @@ def find_py_spy() -> str | None:
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
 
 
-def targets(report: dict[str, Any], ranks: frozenset[int] | None = None) -> list[Target]:
-    """Every answering process of a STACKS report (``SET FORMAT json``), by rank, optionally only ``ranks``."""
+def targets(report: dict[str, Any]) -> list[Target]:
+    """Every answering process of a STACKS report (``SET FORMAT json``), by rank. A report asked for with
+    ``--ranks`` holds only those ranks: the job filtered them."""
     found: dict[tuple[str, int], Target] = {}
     for group in report.get("stacks", {}).get("groups", ()):
         for p in group.get("processes", ()):
             target = Target(int(p["rank"]), str(p["host"]), int(p["pid"]))
-            if ranks is None or target.rank in ranks:
-                found[(target.host, target.pid)] = target
+            found[(target.host, target.pid)] = target
     return sorted(found.values(), key=lambda t: (t.rank < 0, t.rank, t.host, t.pid))
 
 
@@ -189,10 +189,10 @@ class NativeReport:
     missing_tool: bool = False
 
 
-def collect(report: dict[str, Any], all_threads: bool, ranks: frozenset[int] | None = None) -> NativeReport:
+def collect(report: dict[str, Any], all_threads: bool) -> NativeReport:
     """The native frames of the report's processes on this host."""
     started = time.monotonic()
-    everyone = targets(report, ranks)
+    everyone = targets(report)
     local = [t for t in everyone if on_this_host(t)]
     elsewhere = tuple(t for t in everyone if t not in local)
     py_spy = find_py_spy()
@@ -268,14 +268,3 @@ def as_json(native: NativeReport) -> dict[str, Any]:
         "elsewhere": [target(t) for t in native.elsewhere],
         "error": "py-spy is not installed" if native.missing_tool else None,
     }
-
-
-def ranks_of(text: str | None) -> frozenset[int] | None:
-    """``--ranks``'s list (``0,2,5-7``) as a set; None for all."""
-    if not text:
-        return None
-    out: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        out.update(range(int(first), int(last or first) + 1))
-    return frozenset(out)

@@ -601,17 +601,26 @@ class Job:
         """The processes still alive ``linger`` seconds from now (sooner when none is), described; then killed."""
         import psutil
 
-        deadline = time.monotonic() + linger
+        started = time.monotonic()
+        deadline = started + linger
+        clients: dict[int, str] = {}  # a store server's pid: its last clients seen, and when
         while True:
             alive = self.processes()
             if not alive or time.monotonic() >= deadline:
                 break
+            for process in alive:
+                seen = store_clients(process)
+                if seen:
+                    clients[process.pid] = f"{seen} ({time.monotonic() - started:.1f} s after the job ended)"
             time.sleep(0.5)
         described = []
         for process in alive:
             try:
                 cmdline = " ".join(process.cmdline())
-                described.append(f"pid {process.pid} ({process.status()}): {describe_process(cmdline)}")
+                line = f"pid {process.pid} ({process.status()}): {describe_process(cmdline)}"
+                if process.pid in clients:
+                    line += f"; its last clients: {clients[process.pid]}"
+                described.append(line)
                 process.kill()
             except psutil.Error:
                 pass
@@ -626,6 +635,33 @@ class Job:
             self.process.wait()
         self.reader.join(10)
         self.log.close()
+
+
+def store_clients(process: Any) -> str:
+    """Who is connected to ``process`` if it is the Wrapper's store server (empty if nobody, or if it is not one):
+    the processes at the other end of its established connections, so that a server that outlives its job names
+    what kept it (it ends a linger after its last client leaves)."""
+    import psutil
+
+    try:
+        if "store_server" not in " ".join(process.cmdline()):
+            return ""
+        ports = {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        peers = set()
+        for connection in psutil.net_connections("tcp"):
+            if connection.status != psutil.CONN_ESTABLISHED or not connection.raddr or connection.pid is None:
+                continue
+            if connection.raddr.port in ports and connection.pid != process.pid:
+                peers.add(connection.pid)
+        named = []
+        for pid in sorted(peers):
+            try:
+                named.append(f"pid {pid}: {describe_process(' '.join(psutil.Process(pid).cmdline()))[:120]}")
+            except psutil.Error:
+                named.append(f"pid {pid} (gone)")
+        return "; ".join(named)
+    except (psutil.Error, OSError):
+        return ""
 
 
 def describe_process(cmdline: str) -> str:

@@ -26,6 +26,7 @@ smoke run, 4 processes, 64 / 256 simulated nodes, fewer queries; its figures are
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import json
@@ -353,24 +354,19 @@ def synthetic_counters(rank: int) -> tuple[CommRecord, ...]:
     return (CommRecord(0x1234, 0, (record,)),)
 
 
-def synthetic_answer(info: PeerInfo) -> Callable[[], bytes]:
+def synthetic_answer(info: PeerInfo) -> Callable[[], wire.Answer]:
     """A STACKS provider for a simulated node: the answer ``rasd.net.thread_stacks.answer`` writes, with the node's
     synthetic main-thread stack and its collective counters, encoded at each call as a real process's is."""
     frames = [list(f) for f in synthetic_stack(info.rank)]
     counters = synthetic_counters(info.rank)
 
-    def make() -> bytes:
-        doc = {
-            "format": report_stacks.FORMAT,
-            "host": info.hostname,
-            "pid": info.pid,
-            "rank": info.rank,
-            "wall": 0.0,
-            "threads": [{"thread": "MainThread", "main": True, "frames": frames}],
-            "last_seen": [],
-            "comms": report_stacks.comms_of(counters),
-        }
-        return report_stacks.encode(doc)[0]
+    def make() -> wire.Answer:
+        carried, stood_s = report_stacks.comms_of(counters)
+        threads = [{"thread": "MainThread", "main": True, "frames": frames}]
+        own = {"host": info.hostname, "pid": info.pid, "rank": info.rank, "wall": round(time.time(), 3)}
+        if stood_s:
+            own["stood_s"] = stood_s
+        return wire.Answer(report_stacks.encode_shared(threads, carried)[0], report_stacks.encode_own(own))
 
     return make
 
@@ -403,8 +399,11 @@ def relay_time(
             fold.add(x, contribution(2 + j))
         raw = fold.encode()
     else:
-        answer = synthetic_answer(sim.nodes[2].node.me)()
-        raw = b"".join(wire.encode_answer(x, answer) for x in addrs)
+        answers = wire.Answers()  # every entry in the same place: one shared part, as a leg's relays fold them
+        for j, x in enumerate(addrs):
+            me = sim.nodes[2].node.me
+            answers.add(x, synthetic_answer(dataclasses.replace(me, addr=x, pid=me.pid + j))())
+        raw = answers.encode()
     coll_ids = range(10_000, 10_000 + rounds)
     requests = [wire.encode(wire.CollReq(a.me.addr, i, 5000, ask)) for i in coll_ids]
     replies = [wire.encode(wire.CollResp(a.me.addr, i, 0, entries, raw)) for i in coll_ids]

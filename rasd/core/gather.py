@@ -9,7 +9,9 @@ each process's ``ProcessData`` (a sweep's with its position); any other ask coll
 from the provider that process registered (``World.answer``), and only the root reads them
 (``JobSnapshot.answers``). A gather rooted here ends in a ``GatherFinished``, which the node routes: the sweeper's
 to ``sweeper.py``, a reachability gather's to ``suspicion.py``, a client's to its driver as a ``GatherDone``. A
-relay keeps the entries it passes on encoded (``wire.CollResp``): only the root decodes them.
+relay keeps the entries it passes on encoded (``wire.CollResp``): only the root decodes them. An answer has a part
+that processes share and a part of its own (``wire.Answer``); a relay passes each distinct shared part once
+(``wire.Answers``), so the stacks of thousands of processes in one all-reduce travel up as one stack.
 """
 
 from __future__ import annotations
@@ -59,11 +61,9 @@ class Gather:
     parts: list[wire.Decoded] = field(default_factory=list)
     known: dict[bytes, RankState] = field(default_factory=dict)
     #: At the root of any other gather: every answer, as it arrives.
-    answers: list[tuple[Addr, bytes]] = field(default_factory=list)
-    #: At a relay of any other gather: the answers to pass back, still encoded (its own first), and how many.
-    raw: list[bytes] = field(default_factory=list)
-    count: int = 0
-    size: int = 0  # bytes in ``raw``
+    answers: list[tuple[Addr, wire.Answer]] = field(default_factory=list)
+    #: At a relay of any other gather: the answers to pass back (its own first), each shared part once.
+    answered: wire.Answers = field(default_factory=wire.Answers)
     leg_timeouts: int = 0
 
     @property
@@ -158,11 +158,6 @@ class Gathering:
                 g.pending.add(c.id)
         return out + self._maybe_finish(g, now)
 
-    def encoded_answer(self, ask: wire.Ask) -> bytes:
-        """This process's entry in a gather of ``ask`` (not STATUS or SWEEP, whose entries are folded), encoded as a
-        relay passes it on."""
-        return wire.encode_answer(self.world.me.addr, self.world.answer(ask))
-
     def start(self, query_id: int, now: float, timeout: float | None, ask: wire.Ask = wire.Ask.STATUS) -> Effects:
         """A gather rooted here. ``timeout``: None for the default, ``inf`` for none."""
         world = self.world
@@ -217,8 +212,7 @@ class Gathering:
         if msg.ask in PROCESS_DATA:
             g.own.add(self.world.me.addr, self.contribution(msg.ask))
         else:
-            g.raw.append(self.encoded_answer(msg.ask))
-            g.count, g.size = 1, len(g.raw[0])
+            g.answered.add(self.world.me.addr, self.world.answer(msg.ask))
         return self._open(g, msg, now)
 
     def on_collresp(self, conn: Conn, msg: wire.CollResp, now: float) -> Effects:
@@ -236,12 +230,12 @@ class Gathering:
                     g.fold.merge(fold)  # neither a process nor a state decoded
         elif g.from_conn is None:
             g.answers.extend(msg.answers)  # decoded here, at the root, once (a ProtocolError drops the leg)
-        elif msg.count and g.size + len(msg.raw) > RELAY_BYTES:
-            g.leg_timeouts += 1  # more than one frame may carry: this leg's processes go missing at the root
         elif msg.count:
-            g.raw.append(msg.raw)
-            g.count += msg.count
-            g.size += len(msg.raw)
+            leg = msg.answer_set  # a ProtocolError drops the leg, here and at the root
+            if g.answered.size + leg.size > RELAY_BYTES:
+                g.leg_timeouts += 1  # more than one frame may carry: this leg's processes go missing at the root
+            else:
+                g.answered.merge(leg)
         g.pending.discard(conn.id)
         g.leg_timeouts += msg.leg_timeouts
         return self._maybe_finish(g, now)
@@ -261,7 +255,7 @@ class Gathering:
                 g.fold.merge(g.own)
                 reply = wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.fold.count, g.fold.encode())
             else:
-                reply = wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.count, b"".join(g.raw))
+                reply = wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.answered.count, g.answered.encode())
             return [Say(back.id, reply)]
         return []
 
@@ -273,7 +267,7 @@ class Gathering:
         states: States = {}
         if g.ask in PROCESS_DATA:
             responses, states = responses_of(g.parts)
-        answers: dict[Addr, bytes] = {}
+        answers: dict[Addr, wire.Answer] = {}
         for addr, answer in g.answers:
             answers.setdefault(addr, answer)
             responses.setdefault(addr, ProcessData())  # it answered: not missing

@@ -104,7 +104,7 @@ class Node:
         self.waiting = False
         #: What this process answers to a gather of each ask but STATUS (``wire.Ask``): providers its runtime
         #: registers (the configuration for DIAGNOSTICS). An ask without one is answered empty.
-        self.answers: dict[wire.Ask, Callable[[], bytes]] = {}
+        self.answers: dict[wire.Ask, Callable[[], wire.Answer]] = {}
         #: Where this process's main thread is (frames.py), sent with each sweep: set by the runtime, which can read
         #: the interpreter's frames; none in the simulator.
         self.where: Callable[[], Position] = tuple
@@ -417,18 +417,24 @@ class Node:
         except Exception:  # noqa: BLE001 - a position is evidence, never a reason to fail a sweep
             return ()
 
-    def answer(self, ask: wire.Ask) -> bytes:
+    def answer(self, ask: wire.Ask) -> wire.Answer:
         """This process's answer to a gather of ``ask``. A provider that fails or answers more than the wire carries
         gives an empty answer: a gather never fails for one process's answer (the providers log their own errors;
         the core has no log)."""
         provider = self.answers.get(ask)
         if provider is None:
-            return b""
+            return wire.Answer()
         try:
             answer = provider()
         except Exception:  # noqa: BLE001 - a bad answer must not end the gather, let alone the node
-            return b""
-        return answer if isinstance(answer, bytes) and len(answer) <= wire.MAX_ANSWER_BYTES else b""
+            return wire.Answer()
+        valid = (
+            isinstance(answer, wire.Answer)
+            and isinstance(answer.shared, bytes)
+            and isinstance(answer.own, bytes)
+            and answer.size <= wire.MAX_ANSWER_BYTES
+        )
+        return answer if valid else wire.Answer()
 
     def conn(self, conn_id: int | None) -> Conn | None:
         return self.connections.get(conn_id)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .answer import Answer
 from .comms import ProcessData, RankRecord
 from .fold import Members, RankState, States, fold_into, unfold
 from .peers import Addr, PeerInfo, host_order
@@ -67,7 +68,7 @@ class JobSnapshot:
     #: What the gather asked for (``wire.Ask``'s value: the snapshot sits below the wire format), and for any ask but
     #: STATUS each answer by address (``responses`` then holds an empty ``ProcessData`` per answer).
     ask: int = 0
-    answers: dict[Addr, bytes] = field(default_factory=dict)
+    answers: dict[Addr, Answer] = field(default_factory=dict)
     #: ``peers`` are in address order already (a ``PeerTable``'s, as the gather gives them): ``table_order`` takes
     #: them as they are instead of sorting 100,000 entries again for every report.
     ordered: bool = field(default=False, compare=False)

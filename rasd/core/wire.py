@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from .answer import Answer as Answer  # re-exported: the wire carries it (``Answers``)
 from .comms import N_OPS, CommRecord, ProcessData, RankRecord, RestartRecord, Work
 from .fold import Members, RankState, States, raised, unfold
 from .frames import POSITION_FRAMES, Frame, Position, Positions
@@ -38,8 +39,10 @@ from .stuck import StuckVerdict
 #: table and dead-set hashes in keepalives are sums of per-entry digests (``peers.table_hash``), kept up to date in
 #: O(1) per change. 8: a STATUS or SWEEP gather's entries are folded (``Fold``: ranks by state, in columns). 9: the
 #: REACH ask, a reachability gather that carries nothing but who answered. 10: a process's work (``comms.Work``) in its
-#: sweep data; a communicator verdict's SLOW flag, ranks working, phase, time stood and limit (issue 39).
-VERSION = 10
+#: sweep data; a communicator verdict's SLOW flag, ranks working, phase, time stood and limit (issue 39). 11: the
+#: answers of the other asks are two-part (``Answer``: a part processes share, and their own), and a relay passes
+#: each distinct shared part once (``Answers``; issue 42: STACKS folded on the way up).
+VERSION = 11
 MAGIC = b"TRAS"
 PREAUTH_MAX_FRAME = 128
 MAX_FRAME = 64 * 1024 * 1024
@@ -87,8 +90,9 @@ class Ask(enum.IntEnum):
     REACH = 5  # a reachability gather's (suspicion.py): who answers, an empty ``ProcessData`` each, folded as STATUS
 
 
-#: The largest answer a process contributes to a gather other than STATUS; a provider's longer answer is dropped
-#: (the process then answers empty). NCCL bounds its diagnostics payload per rank the same way (16 KiB of NCCL_*).
+#: The largest answer a process contributes to a gather other than STATUS (its two parts together); a provider's
+#: longer answer is dropped (the process then answers empty). NCCL bounds its diagnostics payload per rank the same
+#: way (16 KiB of NCCL_*).
 MAX_ANSWER_BYTES = 64 * 1024
 
 
@@ -183,7 +187,8 @@ class CollResp:
     """A gather's answer from one leg: ``count`` entries, as bytes (``raw``). A STATUS or SWEEP gather's are a
     ``Fold``: the processes' own records, kept encoded, and their communicator ranks folded by state; a relay
     merges its legs' folds into its own without decoding a process or a rank, and only the root decodes them, once.
-    Any other gather's are answers (address, bytes), which a relay passes on as they came."""
+    Any other gather's are ``Answers``: per process its address and ``Answer``, each distinct shared part carried
+    once, which a relay merges without reading a part."""
 
     root: Addr
     coll_id: int
@@ -202,9 +207,14 @@ class CollResp:
         return self.fold.entries()
 
     @property
-    def answers(self) -> tuple[tuple[Addr, bytes], ...]:
+    def answer_set(self) -> Answers:
+        """The entries of any other gather: an ``Answers`` (a ``ProtocolError`` if it is malformed)."""
+        return Answers.decode(self.count, self.raw)
+
+    @property
+    def answers(self) -> tuple[tuple[Addr, Answer], ...]:
         """The entries of any other gather: (address, answer) each, decoded likewise."""
-        return decode_answers(self.count, self.raw)
+        return self.answer_set.answers()
 
 
 def collresp(
@@ -837,25 +847,126 @@ def encode_entry(addr: Addr, data: ProcessData) -> bytes:
     return w.getvalue()
 
 
-def encode_answer(addr: Addr, answer: bytes) -> bytes:
-    """One entry of a gather other than STATUS: the address, then ``u32 length`` and the answer."""
-    if len(answer) > MAX_ANSWER_BYTES:
-        raise ValueError(f"an answer of {len(answer)} bytes (at most {MAX_ANSWER_BYTES})")
-    return _packed_addr(addr) + _U32.pack(len(answer)) + answer
+# ----------------------------------------------------------------------------------------------------------------
+# Answers: the entries of a gather of any ask but STATUS, SWEEP and REACH
+#
+#     u32 shared parts, then each: u32 length and the part
+#     ``count`` entries, each: the address, u32 its shared part's index (0xFFFFFFFF: none), u32 length and its own part
+#
+# A relay adds its legs' answers to its own: a shared part it already holds is not carried twice, and an entry's index
+# is moved to the relay's numbering of the parts (one integer per entry); neither part is ever read by the core.
+
+_NO_SHARED = 0xFFFFFFFF
+_ENTRY_HEAD = struct.Struct("!II")
 
 
-def decode_answers(count: int, raw: bytes) -> tuple[tuple[Addr, bytes], ...]:
-    """``count`` answers from ``raw``, which must hold exactly them."""
-    r = _Reader(raw)
-    out = []
-    for _ in range(count):
-        addr = r.addr()
-        n = r.one("I")
-        if n > MAX_ANSWER_BYTES:
-            raise ProtocolError(f"an answer of {n} bytes")
-        out.append((addr, r.raw(n)))
-    r.done()
-    return tuple(out)
+class Answers:
+    """A gather's answers as a relay gathers them and the root reads them: each distinct shared part once, and per
+    process its address (packed, as the wire writes it), the index of its shared part and its own part. ``add`` a
+    process, ``merge`` a leg's, ``encode`` for the way back; ``answers`` at the root."""
+
+    __slots__ = ("count", "shared", "index", "entries", "size")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.shared: list[bytes] = []
+        self.index: dict[bytes, int] = {}  # shared part -> its position in ``shared``
+        self.entries: list[tuple[bytes, int, bytes]] = []  # (packed address, shared index or _NO_SHARED, own part)
+        self.size = 4  # bytes ``encode`` gives
+
+    def _shared_index(self, part: bytes) -> int:
+        if not part:
+            return _NO_SHARED
+        at = self.index.get(part)
+        if at is None:
+            at = self.index[part] = len(self.shared)
+            self.shared.append(part)
+            self.size += 4 + len(part)
+        return at
+
+    def _put(self, packed: bytes, at: int, own: bytes) -> None:
+        self.entries.append((packed, at, own))
+        self.count += 1
+        self.size += len(packed) + 8 + len(own)
+
+    def add(self, addr: Addr, answer: Answer) -> None:
+        if answer.size > MAX_ANSWER_BYTES:
+            raise ValueError(f"an answer of {answer.size} bytes (at most {MAX_ANSWER_BYTES})")
+        self._put(_packed_addr(addr), self._shared_index(answer.shared), answer.own)
+
+    def merge(self, other: Answers) -> None:
+        """Add ``other``'s entries after this one's, each shared part once."""
+        moved = [self._shared_index(part) for part in other.shared]
+        put = self._put
+        for packed, at, own in other.entries:
+            put(packed, _NO_SHARED if at == _NO_SHARED else moved[at], own)
+
+    def encode(self) -> bytes:
+        if not self.count:
+            return b""  # nothing gathered (a duplicate's answer)
+        parts = [_U32.pack(len(self.shared))]
+        for part in self.shared:
+            parts += (_U32.pack(len(part)), part)
+        pack = _ENTRY_HEAD.pack
+        for packed, at, own in self.entries:
+            parts += (packed, pack(at, len(own)), own)
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, count: int, raw: bytes) -> Answers:
+        """``count`` answers from ``raw``, which must hold exactly them, checked as a relay needs: the structure, the
+        sizes and the indices (a ``ProtocolError`` if not). The parts themselves are for the root's readers."""
+        answers = cls()
+        if not count:
+            if raw:
+                raise ProtocolError(f"{len(raw)} trailing bytes")
+            return answers
+        end = len(raw)
+        try:
+            (n_shared,) = _U32.unpack_from(raw, 0)
+            pos = 4
+            if n_shared * 4 > end - pos:
+                raise ProtocolError("list longer than the message")
+            for _ in range(n_shared):
+                (length,) = _U32.unpack_from(raw, pos)
+                stop = pos + 4 + length
+                if length == 0 or length > MAX_ANSWER_BYTES or stop > end:
+                    raise ProtocolError("a shared part empty, too long or truncated")
+                part = raw[pos + 4 : stop]
+                if part in answers.index:
+                    raise ProtocolError("a shared part twice")
+                answers.index[part] = len(answers.shared)
+                answers.shared.append(part)
+                pos = stop
+            for _ in range(count):
+                n = raw[pos] if pos < end else 0
+                if n not in (4, 16):
+                    raise ProtocolError(f"bad address length {n}" if pos < end else "message truncated")
+                packed = raw[pos : pos + n + 3]
+                at, length = _ENTRY_HEAD.unpack_from(raw, pos + n + 3)
+                pos += n + 11
+                stop = pos + length
+                if (at != _NO_SHARED and at >= n_shared) or length > MAX_ANSWER_BYTES or stop > end:
+                    raise ProtocolError("an answer of a shared part not held, too long or truncated")
+                if at != _NO_SHARED and length + len(answers.shared[at]) > MAX_ANSWER_BYTES:
+                    raise ProtocolError("an answer too long")
+                answers.entries.append((packed, at, raw[pos:stop]))
+                pos = stop
+        except struct.error as e:
+            raise ProtocolError("message truncated") from e
+        if pos != end:
+            raise ProtocolError(f"{end - pos} trailing bytes")
+        answers.count = count
+        answers.size = end
+        return answers
+
+    def answers(self) -> tuple[tuple[Addr, Answer], ...]:
+        """Each process's address and answer; the processes of one shared part share its bytes object."""
+        shared = self.shared
+        return tuple(
+            (_unpacked_addr(packed[1:]), Answer(b"" if at == _NO_SHARED else shared[at], own))
+            for packed, at, own in self.entries
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------

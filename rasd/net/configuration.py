@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rasd.core.peers import PeerInfo
-from rasd.core.wire import MAX_ANSWER_BYTES
+from rasd.core.wire import MAX_ANSWER_BYTES, Answer
 from rasd.report.diagnostics import SETTING_PREFIXES, Configuration
 from torchras_formats.version import __version__
 
@@ -108,14 +108,15 @@ def fitted(config: Configuration, limit: int = MAX_ANSWER_BYTES) -> bytes:
     return b""
 
 
-def provider(me: PeerInfo) -> Callable[[], bytes]:
-    """What the node calls at each diagnostics gather (``Node.answers``); never raises."""
+def provider(me: PeerInfo) -> Callable[[], Answer]:
+    """What the node calls at each diagnostics gather (``Node.answers``); never raises. The configuration is the
+    answer's own part: it names the process (host, pid), so no two processes share it byte for byte."""
 
-    def answer() -> bytes:
+    def answer() -> Answer:
         try:
-            return fitted(collect(me))
+            return Answer(own=fitted(collect(me)))
         except Exception:  # an empty answer; the root reports this process as not answering
             log.warning("rasd: could not describe this process for diagnostics", exc_info=True)
-            return b""
+            return Answer()
 
     return answer

@@ -21,7 +21,7 @@ from typing import Any
 from rasd.core.comms import CommRecord
 from rasd.core.frames import POSITION_FRAMES, Frame, Position, clipped
 from rasd.core.peers import PeerInfo
-from rasd.core.wire import MAX_ANSWER_BYTES
+from rasd.core.wire import MAX_ANSWER_BYTES, Answer
 from rasd.report import stacks as report
 
 from . import work
@@ -51,7 +51,8 @@ def main_position() -> Position:
 
 
 def thread_stacks(all_threads: bool) -> list[dict[str, Any]]:
-    """The main thread's stack, or every thread's (main first): name, whether it is the main thread, frames."""
+    """The main thread's stack, or every thread's (main first, then by name): name, whether it is the main thread,
+    frames."""
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
     out = []
@@ -66,7 +67,7 @@ def thread_stacks(all_threads: bool) -> list[dict[str, Any]]:
                 "frames": [[f.file, f.line, f.function] for f in frames],
             }
         )
-    out.sort(key=lambda t: not t["main"])
+    out.sort(key=lambda t: (not t["main"], t["thread"]))  # the same order in every process: shared parts alike
     return out
 
 
@@ -75,38 +76,39 @@ def answer(
     all_threads: bool,
     last_seen: Iterable[dict[str, Any]] = (),
     comms: Iterable[CommRecord] = (),
-) -> bytes:
-    """This process's STACKS answer: who it is, its threads' stacks, its collective counters (``comms``: the
-    records a status gather takes, so that the report says which collective each main thread is in), and the last
+) -> Answer:
+    """This process's STACKS answer: its threads' stacks and where its collectives stand (``comms``: the records a
+    status gather takes, so that the report says which collective each main thread is in), shared byte for byte with
+    every process in the same place; and its own part: who it is, how long its collectives have stood, and the last
     positions it holds of processes it hears nothing from. Within ``MAX_ANSWER_BYTES``: the outermost frames go
-    first."""
+    first, then the positions of others."""
     threads = thread_stacks(all_threads)
     declared = work.declared_phase()
-    doc = {
-        "format": report.FORMAT,
-        "host": me.hostname,
-        "pid": me.pid,
-        "rank": me.rank,
-        "wall": time.time(),
-        "threads": threads,
-        "last_seen": list(last_seen),
-        "comms": report.comms_of(comms),
-        "phase": None
-        if declared is None
-        else {"name": declared.name, "seconds": time.monotonic() - declared.started, "limit": declared.limit},
-    }
-    data, size = report.encode(doc)
-    while len(data) > MAX_ANSWER_BYTES or size > report.MAX_DECODED:
+    carried, stood_s = report.comms_of(comms)
+    # The own part of every process travels whole to the root: what is empty is left out.
+    own: dict[str, Any] = {"host": me.hostname, "pid": me.pid, "rank": me.rank, "wall": round(time.time(), 3)}
+    if stood_s:
+        own["stood_s"] = round(stood_s, 3)
+    if declared is not None:
+        own["phase"] = {"name": declared.name, "seconds": time.monotonic() - declared.started, "limit": declared.limit}
+    own_part = report.encode_own(own)
+    positions = list(last_seen)
+    if positions:
+        with_positions = report.encode_own({**own, "last_seen": positions})
+        if len(with_positions) <= MAX_ANSWER_BYTES // 2:  # the stacks come first
+            own_part = with_positions
+    shared, size = report.encode_shared(threads, carried)
+    while len(shared) + len(own_part) > MAX_ANSWER_BYTES or size > report.MAX_DECODED:
         longest = max(threads, key=lambda t: len(t["frames"]), default=None)
         if longest is None or len(longest["frames"]) <= 1:
-            doc["last_seen"] = []
             threads[:] = threads[:1]
-            data, size = report.encode(doc)
-            return data if len(data) <= MAX_ANSWER_BYTES and size <= report.MAX_DECODED else b""
+            shared, size = report.encode_shared(threads, carried)
+            fits = len(shared) + len(own_part) <= MAX_ANSWER_BYTES and size <= report.MAX_DECODED
+            return Answer(shared, own_part) if fits else Answer()
         del longest["frames"][: max(1, len(longest["frames"]) // 4)]
         longest["cut"] = True
-        data, size = report.encode(doc)
-    return data
+        shared, size = report.encode_shared(threads, carried)
+    return Answer(shared, own_part)
 
 
 def provider(
@@ -114,14 +116,14 @@ def provider(
     all_threads: bool,
     last_seen: Callable[[], list[dict[str, Any]]],
     comms: Callable[[], Iterable[CommRecord]] = tuple,
-) -> Callable[[], bytes]:
+) -> Callable[[], Answer]:
     """What the node calls for a STACKS gather (``Node.answers``); never raises."""
 
-    def make() -> bytes:
+    def make() -> Answer:
         try:
             return answer(me, all_threads, last_seen(), comms())
         except Exception:  # an empty answer: the root lists this process as not answering
             log.warning("rasd: could not read this process's stacks", exc_info=True)
-            return b""
+            return Answer()
 
     return make

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rasd.core.answer import Answer
 from rasd.core.peers import Addr, PeerInfo
 
 #: The version of the answer's format (``Configuration.encode``); an answer of another version is not compared.
@@ -284,12 +285,12 @@ def _hosts(configs: Sequence[Configuration]) -> list[Line]:
 
 
 def check(
-    answers: dict[Addr, bytes], peers: Iterable[PeerInfo], live: Iterable[Addr], root: Addr, collection_time: float
+    answers: dict[Addr, Answer], peers: Iterable[PeerInfo], live: Iterable[Addr], root: Addr, collection_time: float
 ) -> Diagnostics:
     """Compare the answers of a diagnostics gather rooted at ``root``. ``live``: the processes expected to answer
     (the snapshot's peers less the dead and departed)."""
     by_addr = {p.addr: p for p in peers}
-    decoded = {a: Configuration.decode(b) for a, b in answers.items()}
+    decoded = {a: Configuration.decode(answer.own) for a, answer in answers.items()}  # all its own part
     configs = sorted((c for c in decoded.values() if c is not None), key=_order)
     missing = tuple(by_addr[a] for a in live if decoded.get(a) is None and a in by_addr)
     lines: list[Line] = []

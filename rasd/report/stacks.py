@@ -1,10 +1,14 @@
 """The STACKS report: every process's stacks, identical ones folded together (docs/protocol.md §2.6).
 
 A STACKS gather (``wire.Ask.STACKS`` or ``STACKS_ALL``) brings the root one answer per process (made by
-``rasd.net.thread_stacks``). ``fold`` groups the threads whose frames are identical, as py-spy's and torch's stack dumps
-do, so that 1,000 ranks inside one all-reduce are one stack and the one rank elsewhere stands out; a process that
-did not answer is listed with the last position the mesh saw of it, when one was seen. ``render_text`` writes the
-groups, largest first (the stragglers last, beside the missing); ``render_json`` the same as data.
+``rasd.net.thread_stacks``), in two parts (``wire.Answer``): what processes in the same place share byte for byte
+(their threads' frames and where their collectives stand, ``encode_shared``) and who each is (``encode_own``). The
+relays carry each distinct shared part once, and the root reads each once: 4,096 ranks in one all-reduce are one
+stack to parse, and 4,096 small records. ``fold`` groups the threads whose frames are identical, as py-spy's and
+torch's stack dumps do, so that 1,000 ranks inside one all-reduce are one stack and the one rank elsewhere stands
+out; a process that did not answer is listed with the last position the mesh saw of it, when one was seen.
+``render_text`` writes the groups, largest first (the stragglers last, beside the missing); ``render_json`` the same
+as data.
 
 Each answer also carries its process's collective counters (``comms_of``: per communicator rank, the operations
 launched and completed by type, and how long they have stood), so that a main thread's stack says which collective
@@ -24,14 +28,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rasd.core.answer import Answer
 from rasd.core.comms import N_OPS, OP_TYPES, CommRecord
 from rasd.core.frames import Frame, position_text
 from rasd.core.peers import Addr, PeerInfo
 
-#: The version of a STACKS answer's format: a JSON object (``rasd.net.thread_stacks.answer`` writes it), compressed with
-#: zlib. Stacks repeat themselves (paths, library frames): compressed, an answer is about a quarter of its size, which
-#: is what the relays of a gather of thousands of processes carry (bench/README.md, "STATUS and STACKS latency").
-FORMAT = 2
+#: The version of a STACKS answer's format (``rasd.net.thread_stacks.answer`` writes it): its shared part a JSON
+#: object compressed with zlib (stacks repeat themselves, paths and library frames: compressed, a stack is about a
+#: quarter of its size), its own part a short JSON object. 3: the two parts (issue 42).
+FORMAT = 3
 #: An answer's JSON is at most this long once decompressed (a small compressed answer can expand without bound).
 MAX_DECODED = 1 << 20
 #: A group names at most this many processes in its heading.
@@ -136,23 +141,26 @@ def _frames(raw: Any) -> tuple[Frame, ...]:
     return tuple(Frame(str(f), int(line), str(fn)) for f, line, fn in raw)
 
 
-def comms_of(records: Iterable[CommRecord]) -> list[dict[str, Any]]:
-    """What an answer carries of its process's communicators (``ProcessData.comms``): per communicator rank, the
-    operations launched and completed, by type (``[type, launched, completed]`` for the types it has launched), and
-    how long its counters have stood; those with an operation in flight first, at most ``MAX_COMMS``."""
+def comms_of(records: Iterable[CommRecord]) -> tuple[list[dict[str, Any]], float]:
+    """What an answer carries of its process's communicators (``ProcessData.comms``), and how long the longest
+    standing of them has stood with an operation in flight (0 if none has stood ``STOOD_S``). Per communicator
+    rank: the operations launched and completed, by type (``[type, launched, completed]`` for the types it has
+    launched), and whether its counters have stood ``STOOD_S`` (not for how long: the part processes share must be
+    the same bytes in every rank inside one operation); those with an operation in flight first, at most
+    ``MAX_COMMS``."""
     carried: list[tuple[bool, dict[str, Any]]] = []
+    stood_s = 0.0
     for record in records:
         for rank in record.ranks:
             ops = [[op, n, rank.completed[op]] for op, n in enumerate(rank.launched) if n]
-            entry = {
-                "comm": f"{record.comm_hash & 0xFFFFFFFFFFFFFFFF:016x}",
-                "rank": rank.comm_rank,
-                "ops": ops,
-                "idle_ms": rank.idle_ms,
-            }
-            carried.append((any(launched != completed for _, launched, completed in ops), entry))
+            in_flight = any(launched != completed for _, launched, completed in ops)
+            stood = rank.idle_ms >= STOOD_S * 1000
+            entry = {"comm": f"{record.comm_hash & 0xFFFFFFFFFFFFFFFF:016x}", "ops": ops, "stood": stood}
+            carried.append((in_flight, entry))
+            if stood and in_flight:
+                stood_s = max(stood_s, rank.idle_ms / 1000)
     carried.sort(key=lambda busy_entry: not busy_entry[0])
-    return [entry for _, entry in carried[:MAX_COMMS]]
+    return [entry for _, entry in carried[:MAX_COMMS]], stood_s
 
 
 @dataclass(frozen=True)
@@ -160,7 +168,8 @@ class _Counters:
     comm: str
     #: (operation type, launched, completed) for the types its rank has launched.
     ops: tuple[tuple[int, int, int], ...]
-    idle_s: float
+    #: Its counters have stood ``STOOD_S``.
+    stood: bool
 
 
 def _counters(raw: Any) -> list[_Counters]:
@@ -168,7 +177,7 @@ def _counters(raw: Any) -> list[_Counters]:
     for c in raw or ():
         ops = [(int(op), int(launched), int(completed)) for op, launched, completed in c["ops"]]
         known = tuple(entry for entry in ops if 0 <= entry[0] < N_OPS)  # a newer version's types: not named here
-        out.append(_Counters(str(c["comm"]), known, max(0.0, int(c["idle_ms"]) / 1000)))
+        out.append(_Counters(str(c["comm"]), known, c["stood"] is True))
     return out
 
 
@@ -186,36 +195,77 @@ def _collectives(
         counts = {op: (launched, completed) for op, launched, completed in c.ops}
         for op in types.get(c.comm, ()):
             launched, completed = counts.get(op, (0, 0))
-            if launched > completed and c.idle_s >= STOOD_S:
+            if launched > completed and c.stood:
                 found.append(Collective(INSIDE, c.comm, OP_TYPES[op], completed + 1))
             elif launched < frontier.get((c.comm, op), 0) and (c.comm, OP_TYPES[op], launched + 1) in inside:
                 found.append(Collective(NOT_LAUNCHED, c.comm, OP_TYPES[op], launched + 1))
     return tuple(found[:MAX_COLLECTIVES])
 
 
-def encode(doc: dict[str, Any]) -> tuple[bytes, int]:
-    """An answer's bytes, and the length of its JSON before compression (``decode`` refuses past MAX_DECODED)."""
+def encode_shared(threads: list[dict[str, Any]], comms: list[dict[str, Any]]) -> tuple[bytes, int]:
+    """An answer's shared part, and the length of its JSON before compression (``decode_shared`` refuses past
+    MAX_DECODED): the threads (name, whether main, frames, whether cut) and the communicators (``comms_of``)."""
+    doc = {"format": FORMAT, "threads": threads, "comms": comms}
     text = json.dumps(doc, separators=(",", ":")).encode()
     return zlib.compress(text, 1), len(text)
 
 
-def decode(data: bytes) -> dict[str, Any] | None:
-    """The answer's object, or None for an empty, malformed, oversized or foreign one."""
+def encode_own(doc: dict[str, Any]) -> bytes:
+    """An answer's own part: ``host``, ``pid``, ``rank``, ``wall`` (its clock), and where they are not empty
+    ``stood_s`` (``comms_of``), ``last_seen`` (the positions it holds of processes it hears nothing from) and
+    ``phase`` (``rasd.phase``)."""
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _decoded_json(text: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def decode_shared(data: bytes) -> dict[str, Any] | None:
+    """The shared part's object, or None for an empty, malformed, oversized or foreign one."""
     try:
         inflate = zlib.decompressobj()
         text = inflate.decompress(data, MAX_DECODED)
         if inflate.unconsumed_tail or not inflate.eof:
             return None
-        doc = json.loads(text)
-    except (zlib.error, ValueError):
+    except zlib.error:
         return None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    doc = _decoded_json(text)
+    return doc if doc is not None and doc.get("format") == FORMAT else None
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """A shared part, read once however many processes gave it."""
+
+    #: (thread name, frames as they came, cut, main) per thread.
+    threads: tuple[tuple[str, tuple[Any, ...], bool, bool], ...]
+    counters: tuple[_Counters, ...]
+
+
+def _shared(data: bytes, made: dict[tuple[Any, ...], tuple[Frame, ...]]) -> _Shared | None:
+    doc = decode_shared(data)
+    if doc is None:
         return None
-    return doc
+    try:
+        threads = tuple(
+            (str(t["thread"]), tuple(map(tuple, t["frames"])), bool(t.get("cut")), bool(t.get("main")))
+            for t in doc["threads"]
+        )
+        for _, raw, _, _ in threads:
+            if raw not in made:
+                made[raw] = _frames(raw)  # checks each frame's shape, once per distinct stack
+        return _Shared(threads, tuple(_counters(doc.get("comms"))))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def fold(
-    answers: dict[Addr, bytes],
+    answers: dict[Addr, Answer],
     peers: Iterable[PeerInfo],
     live: Iterable[Addr],
     collection_time: float,
@@ -225,30 +275,29 @@ def fold(
     """Fold the answers of a STACKS gather. ``live``: the processes expected to answer; ``ranks``: keep only these
     ranks (None: all)."""
     by_addr = {p.addr: p for p in peers}
-    # Keyed by the frames as they arrived (tuples of plain values), and for main threads the collectives: a Frame is
-    # made once per distinct stack, not once per frame of every process (the folding of 4,096 processes' stacks,
-    # bench/README.md).
-    groups: dict[tuple[Any, ...], Group] = {}
-    made: dict[tuple[tuple[Any, ...], ...], tuple[Frame, ...]] = {}
+    # Each distinct shared part is read and judged once, and its processes join its groups together (the folding
+    # of 4,096 processes' stacks, bench/README.md); a Frame is made once per distinct stack.
+    made: dict[tuple[Any, ...], tuple[Frame, ...]] = {}
+    shared: dict[bytes, _Shared | None] = {}
+    #: Per distinct shared part: its processes, those of the ranks asked about, and the longest any of those stood
+    #: inside an operation.
+    procs_of: dict[bytes, list[Proc]] = {}
+    asked_of: dict[bytes, list[Proc]] = {}
+    stood_of: dict[bytes, float] = {}
     seen: dict[tuple[str, int], tuple[tuple[Frame, ...], float]] = {}
     phases: list[Phase] = []
-    parsed: list[tuple[Proc, list[tuple[str, Any, bool, bool]], list[_Counters]]] = []
     unreadable = set()
-    for addr, data in answers.items():
-        doc = decode(data)
+    answered = 0
+    for addr, (part, own_part) in answers.items():
+        if part not in shared:
+            shared[part] = _shared(part, made)
+        doc = _decoded_json(own_part) if shared[part] is not None else None
         if doc is None:
             unreadable.add(addr)
             continue
         try:
             proc = Proc(str(doc["host"]), int(doc["pid"]), int(doc["rank"]))
-            threads = [
-                (str(t["thread"]), tuple(map(tuple, t["frames"])), bool(t.get("cut")), bool(t.get("main")))
-                for t in doc["threads"]
-            ]
-            for _, raw, _, _ in threads:
-                if raw not in made:
-                    made[raw] = _frames(raw)  # checks each frame's shape, once per distinct stack
-            counters = _counters(doc.get("comms"))
+            stood_s = float(doc.get("stood_s", 0.0))
             for s in doc.get("last_seen", ()):
                 key = (str(s["host"]), int(s["pid"]))
                 age = float(s["age_s"])
@@ -263,47 +312,52 @@ def fold(
         except (KeyError, TypeError, ValueError):
             unreadable.add(addr)
             continue
-        parsed.append((proc, threads, counters))
-        if phase is not None and (ranks is None or proc.rank in ranks):
+        procs_of.setdefault(part, []).append(proc)
+        if ranks is not None and proc.rank not in ranks:
+            continue
+        answered += 1  # of the processes asked about, as ``missing`` counts them
+        asked_of.setdefault(part, []).append(proc)
+        stood_of[part] = max(stood_of.get(part, 0.0), stood_s)
+        if phase is not None:
             phases.append(phase)
-    # Where each communicator's operations stand across the job: the most launched of each type, and who is inside.
+    # Where each communicator's operations stand across the job (every rank that answered, asked about or not: the
+    # one rank asked about is named as not in an operation the others are inside): the most launched of each type,
+    # and who is inside.
     frontier: dict[tuple[str, int], int] = {}
     inside: dict[tuple[str, str, int], list[Proc]] = {}
-    for proc, _, counters in parsed:
-        for c in counters:
+    for part, procs in procs_of.items():
+        held = shared[part]
+        assert held is not None
+        for c in held.counters:
             for op, launched, completed in c.ops:
                 key = (c.comm, op)
                 if launched > frontier.get(key, 0):
                     frontier[key] = launched
-                if launched > completed and c.idle_s >= STOOD_S:
-                    inside.setdefault((c.comm, OP_TYPES[op], completed + 1), []).append(proc)
+                if launched > completed and c.stood:
+                    inside.setdefault((c.comm, OP_TYPES[op], completed + 1), []).extend(procs)
     types_of: dict[str, list[int]] = {}
     for comm, op in sorted(frontier):
         types_of.setdefault(comm, []).append(op)
     types = {comm: tuple(ops) for comm, ops in types_of.items()}
-    answered = 0
     # Most ranks' counters are alike (a job's ranks run the same collectives): each distinct set is judged once.
     judged: dict[tuple[Any, ...], tuple[Collective, ...]] = {}
-    for proc, threads, counters in parsed:
-        if ranks is not None and proc.rank not in ranks:
-            continue
-        answered += 1  # of the processes asked about, as ``missing`` counts them
-        alike = tuple((c.comm, c.ops, c.idle_s >= STOOD_S) for c in counters)
+    groups: dict[tuple[Any, ...], Group] = {}
+    for part, procs in asked_of.items():
+        held = shared[part]
+        assert held is not None
+        alike = tuple((c.comm, c.ops, c.stood) for c in held.counters)
         if alike not in judged:
-            judged[alike] = _collectives(counters, frontier, inside, types)
+            judged[alike] = _collectives(held.counters, frontier, inside, types)
         collectives = judged[alike]
-        seconds = max(
-            (c.idle_s for c in counters if c.idle_s >= STOOD_S and any(n > done for _, n, done in c.ops)), default=0.0
-        )
-        for name, raw, cut, main in threads:
+        for name, raw, cut, main in held.threads:
             folded = (raw, collectives) if main else (raw, ())
             group = groups.get(folded)
             if group is None:
                 group = groups[folded] = Group(made[raw], collectives=collectives if main else ())
-            group.threads.append((proc, name))
+            group.threads += [(proc, name) for proc in procs]
             group.cut = group.cut or cut
             if main:
-                group.collective_s = max(group.collective_s, seconds)
+                group.collective_s = max(group.collective_s, stood_of[part])
     missing = []
     for addr in live:
         if addr in answers and addr not in unreadable:

@@ -102,16 +102,87 @@ def decode_fully(b: bytes) -> wire.Message:
 
 
 def test_answers_round_trip_and_are_bounded():
-    answers = ((V4.addr, b""), (V6.addr, b"x" * wire.MAX_ANSWER_BYTES))
-    raw = b"".join(wire.encode_answer(a, b) for a, b in answers)
-    assert wire.CollResp(V4.addr, 1, 0, 2, raw).answers == answers
+    answers = (
+        (V4.addr, wire.Answer()),
+        (V6.addr, wire.Answer(b"s" * 100, b"x" * (wire.MAX_ANSWER_BYTES - 100))),
+        (V4.addr._replace(port=2), wire.Answer(own=b"own only")),
+    )
+    gathered = wire.Answers()
+    for addr, answer in answers:
+        gathered.add(addr, answer)
+    raw = gathered.encode()
+    assert len(raw) == gathered.size
+    assert wire.CollResp(V4.addr, 1, 0, 3, raw).answers == answers
     with pytest.raises(ValueError):
-        wire.encode_answer(V4.addr, b"x" * (wire.MAX_ANSWER_BYTES + 1))
-    too_long = wire._packed_addr(V4.addr) + struct.pack("!I", wire.MAX_ANSWER_BYTES + 1) + b"x" * 70000
-    with pytest.raises(wire.ProtocolError):
-        wire.CollResp(V4.addr, 1, 0, 1, too_long).answers  # noqa: B018 - decoding is the point
+        wire.Answers().add(V4.addr, wire.Answer(b"x", b"x" * wire.MAX_ANSWER_BYTES))
+    entry = wire._packed_addr(V4.addr)
+    bad = {
+        "own part too long": struct.pack("!I", 0) + entry + struct.pack("!II", 0xFFFFFFFF, 70000) + b"x" * 70000,
+        "shared part not held": struct.pack("!I", 0) + entry + struct.pack("!II", 0, 0),
+        "empty shared part": struct.pack("!II", 1, 0) + entry + struct.pack("!II", 0, 0),
+        "a shared part twice": struct.pack("!IIcIc", 2, 1, b"a", 1, b"a") + entry + struct.pack("!II", 0, 0),
+        "both parts too long together": struct.pack("!I", 1)
+        + struct.pack("!I", 40000)
+        + b"s" * 40000
+        + entry
+        + struct.pack("!II", 0, 30000)
+        + b"x" * 30000,
+        "trailing bytes": struct.pack("!I", 0) + entry + struct.pack("!II", 0xFFFFFFFF, 0) + b"?",
+        "truncated": struct.pack("!I", 0) + entry + struct.pack("!II", 0xFFFFFFFF, 5) + b"abc",
+        "bad address": struct.pack("!I", 0) + b"\x05" + b"\x00" * 12,
+    }
+    for what, raw in bad.items():
+        with pytest.raises(wire.ProtocolError):
+            wire.CollResp(V4.addr, 1, 0, 1, raw).answers  # noqa: B018 - decoding is the point
+            pytest.fail(what)
     with pytest.raises(wire.ProtocolError):  # an ask this version does not know
         wire.decode_body(wire.encode(wire.CollReq(V4.addr, 1, 0))[4:-1] + b"\x7f")
+
+
+def test_a_relay_carries_each_shared_part_once():
+    """Processes in the same place give the same shared part: a relay's reply carries it once, however many legs
+    brought it, and the root reads every process's answer whole."""
+    legs = []
+    for leg in range(3):
+        answers = wire.Answers()
+        for j in range(50):
+            shared = b"inside all-reduce 33" if j % 10 else b"waiting in time.sleep"
+            answers.add(Addr("10.0.0.1", 1000 * leg + j), wire.Answer(shared * 20, f"pid {leg}-{j}".encode()))
+        legs.append(wire.Answers.decode(answers.count, answers.encode()))  # as it arrives
+    relay = wire.Answers()
+    relay.add(Addr("10.0.0.2", 1), wire.Answer(b"the relay's own stack", b"relay"))
+    for leg in legs:
+        relay.merge(leg)
+    raw = relay.encode()
+    assert len(raw) == relay.size
+    assert len(relay.shared) == 3
+    assert raw.count(b"inside all-reduce 33" * 20) == 1
+    got = dict(wire.CollResp(V4.addr, 1, 0, relay.count, raw).answers)
+    assert len(got) == 151
+    assert got[Addr("10.0.0.1", 2013)] == wire.Answer(b"inside all-reduce 33" * 20, b"pid 2-13")
+    assert got[Addr("10.0.0.1", 1020)] == wire.Answer(b"waiting in time.sleep" * 20, b"pid 1-20")
+    assert got[Addr("10.0.0.2", 1)] == wire.Answer(b"the relay's own stack", b"relay")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    legs=st.lists(
+        st.lists(st.tuples(st.sampled_from([b"", b"a", b"bb", b"ccc"]), st.binary(max_size=8)), max_size=6),
+        max_size=4,
+    )
+)
+def test_merged_answers_are_the_answers_added_one_by_one(legs):
+    merged, flat = wire.Answers(), wire.Answers()
+    port = 0
+    for leg in legs:
+        answers = wire.Answers()
+        for shared, own in leg:
+            port += 1
+            answers.add(Addr("10.1.1.1", port), wire.Answer(shared, own))
+            flat.add(Addr("10.1.1.1", port), wire.Answer(shared, own))
+        merged.merge(wire.Answers.decode(answers.count, answers.encode()))
+    assert merged.answers() == flat.answers()
+    assert merged.encode() == flat.encode() and merged.size == len(merged.encode()) or not merged.count
 
 
 def test_positions_are_bounded_on_the_wire():

@@ -10,7 +10,7 @@ import types
 from collections.abc import Mapping
 
 from rasd.core.peers import Addr, PeerInfo
-from rasd.core.wire import MAX_ANSWER_BYTES
+from rasd.core.wire import MAX_ANSWER_BYTES, Answer
 from rasd.net import configuration
 from rasd.report import diagnostics as diag
 from rasd.report.diagnostics import Configuration
@@ -40,7 +40,7 @@ def config(i: int, **changes: object) -> Configuration:
 
 def report(configs: Mapping[int, Configuration | bytes], n: int = 4, collection_time: float = 0.01) -> diag.Diagnostics:
     peers = [peer(i) for i in range(n)]
-    answers = {peers[i].addr: c if isinstance(c, bytes) else c.encode() for i, c in configs.items()}
+    answers = {peers[i].addr: Answer(own=c if isinstance(c, bytes) else c.encode()) for i, c in configs.items()}
     return diag.check(answers, peers, [p.addr for p in peers], peers[0].addr, collection_time)
 
 
@@ -203,7 +203,7 @@ def test_an_answer_too_large_for_the_wire_drops_the_longest_settings_and_says_so
 
 
 def test_the_provider_never_raises_and_answers_empty_when_it_cannot_describe_the_process(caplog):
-    assert Configuration.decode(configuration.provider(peer(0))()) is not None
+    assert Configuration.decode(configuration.provider(peer(0))().own) is not None
     nobody = types.SimpleNamespace()  # no host, pid or rank: collect() fails
-    assert configuration.provider(nobody)() == b""  # type: ignore[arg-type]
+    assert configuration.provider(nobody)() == Answer()  # type: ignore[arg-type]
     assert "could not describe this process for diagnostics" in caplog.text

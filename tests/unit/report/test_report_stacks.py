@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from polling import wait_for
+from rasd.core.answer import Answer
 from rasd.core.comms import N_OPS, OP_TYPES, CommRecord, RankRecord
 from rasd.core.frames import POSITION_FRAMES, Frame
 from rasd.core.peers import Addr, PeerInfo
@@ -56,27 +57,47 @@ def seen(i: int, age_s: float, frames: Sequence[Frame]) -> dict[str, Any]:
     }
 
 
+#: What ``stacks.comms_of`` gives: the counters an answer shares, and the seconds its own part says they stood.
+Counters = tuple[list[dict[str, Any]], float]
+
+
 def answer(
     i: int,
     *threads: dict[str, Any],
     last_seen: Sequence[dict[str, Any]] = (),
-    comms: Sequence[dict[str, Any]] | None = None,
-) -> bytes:
+    comms: Counters | None = None,
+) -> Answer:
     """Process ``i``'s answer as ``rasd.net.thread_stacks.answer`` writes it (by default: its main thread reducing)."""
     return answer_of(PEERS[i], *threads, last_seen=last_seen, comms=comms)
 
 
 def packed(obj: object) -> bytes:
-    """``obj`` as an answer carries it: JSON, compressed."""
+    """``obj`` as an answer's shared part carries it: JSON, compressed."""
     return zlib.compress(json.dumps(obj).encode())
+
+
+#: The fields of an answer in its shared part; the others are its own.
+SHARED = ("format", "threads", "comms")
+
+
+def encode(doc: dict[str, Any]) -> Answer:
+    """``doc`` as ``rasd.net.thread_stacks.answer`` splits it into the answer's two parts."""
+    own = {key: value for key, value in doc.items() if key not in SHARED}
+    return Answer(packed({key: doc[key] for key in SHARED if key in doc}), json.dumps(own).encode())
+
+
+def decode(answer: Answer) -> dict[str, Any] | None:
+    """Both parts of an answer as one object (None if its shared part is unreadable)."""
+    shared = stacks.decode_shared(answer.shared)
+    return None if shared is None else {**shared, **json.loads(answer.own)}
 
 
 def answer_of(
     p: PeerInfo,
     *threads: dict[str, Any],
     last_seen: Sequence[dict[str, Any]] = (),
-    comms: Sequence[dict[str, Any]] | None = None,
-) -> bytes:
+    comms: Counters | None = None,
+) -> Answer:
     doc: dict[str, Any] = {
         "format": stacks.FORMAT,
         "host": p.hostname,
@@ -87,11 +108,11 @@ def answer_of(
         "last_seen": list(last_seen),
     }
     if comms is not None:
-        doc["comms"] = list(comms)
-    return stacks.encode(doc)[0]
+        doc["comms"], doc["stood_s"] = list(comms[0]), comms[1]
+    return encode(doc)
 
 
-def fold(answers: dict[int, bytes], all_threads: bool = False, ranks: frozenset[int] | None = None) -> stacks.Stacks:
+def fold(answers: dict[int, Answer], all_threads: bool = False, ranks: frozenset[int] | None = None) -> stacks.Stacks:
     return stacks.fold({PEERS[i].addr: a for i, a in answers.items()}, PEERS, ALL, 0.012, all_threads, ranks)
 
 
@@ -151,22 +172,31 @@ def test_a_process_that_did_not_answer_is_missing_with_no_position_when_none_was
     assert folded.answered == 3
 
 
+OWN_3 = json.dumps({"host": "node1", "pid": 103, "rank": 3}).encode()
+NO_THREADS = packed({"format": stacks.FORMAT, "threads": []})
+
+
 @pytest.mark.parametrize(
     "unreadable",
     [
-        b"",  # its provider failed (rasd.net.thread_stacks.provider)
-        b"not json",
-        zlib.compress(b"not json"),
-        json.dumps({"format": stacks.FORMAT, "host": "node1", "pid": 103, "rank": 3, "threads": []}).encode(),  # raw
-        packed({"format": stacks.FORMAT + 1, "host": "node1", "pid": 103, "rank": 3, "threads": []}),
-        packed({"format": stacks.FORMAT, "host": "node1", "pid": 103, "rank": 3}),  # no threads
-        packed({"format": stacks.FORMAT, "host": "node1", "pid": "x", "rank": 3, "threads": []}),
-        packed([1, 2]),
-        zlib.compress(b" " * (stacks.MAX_DECODED + 1)),  # a small answer that would inflate past the bound
-        zlib.compress(b"{}")[:-2],  # cut short
+        Answer(),  # its provider failed (rasd.net.thread_stacks.provider)
+        Answer(b"not json", OWN_3),
+        Answer(zlib.compress(b"not json"), OWN_3),
+        Answer(json.dumps({"format": stacks.FORMAT, "threads": []}).encode(), OWN_3),  # not compressed
+        Answer(packed({"format": stacks.FORMAT - 1, "threads": []}), OWN_3),  # another version's
+        Answer(packed({"format": stacks.FORMAT}), OWN_3),  # no threads
+        Answer(packed([1, 2]), OWN_3),
+        Answer(zlib.compress(b" " * (stacks.MAX_DECODED + 1)), OWN_3),  # a small part that would inflate past the bound
+        Answer(zlib.compress(b"{}")[:-2], OWN_3),  # cut short
+        Answer(NO_THREADS, b""),  # no own part
+        Answer(NO_THREADS, b"not json"),
+        Answer(NO_THREADS, b"[1, 2]"),
+        Answer(NO_THREADS, json.dumps({"host": "node1", "pid": "x", "rank": 3}).encode()),
+        Answer(NO_THREADS, json.dumps({"host": "node1", "pid": 103}).encode()),  # no rank
+        Answer(own=OWN_3),  # no shared part
     ],
 )
-def test_an_unreadable_or_foreign_answer_counts_as_missing(unreadable: bytes):
+def test_an_unreadable_or_foreign_answer_counts_as_missing(unreadable: Answer):
     folded = fold({0: answer(0), 1: answer(1), 2: answer(2), 3: unreadable})
     assert [m.proc.rank for m in folded.missing] == [3] and folded.answered == 3
     assert [ranks_of(g) for g in folded.groups] == [[0, 1, 2]]
@@ -384,9 +414,9 @@ def _deep(helper: Callable[..., threading.Thread], name: str, depth: int) -> Non
     )
 
 
-def _fits(data: bytes) -> dict[str, Any]:
-    assert 0 < len(data) <= MAX_ANSWER_BYTES
-    doc = stacks.decode(data)
+def _fits(data: Answer) -> dict[str, Any]:
+    assert 0 < data.size <= MAX_ANSWER_BYTES
+    doc = decode(data)
     assert doc is not None
     return doc
 
@@ -419,12 +449,12 @@ def test_many_deep_threads_fit_one_answer_whole_with_the_default_cap(helper):
     assert len(deep) == 12 and all(len(t["frames"]) == reading.STACK_FRAMES for t in deep)
     assert not any(t.get("cut") for t in deep) and all(t["frames"][-1][2] == "wait" for t in deep)
     assert doc["threads"][0]["main"]
-    assert len(data) < len(json.dumps(doc)) / 4  # stacks repeat themselves: compressed, a quarter or less
+    assert len(data.shared) < len(json.dumps(doc)) / 4  # stacks repeat themselves: compressed, a quarter or less
 
 
 def test_the_answer_says_who_answers_and_folds_with_the_same_stack_of_another_process():
     answers = {p.addr: reading.provider(p, False, list)() for p in PEERS[:2]}  # one line: identical stacks
-    docs = [stacks.decode(a) for a in answers.values()]
+    docs = [decode(a) for a in answers.values()]
     assert [(d["host"], d["pid"], d["rank"], d["format"]) for d in docs] == [
         ("node0", 100, 0, stacks.FORMAT),
         ("node0", 101, 1, stacks.FORMAT),
@@ -442,16 +472,36 @@ def test_the_answer_carries_its_processs_collective_counters_and_the_fold_names_
         return (records[rank],)
 
     answers = {p.addr: reading.provider(p, False, list, lambda p=p: comms_of(p.rank))() for p in PEERS[:2]}
-    assert [stacks.decode(a)["comms"][0]["comm"] for a in answers.values()] == [f"{WORLD:016x}"] * 2
+    assert [decode(a)["comms"][0]["comm"] for a in answers.values()] == [f"{WORLD:016x}"] * 2
     folded = stacks.fold(answers, PEERS[:2], [p.addr for p in PEERS[:2]], 0.0, False)
     assert sorted(c.state for g in folded.groups for c in g.collectives) == [stacks.INSIDE, stacks.NOT_LAUNCHED]
 
 
 def test_the_answer_carries_the_last_positions_it_was_given():
     last = [seen(3, 2.0, LOADING)]
-    doc = stacks.decode(reading.provider(ME, False, lambda: last)())
+    doc = decode(reading.provider(ME, False, lambda: last)())
     assert doc is not None
     assert doc["last_seen"] == last
+
+
+def test_two_processes_in_the_same_place_share_their_answers_shared_part_byte_for_byte():
+    """What lets the relays carry one stack for thousands of ranks: nothing of a process's own is in the shared part,
+    and its own part is small (host, pid, rank, clock; how long its collective stood)."""
+    records = {p.rank: (record(p.rank, 32, inside=True, idle_ms=21_000 + 37 * p.rank),) for p in PEERS}
+    answers = [reading.answer(p, False, (), records[p.rank]) for p in PEERS[:2]]
+    assert answers[0].shared == answers[1].shared and answers[0].own != answers[1].own
+    assert sorted(json.loads(answers[1].own)) == ["host", "pid", "rank", "stood_s", "wall"]
+    assert json.loads(answers[1].own)["stood_s"] == 21.037 and len(answers[1].own) < 100
+
+
+def test_positions_of_others_too_large_for_half_an_answer_are_left_out_and_the_stacks_kept():
+    frames = [Frame(f"/src/module_{i}.py", i, "f" * 200) for i in range(POSITION_FRAMES)]
+    many = [seen(i % 4, 1.0, frames) for i in range(200)]  # far more than half of MAX_ANSWER_BYTES
+    data = reading.answer(ME, False, many)
+    doc = _fits(data)
+    assert "last_seen" not in doc and doc["threads"][0]["frames"]
+    few = reading.answer(ME, False, many[:1])
+    assert _fits(few)["last_seen"] == many[:1]
 
 
 def _broken_last_seen() -> list[dict[str, Any]]:
@@ -468,7 +518,7 @@ def test_a_provider_that_cannot_read_answers_empty_and_warns_once(breaks: str, m
         monkeypatch.setattr(sys, "_current_frames", _broken_frames)
     make = reading.provider(ME, True, _broken_last_seen if breaks == "last_seen" else list)
     with caplog.at_level(logging.DEBUG, logger="rasd"):
-        assert make() == b""
+        assert make() == Answer()
     warnings = [r for r in caplog.records if r.name == "rasd" and r.levelno >= logging.WARNING]
     assert [r.levelno for r in warnings] == [logging.WARNING]
     assert "stacks" in warnings[0].getMessage() and warnings[0].exc_info is not None
@@ -480,11 +530,11 @@ def test_a_declared_phase_travels_with_the_answer_and_the_report_names_it():
     import rasd
 
     with rasd.phase("checkpoint", limit=900):
-        mine = stacks.decode(reading.answer(PEERS[0], all_threads=False))
+        mine = decode(reading.answer(PEERS[0], all_threads=False))
     assert mine is not None and mine["phase"]["name"] == "checkpoint" and mine["phase"]["limit"] == 900.0
-    assert stacks.decode(reading.answer(PEERS[0], all_threads=False))["phase"] is None  # the phase has ended
+    assert "phase" not in decode(reading.answer(PEERS[0], all_threads=False))  # the phase has ended
     doc = dict(mine, phase={"name": "checkpoint", "seconds": 45.25, "limit": 900.0})
-    folded = fold({0: stacks.encode(doc)[0], 1: answer(1), 2: answer(2), 3: answer(3)})
+    folded = fold({0: encode(doc), 1: answer(1), 2: answer(2), 3: answer(3)})
     assert [(p.proc.rank, p.name) for p in folded.phases] == [(0, "checkpoint")]
     text = stacks.render_text(folded)
     assert (
@@ -525,7 +575,7 @@ def record(rank: int, reduced: int, inside: bool, idle_ms: int = 21_000) -> Comm
     return CommRecord(WORLD, 4, (rank_record,))
 
 
-def counters(rank: int, reduced: int, inside: bool, idle_ms: int = 21_000) -> list[dict[str, Any]]:
+def counters(rank: int, reduced: int, inside: bool, idle_ms: int = 21_000) -> Counters:
     """What the answer of that process carries (``stacks.comms_of``)."""
     return stacks.comms_of([record(rank, reduced, inside, idle_ms)])
 
@@ -599,16 +649,24 @@ def test_threads_other_than_the_main_one_carry_no_collective_and_malformed_count
     folded = fold({0: answer(0, thread(REDUCING), worker, comms=counters(0, 5, inside=True))}, all_threads=True)
     by_thread = {g.threads[0][1]: g for g in folded.groups}
     assert by_thread["MainThread"].collectives and not by_thread["loader"].collectives
-    unknown = [{**counters(1, 5, inside=True)[0], "ops": [[N_OPS + 3, 1, 0]]}]  # a type of a newer version
-    (group,) = fold({1: answer(1, comms=unknown)}).groups
+    unknown = [{**counters(1, 5, inside=True)[0][0], "ops": [[N_OPS + 3, 1, 0]]}]  # a type of a newer version
+    (group,) = fold({1: answer(1, comms=(unknown, 21.0))}).groups
     assert group.collectives == ()
-    malformed = [{**counters(1, 5, inside=True)[0], "ops": [[1, 2]]}]
-    assert fold({1: answer(1, comms=malformed)}).answered == 0
+    malformed = [{**counters(1, 5, inside=True)[0][0], "ops": [[1, 2]]}]
+    assert fold({1: answer(1, comms=(malformed, 21.0))}).answered == 0
 
 
 def test_the_counters_an_answer_carries_put_communicators_with_an_operation_in_flight_first_and_are_bounded():
     idle = [CommRecord(i, 2, (RankRecord(0),)) for i in range(stacks.MAX_COMMS + 8)]
     busy = CommRecord(WORLD, 4, (RankRecord(1, launched=(1,) + (0,) * (N_OPS - 1)),))
-    carried = stacks.comms_of([*idle, busy])
-    assert len(carried) == stacks.MAX_COMMS and carried[0]["comm"] == f"{WORLD:016x}" and carried[0]["rank"] == 1
+    carried, stood_s = stacks.comms_of([*idle, busy])
+    assert len(carried) == stacks.MAX_COMMS and carried[0]["comm"] == f"{WORLD:016x}"
     assert carried[0]["ops"] == [[0, 1, 0]] and carried[1]["ops"] == []  # only the types launched
+    assert stood_s == 0.0 and not carried[0]["stood"]  # in flight, but for less than STOOD_S
+    standing = CommRecord(WORLD, 4, (RankRecord(1, launched=(1,) + (0,) * (N_OPS - 1), idle_ms=21_300),))
+    carried, stood_s = stacks.comms_of([*idle, standing])
+    assert carried[0]["stood"] and stood_s == 21.3
+    # Nothing of a rank's own (its rank in the communicator, how long to the millisecond) is in the shared part:
+    # ranks inside one operation share it byte for byte.
+    other = CommRecord(WORLD, 4, (RankRecord(2, launched=(1,) + (0,) * (N_OPS - 1), idle_ms=24_100),))
+    assert stacks.comms_of([other])[0] == stacks.comms_of([standing])[0]

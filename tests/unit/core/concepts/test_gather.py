@@ -10,6 +10,7 @@ from rasd.core.connections import ConnState
 from rasd.core.effects import GatherFinished, Say, SayFrame
 from rasd.core.frames import Frame
 from rasd.core.gather import Gathering, own_part
+from rasd.core.peers import Addr
 from rasd.core.snapshot import JobSnapshot
 from rasd.core.stuck import StuckVerdict
 
@@ -229,18 +230,31 @@ def test_the_contribution_adds_our_restarts_and_the_waiting_flag():
 # --- gathers of another ask (wire.Ask): one opaque answer per process, read by the root alone ----------------------
 
 DIAG = wire.Ask.DIAGNOSTICS
+NONE = wire.Answer()  # a process whose provider failed
+
+
+def _answers(*entries: tuple[Addr, wire.Answer]) -> bytes:
+    """A leg's answers, as its relay encodes them."""
+    answers = wire.Answers()
+    for addr, answer in entries:
+        answers.add(addr, answer)
+    return answers.encode()
 
 
 def test_a_gather_of_another_ask_carries_the_ask_and_collects_answers_not_process_data():
     world, g = _gathering(2, 3)
-    world.answers[DIAG] = b"mine"
+    world.answers[DIAG] = wire.Answer(b"shared", b"mine")
     frame = wire.encode(wire.CollReq(ME.addr, 1, 5000, DIAG))
     assert g.start(9, 1.0, None, DIAG) == [SayFrame(2, frame), SayFrame(3, frame)]
-    answered = wire.CollResp(ME.addr, 1, 0, 2, wire.encode_answer(P2.addr, b"two") + wire.encode_answer(P4.addr, b""))
+    answered = wire.CollResp(ME.addr, 1, 0, 2, _answers((P2.addr, wire.Answer(b"shared", b"two")), (P4.addr, NONE)))
     assert g.on_collresp(world.conns[2], answered, 1.5) == []
     snap = _finished(g.on_collresp(world.conns[3], wire.CollResp(ME.addr, 1, 1, 0, b""), 2.0))
     assert snap.ask == DIAG
-    assert snap.answers == {ME.addr: b"mine", P2.addr: b"two", P4.addr: b""}
+    assert snap.answers == {
+        ME.addr: wire.Answer(b"shared", b"mine"),
+        P2.addr: wire.Answer(b"shared", b"two"),
+        P4.addr: NONE,
+    }
     # Every answering process counts as a responder (none of them is missing), with no process data of its own.
     assert snap.responses == {a: ProcessData() for a in (ME.addr, P2.addr, P4.addr)}
     assert [p.addr for p in snap.missing()] == [P3.addr] and snap.timeouts == 1
@@ -248,17 +262,34 @@ def test_a_gather_of_another_ask_carries_the_ask_and_collects_answers_not_proces
 
 def test_a_relay_answers_the_ask_it_was_asked_and_forwards_the_ask():
     world, g = _gathering(2, 3)
-    world.answers[DIAG] = b"relay's answer"
+    world.answers[DIAG] = wire.Answer(b"in all-reduce 33", b"relay's")
     req = wire.CollReq(P2.addr, 5, 3000, DIAG)
     assert g.on_collreq(world.conns[2], req, 1.0) == [SayFrame(3, wire.encode(req))]
     assert g.on_collresp(world.conns[3], wire.CollResp(P2.addr, 5, 0, 0, b""), 1.5) == [
-        Say(2, wire.CollResp(P2.addr, 5, 0, 1, wire.encode_answer(ME.addr, b"relay's answer")))
+        Say(2, wire.CollResp(P2.addr, 5, 0, 1, _answers((ME.addr, wire.Answer(b"in all-reduce 33", b"relay's")))))
     ]
+
+
+def test_a_relay_passes_a_shared_part_its_legs_brought_once():
+    world, g = _gathering(2, 3, 4)
+    world.answers[DIAG] = wire.Answer(b"in all-reduce 33", b"relay")
+    g.on_collreq(world.conns[2], wire.CollReq(P2.addr, 5, 3000, DIAG), 1.0)
+    leg = _answers((P3.addr, wire.Answer(b"in all-reduce 33", b"three")), (Addr("10.0.0.9", 1), NONE))
+    assert g.on_collresp(world.conns[3], wire.CollResp(P2.addr, 5, 0, 2, leg), 1.5) == []
+    (reply,) = g.on_collresp(world.conns[4], wire.CollResp(P2.addr, 5, 0, 1, _answers((P4.addr, NONE))), 1.6)
+    assert isinstance(reply, Say) and isinstance(reply.msg, wire.CollResp)
+    assert reply.msg.raw.count(b"in all-reduce 33") == 1
+    assert reply.msg.answers == (
+        (ME.addr, wire.Answer(b"in all-reduce 33", b"relay")),
+        (P3.addr, wire.Answer(b"in all-reduce 33", b"three")),
+        (Addr("10.0.0.9", 1), NONE),
+        (P4.addr, NONE),
+    )
 
 
 def test_a_status_gather_never_asks_the_providers():
     world, g = _gathering()
-    world.answers[DIAG] = b"not asked"
+    world.answers[DIAG] = wire.Answer(own=b"not asked")
     snap = _finished(g.start(1, 1.0, None))
     assert snap.ask == wire.Ask.STATUS and snap.answers == {} and snap.contributions() == {ME.addr: MINE}
 
@@ -266,7 +297,7 @@ def test_a_status_gather_never_asks_the_providers():
 def test_the_root_rejects_answers_it_cannot_decode():
     world, g = _gathering(2)
     g.start(7, 1.0, None, DIAG)
-    too_long = wire.encode_answer(P2.addr, b"x")[:-1]  # the length says one byte more than there is
+    too_long = _answers((P2.addr, wire.Answer(own=b"x")))[:-1]  # the length says one byte more than there is
     with pytest.raises(wire.ProtocolError):
         g.on_collresp(world.conns[2], wire.CollResp(ME.addr, 1, 0, 1, too_long), 2.0)
 
@@ -303,8 +334,10 @@ def test_a_relay_never_passes_back_more_than_one_frame_holds():
     world, g = _gathering(2, 3, 4)
     req = wire.CollReq(P2.addr, 5, 3000, DIAG)
     g.on_collreq(world.conns[2], req, 1.0)
-    big = b"x" * (wire.MAX_FRAME // 2)
-    assert g.on_collresp(world.conns[3], wire.CollResp(P2.addr, 5, 0, 1, big), 1.5) == []
-    (done,) = g.on_collresp(world.conns[4], wire.CollResp(P2.addr, 5, 0, 1, big), 1.6)  # would not fit: dropped
-    assert isinstance(done, Say) and done.msg.count == 2 and done.msg.leg_timeouts == 1
+    own = b"x" * (wire.MAX_ANSWER_BYTES - 16)  # own parts: nothing to fold, as a diagnostics gather's
+    n = wire.MAX_FRAME // 2 // len(own) + 1
+    big = _answers(*((Addr("10.0.0.9", j + 1), wire.Answer(own=own)) for j in range(n)))  # half a frame
+    assert g.on_collresp(world.conns[3], wire.CollResp(P2.addr, 5, 0, n, big), 1.5) == []
+    (done,) = g.on_collresp(world.conns[4], wire.CollResp(P2.addr, 5, 0, n, big), 1.6)  # would not fit: dropped
+    assert isinstance(done, Say) and done.msg.count == n + 1 and done.msg.leg_timeouts == 1
     assert len(done.msg.raw) <= gather.RELAY_BYTES

@@ -19,7 +19,7 @@ from rasd.core.liveness import REFUTE, UNSTAMPED
 from rasd.core.peers import Addr, PeerInfo, PeerKey, PeerTable
 from rasd.core.snapshot import JobSnapshot
 from rasd.core.stuck import StuckVerdict
-from rasd.core.wire import Ask
+from rasd.core.wire import Answer, Ask
 
 SECRET = b"concept test job secret"
 
@@ -59,7 +59,7 @@ class FakeWorld:
         #: What ``work`` gives: this process's work as a sweep carries it (work.py).
         self.work_now: Work | None = None
         #: What ``answer`` gives for each ask (a gather other than STATUS).
-        self.answers: dict[Ask, bytes] = {}
+        self.answers: dict[Ask, Answer] = {}
         #: What ``position`` gives: where this process's main thread is, sent with a sweep.
         self.where: Position = ()
         self.draws = 0  # random_bytes calls so far (each returns a distinct, predictable nonce)
@@ -126,8 +126,8 @@ class FakeWorld:
         self.draws += 1
         return bytes([self.draws % 256]) * n
 
-    def answer(self, ask: Ask) -> bytes:
-        return self.answers.get(ask, b"")
+    def answer(self, ask: Ask) -> Answer:
+        return self.answers.get(ask, Answer())
 
     def position(self) -> Position:
         return self.where

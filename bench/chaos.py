@@ -521,6 +521,7 @@ class Job:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
         env[TAG_ENV] = self.tag
         env[ONCE_ENV] = str(folder / "fault-made")
+        env["INPROCESS_STORE_SERVER_LOG"] = str(folder / "store_server.log")  # its clients, as their count changes
         if in_worker(cell):
             env[FAULT_ENV] = f"{cell.fault}:{cell.phase}:{FAULT_RANK}"
         script = [str(Path(__file__).resolve()), "--worker", *worker_arguments(cell)]
@@ -535,6 +536,7 @@ class Job:
         self.lines: list[tuple[float, str]] = []
         self.lock = threading.Lock()
         self.log = open(folder / "output.log", "w")  # noqa: SIM115 - closed by close()
+        (folder / "command.txt").write_text(" ".join([*command, *script]) + "\n")  # with the ports it was given
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             [*command, *script],

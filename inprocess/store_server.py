@@ -209,10 +209,15 @@ def run_server(listen_fd: int, ready_fd: int, host: str, port: int, linger: floa
     ready.close()
     log.info("serving on %s:%s", host, port)
     idle_since: float | None = None
+    clients = 0
     while True:
         time.sleep(_CHECK_INTERVAL)
         now = time.monotonic()
-        if external_clients(port) > 0:
+        count = external_clients(port)
+        if count != clients:  # what a server that outlived its job was waiting for (INPROCESS_STORE_SERVER_LOG)
+            log.info("%d client connection(s)", count)
+            clients = count
+        if count > 0:
             idle_since = None
         elif idle_since is None:
             idle_since = now

@@ -62,8 +62,10 @@ class Gather:
     known: dict[bytes, RankState] = field(default_factory=dict)
     #: At the root of any other gather: every answer, as it arrives.
     answers: list[tuple[Addr, wire.Answer]] = field(default_factory=list)
-    #: At a relay of any other gather: the answers to pass back (its own first), each shared part once.
+    #: At a relay of any other gather: the answers to pass back, each shared part once: its legs' as they answer,
+    #: then its own (``own_answer``), added last so that the first leg's are taken over as they came.
     answered: wire.Answers = field(default_factory=wire.Answers)
+    own_answer: wire.Answer | None = None
     leg_timeouts: int = 0
 
     @property
@@ -212,7 +214,7 @@ class Gathering:
         if msg.ask in PROCESS_DATA:
             g.own.add(self.world.me.addr, self.contribution(msg.ask))
         else:
-            g.answered.add(self.world.me.addr, self.world.answer(msg.ask))
+            g.own_answer = self.world.answer(msg.ask)
         return self._open(g, msg, now)
 
     def on_collresp(self, conn: Conn, msg: wire.CollResp, now: float) -> Effects:
@@ -232,7 +234,8 @@ class Gathering:
             g.answers.extend(msg.answers)  # decoded here, at the root, once (a ProtocolError drops the leg)
         elif msg.count:
             leg = msg.answer_set  # a ProtocolError drops the leg, here and at the root
-            if g.answered.size + leg.size > RELAY_BYTES:
+            own = g.own_answer.size + 24 if g.own_answer is not None else 0  # its shared part, its entry
+            if g.answered.size + leg.size + own > RELAY_BYTES:
                 g.leg_timeouts += 1  # more than one frame may carry: this leg's processes go missing at the root
             else:
                 g.answered.merge(leg)
@@ -255,6 +258,8 @@ class Gathering:
                 g.fold.merge(g.own)
                 reply = wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.fold.count, g.fold.encode())
             else:
+                if g.own_answer is not None:
+                    g.answered.add(self.world.me.addr, g.own_answer)
                 reply = wire.CollResp(g.root, g.coll_id, g.leg_timeouts, g.answered.count, g.answered.encode())
             return [Say(back.id, reply)]
         return []

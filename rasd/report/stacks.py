@@ -22,7 +22,9 @@ frame it waits in.
 
 from __future__ import annotations
 
+import functools
 import json
+import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -97,8 +99,8 @@ class Group:
     #: The longest that any of its ranks' counters stood (how long they have been inside), in seconds.
     collective_s: float = 0.0
 
-    @property
-    def procs(self) -> list[Proc]:
+    @functools.cached_property
+    def procs(self) -> list[Proc]:  # read once the group is complete (by ``fold``'s ordering, then the reports)
         return sorted({p for p, _ in self.threads}, key=_order)
 
 
@@ -210,11 +212,53 @@ def encode_shared(threads: list[dict[str, Any]], comms: list[dict[str, Any]]) ->
     return zlib.compress(text, 1), len(text)
 
 
+#: An answer's own part: u32 pid, i32 rank, f64 its clock, f64 the seconds its collective stood, u16 the length of
+#: the host's name and the name; then, only where it has them, a JSON object of ``last_seen`` and ``phase``. Binary:
+#: the root reads one of these per process (4,096 of them in 4 ms, where JSON took 30).
+_OWN_HEAD = struct.Struct("!Iiddh")
+#: The own part's fields in its JSON tail.
+_EXTRAS = ("last_seen", "phase")
+
+
 def encode_own(doc: dict[str, Any]) -> bytes:
-    """An answer's own part: ``host``, ``pid``, ``rank``, ``wall`` (its clock), and where they are not empty
-    ``stood_s`` (``comms_of``), ``last_seen`` (the positions it holds of processes it hears nothing from) and
-    ``phase`` (``rasd.phase``)."""
-    return json.dumps(doc, separators=(",", ":")).encode()
+    """An answer's own part: ``host``, ``pid``, ``rank``, ``wall`` (its clock), ``stood_s`` (``comms_of``), and
+    where they are not empty ``last_seen`` (the positions it holds of processes it hears nothing from) and ``phase``
+    (``rasd.phase``)."""
+    host = str(doc["host"]).encode()[:255]
+    extras = {key: doc[key] for key in _EXTRAS if doc.get(key)}
+    tail = json.dumps(extras, separators=(",", ":")).encode() if extras else b""
+    head = _OWN_HEAD.pack(
+        int(doc["pid"]) & 0xFFFFFFFF,
+        int(doc["rank"]),
+        float(doc.get("wall", 0.0)),
+        float(doc.get("stood_s", 0.0)),
+        len(host),
+    )
+    return head + host + tail
+
+
+def decode_own(data: bytes) -> dict[str, Any] | None:
+    """The own part's fields (as ``encode_own`` takes them), or None for a malformed one."""
+    try:
+        pid, rank, wall, stood_s, n = _OWN_HEAD.unpack_from(data)
+    except struct.error:
+        return None
+    start = _OWN_HEAD.size
+    if n < 0 or start + n > len(data):
+        return None
+    doc: dict[str, Any] = {
+        "host": data[start : start + n].decode(errors="replace"),
+        "pid": pid,
+        "rank": rank,
+        "wall": wall,
+        "stood_s": stood_s,
+    }
+    if len(data) > start + n:
+        extras = _decoded_json(data[start + n :])
+        if extras is None:
+            return None
+        doc.update((key, extras[key]) for key in _EXTRAS if key in extras)
+    return doc
 
 
 def _decoded_json(text: bytes) -> dict[str, Any] | None:
@@ -291,7 +335,7 @@ def fold(
     for addr, (part, own_part) in answers.items():
         if part not in shared:
             shared[part] = _shared(part, made)
-        doc = _decoded_json(own_part) if shared[part] is not None else None
+        doc = decode_own(own_part) if shared[part] is not None else None
         if doc is None:
             unreadable.add(addr)
             continue

@@ -83,13 +83,13 @@ SHARED = ("format", "threads", "comms")
 def encode(doc: dict[str, Any]) -> Answer:
     """``doc`` as ``rasd.net.thread_stacks.answer`` splits it into the answer's two parts."""
     own = {key: value for key, value in doc.items() if key not in SHARED}
-    return Answer(packed({key: doc[key] for key in SHARED if key in doc}), json.dumps(own).encode())
+    return Answer(packed({key: doc[key] for key in SHARED if key in doc}), stacks.encode_own(own))
 
 
 def decode(answer: Answer) -> dict[str, Any] | None:
     """Both parts of an answer as one object (None if its shared part is unreadable)."""
-    shared = stacks.decode_shared(answer.shared)
-    return None if shared is None else {**shared, **json.loads(answer.own)}
+    shared, own = stacks.decode_shared(answer.shared), stacks.decode_own(answer.own)
+    return None if shared is None or own is None else {**shared, **own}
 
 
 def answer_of(
@@ -172,7 +172,7 @@ def test_a_process_that_did_not_answer_is_missing_with_no_position_when_none_was
     assert folded.answered == 3
 
 
-OWN_3 = json.dumps({"host": "node1", "pid": 103, "rank": 3}).encode()
+OWN_3 = stacks.encode_own({"host": "node1", "pid": 103, "rank": 3})
 NO_THREADS = packed({"format": stacks.FORMAT, "threads": []})
 
 
@@ -189,10 +189,11 @@ NO_THREADS = packed({"format": stacks.FORMAT, "threads": []})
         Answer(zlib.compress(b" " * (stacks.MAX_DECODED + 1)), OWN_3),  # a small part that would inflate past the bound
         Answer(zlib.compress(b"{}")[:-2], OWN_3),  # cut short
         Answer(NO_THREADS, b""),  # no own part
-        Answer(NO_THREADS, b"not json"),
-        Answer(NO_THREADS, b"[1, 2]"),
-        Answer(NO_THREADS, json.dumps({"host": "node1", "pid": "x", "rank": 3}).encode()),
-        Answer(NO_THREADS, json.dumps({"host": "node1", "pid": 103}).encode()),  # no rank
+        Answer(NO_THREADS, OWN_3[:10]),  # cut short
+        Answer(NO_THREADS, OWN_3[:-1]),  # its host's name cut short
+        Answer(NO_THREADS, OWN_3 + b"not json"),
+        Answer(NO_THREADS, OWN_3 + b"[1, 2]"),
+        Answer(NO_THREADS, OWN_3 + b'{"phase": {"name": "x"}}'),  # a phase without its seconds and limit
         Answer(own=OWN_3),  # no shared part
     ],
 )
@@ -490,8 +491,10 @@ def test_two_processes_in_the_same_place_share_their_answers_shared_part_byte_fo
     records = {p.rank: (record(p.rank, 32, inside=True, idle_ms=21_000 + 37 * p.rank),) for p in PEERS}
     answers = [reading.answer(p, False, (), records[p.rank]) for p in PEERS[:2]]
     assert answers[0].shared == answers[1].shared and answers[0].own != answers[1].own
-    assert sorted(json.loads(answers[1].own)) == ["host", "pid", "rank", "stood_s", "wall"]
-    assert json.loads(answers[1].own)["stood_s"] == 21.037 and len(answers[1].own) < 100
+    own = stacks.decode_own(answers[1].own)
+    assert own is not None and sorted(own) == ["host", "pid", "rank", "stood_s", "wall"]
+    assert (own["host"], own["pid"], own["rank"], own["stood_s"]) == ("node0", 101, 1, 21.037)
+    assert len(answers[1].own) < 40
 
 
 def test_positions_of_others_too_large_for_half_an_answer_are_left_out_and_the_stacks_kept():

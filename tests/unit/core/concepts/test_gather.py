@@ -279,12 +279,13 @@ def test_a_relay_passes_a_shared_part_its_legs_brought_once():
     (reply,) = g.on_collresp(world.conns[4], wire.CollResp(P2.addr, 5, 0, 1, _answers((P4.addr, NONE))), 1.6)
     assert isinstance(reply, Say) and isinstance(reply.msg, wire.CollResp)
     assert reply.msg.raw.count(b"in all-reduce 33") == 1
-    assert reply.msg.answers == (
-        (ME.addr, wire.Answer(b"in all-reduce 33", b"relay")),
+    assert reply.msg.answers == (  # its legs' as they came, then its own
         (P3.addr, wire.Answer(b"in all-reduce 33", b"three")),
         (Addr("10.0.0.9", 1), NONE),
         (P4.addr, NONE),
+        (ME.addr, wire.Answer(b"in all-reduce 33", b"relay")),
     )
+    assert len(reply.msg.raw) == len(wire.Answers.decode(4, reply.msg.raw).encode())
 
 
 def test_a_status_gather_never_asks_the_providers():

@@ -17,10 +17,31 @@ With ``inprocess.Wrapper(joining=Joining(...))``, processes started later with `
 job at the next rendezvous round (``joining``, ``discovery``). See docs/elastic.md.
 """
 
-from . import caches, discovery, disk, joining, rendezvous, sharded, snapshot, state, sync  # noqa: F401 - public
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import caches, discovery, joining, rendezvous, snapshot, state, sync  # noqa: F401 - public
 from .joining import HostRemoved, JoinFailed, Joining
-from .sharded import ShardedState, ShardedSyncOutcome
 from .state import Commit, ObjectState, State, SyncOutcome, TorchState
+
+if TYPE_CHECKING:
+    from . import disk, sharded  # noqa: F401 - public
+    from .sharded import ShardedState, ShardedSyncOutcome
+
+#: Imported on first use: ``torch.distributed.checkpoint`` brings DTensor and sympy with it, about a second of CPU
+#: in every process that imports ``inprocess`` (each rank, at each start), which only a job with sharded state uses.
+_LAZY = {"sharded": "sharded", "disk": "disk", "ShardedState": "sharded", "ShardedSyncOutcome": "sharded"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    loaded = importlib.import_module(f"{__name__}.{module}")
+    return loaded if name == module else getattr(loaded, name)
+
 
 __all__ = [
     "Commit",

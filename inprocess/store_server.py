@@ -44,6 +44,8 @@ import subprocess
 import sys
 import time
 
+from torchras_formats import ports
+
 log = logging.getLogger("inprocess.store_server")
 
 DEFAULT_LINGER = 10.0
@@ -62,25 +64,51 @@ class ServerStartError(RuntimeError):
 # ==== trainer side ==============================================================================================
 
 
-def _listening_socket(host: str, port: int) -> socket.socket | None:
-    """A socket listening on (host, port), or None when the port is taken here or the address is not ours."""
+def _listening_socket(host: str, port: int) -> tuple[socket.socket | None, bool]:
+    """A socket listening on (host, port), or None when the port is taken here or the address is not ours; and
+    whether the port was found taken here."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror:
-        return None
+        return None, False
+    taken = False
     for family, kind, protocol, _, address in infos:
         sock = socket.socket(family, kind, protocol)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of an earlier server is fine
             sock.bind(address)
             sock.listen(1024)
-            return sock
+            return sock, False
         except OSError as error:
             sock.close()
             if error.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                taken = taken or error.errno == errno.EADDRINUSE
                 continue
             raise
-    return None
+    return None, taken
+
+
+#: How long a port taken here must refuse connections before nobody is taken to serve it. A server of this job
+#: listens from the moment it binds (``_listening_socket`` binds and listens at once, before the server process
+#: starts): refusals for this long mean a socket that serves nothing holds the port.
+REFUSED_FOR = 1.0
+
+
+def nobody_serves(host: str, port: int) -> bool:
+    """Whether (host, port), a port taken on this host, refuses every connection for ``REFUSED_FOR`` seconds: held
+    by a socket that does not listen (most often another program's outgoing connection, on a port of the range the
+    kernel hands out to them), so that no store server of this job will ever answer there."""
+    deadline = time.monotonic() + REFUSED_FOR
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=REFUSED_FOR):
+                return False
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.1)
+        except OSError:  # anything else (a timeout, an unreachable address): not a proof that nobody serves
+            return False
 
 
 def serve(host: str, port: int, timeout: float, linger: float | None = None) -> tuple[int, int] | None:
@@ -90,8 +118,14 @@ def serve(host: str, port: int, timeout: float, linger: float | None = None) -> 
     or the address belongs to another host. Port 0 picks a free port. Raises ``ServerStartError`` if the server
     could not start.
     """
-    listener = _listening_socket(host, port)
+    listener, taken = _listening_socket(host, port)
     if listener is None:
+        if taken and nobody_serves(host, port):
+            raise ServerStartError(
+                f"port {port} of {host}, the Wrapper's store, is held by a socket that serves nothing (another "
+                f"program's connection, most likely: ports from {ports.ephemeral_low()} up are handed to outgoing "
+                "connections); give the store a free port below that range (MASTER_PORT, or the store's port)"
+            )
         return None
     port = listener.getsockname()[1]
     read_end, write_end = os.pipe()

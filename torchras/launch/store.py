@@ -28,10 +28,13 @@ import dataclasses
 import datetime
 import errno
 import logging
+import random
 import socket
 import threading
 import time
 from typing import Any
+
+from torchras_formats import ports
 
 from .args import Plan, this_host
 
@@ -55,9 +58,27 @@ class LaunchError(RuntimeError):
     """The launchers could not meet (the port is taken, node 0's store never answered)."""
 
 
+#: The lowest port a standalone store takes.
+STANDALONE_LOW = 20000
+
+
 def _free_base_port(host: str) -> socket.socket:
-    """A socket listening on a free port p of ``host`` with p + 1 and p + 2 free as well."""
-    for _ in range(200):
+    """A socket listening on a free port p of ``host`` with p + 1 and p + 2 free as well, below the ports the
+    kernel hands out to outgoing connections: p + 1 is bound seconds later, by the first Wrapper to import torch,
+    and a port in that range can be taken meanwhile by any connection of any process on the host (then every
+    Wrapper finds it taken, nobody serves the store, and every rank waits for it: chaos matrix pass 3)."""
+    low = ports.ephemeral_low()
+    if low - 3 > STANDALONE_LOW:
+        for _ in range(200):
+            port = random.randrange(STANDALONE_LOW, low - 3)
+            try:
+                sock = _listen(host, port)
+            except OSError:
+                continue
+            if all(_bindable(host, port + step) for step in (1, 2)):
+                return sock
+            sock.close()
+    for _ in range(200):  # no room below that range: the kernel's choice, checked as well as it can be
         sock = _listen(host, 0)
         port = sock.getsockname()[1]
         if port + 2 < 65536 and all(_bindable(host, port + step) for step in (1, 2)):

@@ -27,6 +27,7 @@ def test_a_standalone_store_port_lies_below_that_range_with_its_two_neighbours_f
         try:
             port = sock.getsockname()[1]
             assert launch_store.STANDALONE_LOW <= port < ports.ephemeral_low() - 2
+            assert not any(port + step in later for later in launch_store.LATER_BOUND for step in (0, 1, 2))
             assert all(launch_store._bindable("", port + step) for step in (1, 2))
         finally:
             sock.close()

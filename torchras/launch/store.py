@@ -60,6 +60,9 @@ class LaunchError(RuntimeError):
 
 #: The lowest port a standalone store takes.
 STANDALONE_LOW = 20000
+#: Ports other processes bind later, which a standalone store and its two neighbours keep clear of: torch's debug
+#: server (25999) and the RAS client ports, ours and NCCL's (28028 and the ports jobs move on to, 28128 and after).
+LATER_BOUND = (range(25990, 26010), range(28000, 28200))
 
 
 def _free_base_port(host: str) -> socket.socket:
@@ -71,6 +74,8 @@ def _free_base_port(host: str) -> socket.socket:
     if low - 3 > STANDALONE_LOW:
         for _ in range(200):
             port = random.randrange(STANDALONE_LOW, low - 3)
+            if any(port + step in later for later in LATER_BOUND for step in (0, 1, 2)):
+                continue
             try:
                 sock = _listen(host, port)
             except OSError:

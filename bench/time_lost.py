@@ -84,6 +84,8 @@ from typing import Any
 
 import psutil
 
+from torchras_formats import ports
+
 REPOSITORY = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().with_name("time_lost_worker.py")
 OUTPUT = REPOSITORY / "bench" / "out" / "time_lost"
@@ -244,10 +246,11 @@ def keys_of(specs: list[Spec]) -> list[str]:
 
 
 def free_port(beside: tuple[int, ...] = ()) -> int:
-    """A free port below the ephemeral range (32768 on Linux: an ephemeral port can be taken meanwhile), with the
-    ports ``port + offset`` for each offset in ``beside`` free too."""
+    """A free port below the ephemeral range (``torchras_formats.ports``: an ephemeral port can be taken meanwhile),
+    with the ports ``port + offset`` for each offset in ``beside`` free too."""
+    high = min(32000, ports.ephemeral_low()) - max(beside, default=0)
     while True:
-        port = random.randrange(20000, 32000 - max(beside, default=0))
+        port = random.randrange(20000, high)
         if all(_bindable(port + offset) for offset in (0, *beside)):
             return port
 

@@ -291,7 +291,7 @@ class _Shared:
     counters: tuple[_Counters, ...]
 
 
-def _shared(data: bytes, made: dict[tuple[Any, ...], tuple[Frame, ...]]) -> _Shared | None:
+def _read_shared(data: bytes, made: dict[tuple[Any, ...], tuple[Frame, ...]]) -> _Shared | None:
     doc = decode_shared(data)
     if doc is None:
         return None
@@ -334,7 +334,7 @@ def fold(
     answered = 0
     for addr, (part, own_part) in answers.items():
         if part not in shared:
-            shared[part] = _shared(part, made)
+            shared[part] = _read_shared(part, made)
         doc = decode_own(own_part) if shared[part] is not None else None
         if doc is None:
             unreadable.add(addr)

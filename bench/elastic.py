@@ -41,10 +41,12 @@ AdamW (123 MB of state), ``inprocess.elastic.ShardedState`` with k = 1 against `
 disk and a full copy per rank (what ``rasd demo``'s Replica did), in the same processes: commit / save time (the
 slowest rank, best of 3), the restore at 3 ranks after rank 3 left without a word (the state alone: the fault's
 detection and the Wrapper's restart are the rows above), the restore at 4 once a fresh process joined, and the
-bytes each rank holds against (1 + k) / N of the state.
+bytes each rank holds against (1 + k) / N of the state. The ranks of one machine read each other's blobs in place
+(``inprocess.elastic.shared_memory``); ``--no-map`` fetches every byte by network instead, as between machines.
+The disk's restore starts, like every in-place restart, with torch's DTensor caches emptied.
 
     .venv/bin/python bench/elastic.py [--samples 2]
-    .venv/bin/python bench/elastic.py --sharded
+    .venv/bin/python bench/elastic.py --sharded [--tp] [--no-map]
 """
 
 from __future__ import annotations
@@ -266,7 +268,9 @@ SHARDED_WIDTH = 1600  # 4 x Linear(1600, 1600): 10.2 M parameters, 41 MB; with A
 SHARDED_REPEATS = 3
 
 
-def sharded_rank(rank: int, ports: list[int], folder: str, results: Any, tp: bool = False) -> None:
+def sharded_rank(
+    rank: int, ports: list[int], folder: str, results: Any, tp: bool = False, no_map: bool = False
+) -> None:
     """One process of the sharded figures (no Wrapper: the restarts are done by hand, to time the state alone).
     Ranks 0-3 train at 4, commit, time the three ways of keeping state; rank 3 then leaves (as a killed rank does:
     no goodbye) and 0-2 restore at 3; then rank 4, a fresh process, joins and all restore at 4."""
@@ -277,7 +281,10 @@ def sharded_rank(rank: int, ports: list[int], folder: str, results: Any, tp: boo
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from inprocess.elastic import ShardedState
+    from inprocess.elastic import ShardedState, caches, shared_memory
+
+    if no_map:  # the restore fetches every byte by network, as between machines
+        shared_memory.open_fd = lambda handle: None
 
     def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
@@ -366,10 +373,14 @@ def sharded_rank(rank: int, ports: list[int], folder: str, results: Any, tp: boo
         figures["restore_memory_3_load_s"] = outcomes[0].load_s
         figures["restore_memory_3_build_s"] = outcomes[0].build_s
         figures["restore_memory_3_commit_s"] = outcomes[0].commit_s
+        figures["restore_memory_3_fetched"] = outcomes[0].fetched_bytes
+        figures["restore_memory_3_mapped"] = outcomes[0].mapped_bytes
 
         def restore_from_disk(cold: bool) -> float:
             """DCP's restore as a user's script does it after a restart: build, read into the state dicts, apply
-            them; the load's share is timed as memory's (every rank built). Returns the load's seconds."""
+            them; the load's share is timed as memory's (every rank built). Returns the load's seconds. Like every
+            in-place restart (the Wrapper's, and ``sync()``'s), it starts with torch's DTensor caches emptied."""
+            caches.forget_dtensor_caches()
             model3, optimizer3 = build()
             template = get_state_dict(model3, optimizer3)
             both: dict[str, Any] = {"model": template[0], "optim": template[1]}
@@ -427,7 +438,7 @@ def _tensors(tree: Any) -> list[Any]:
     return []
 
 
-def sharded_main(tp: bool = False) -> None:
+def sharded_main(tp: bool = False, no_map: bool = False) -> None:
     """The sharded rows: FSDP2 (``tp``: FSDP2 + TP on a 2 x 2 mesh) on 4 gloo ranks, ``ShardedState`` (k = 1) against
     DCP on local disk and a full copy."""
     import torch
@@ -438,7 +449,7 @@ def sharded_main(tp: bool = False) -> None:
     results = context.Queue()
     with tempfile.TemporaryDirectory(prefix="elastic-sharded-", dir="/tmp") as folder:
         processes = [
-            context.Process(target=sharded_rank, args=(rank, ports, folder, results, tp))
+            context.Process(target=sharded_rank, args=(rank, ports, folder, results, tp, no_map))
             for rank in range(WORLD_SIZE + 1)
         ]
         for process in processes:
@@ -454,7 +465,12 @@ def sharded_main(tp: bool = False) -> None:
     print(
         f"sharded state: {'FSDP2 + TP (2 x 2 mesh; FSDP2 alone at 3)' if tp else 'FSDP2'} on {WORLD_SIZE} gloo ranks, "
         f"torch {torch.__version__}, {os.cpu_count()} cores, "
-        f"4 x Linear({SHARDED_WIDTH}, {SHARDED_WIDTH}) + AdamW: {state_mb:.0f} MB of state; k = 1"
+        f"4 x Linear({SHARDED_WIDTH}, {SHARDED_WIDTH}) + AdamW: {state_mb:.0f} MB of state; k = 1; "
+        + (
+            "no blob mapped in place: every byte fetched by network"
+            if no_map
+            else "blobs mapped in place on one machine"
+        )
     )
 
     def worst(key: str, subset: list[dict] = first) -> float:
@@ -472,6 +488,14 @@ def sharded_main(tp: bool = False) -> None:
         ("load at 3 from local disk (dcp.load, apply), s", worst("dcp_load_3_s", survivors)),
         ("  the same, the checkpoint's page cache dropped first, s", worst("dcp_load_3_cold_s", survivors)),
         ("until training resumes at 3, from memory (sync), s", worst("restore_memory_3_s", survivors)),
+        (
+            "  bytes mapped in place, MB (the survivors together)",
+            sum(r["restore_memory_3_mapped"] for r in survivors) / 1e6,
+        ),
+        (
+            "  bytes fetched by network, MB (the survivors together)",
+            sum(r["restore_memory_3_fetched"] for r in survivors) / 1e6,
+        ),
         ("  of which build() (model, fully_shard, optimizer state)", worst("restore_memory_3_build_s", survivors)),
         ("  of which the re-protection (the new world's commit)", worst("restore_memory_3_commit_s", survivors)),
         ("until training resumes at 3, from local disk (build, load), s", worst("restore_disk_3_s", survivors)),
@@ -501,11 +525,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=420)
     parser.add_argument("--sharded", action="store_true", help="the sharded rows only (FSDP2, ShardedState)")
     parser.add_argument("--tp", action="store_true", help="with --sharded: FSDP2 + TP on a 2 x 2 mesh")
+    parser.add_argument("--no-map", action="store_true", help="with --sharded: fetch every byte by network")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     if args.sharded:
-        return sharded_main(args.tp)
+        return sharded_main(args.tp, args.no_map)
 
     import torch
 

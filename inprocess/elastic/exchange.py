@@ -22,14 +22,19 @@ class ExchangeTimeout(TimeoutError):
 
 
 def swap(
-    sends: Mapping[int, torch.Tensor], receives: Mapping[int, int], timeout: float, group: Any = None
+    sends: Mapping[int, torch.Tensor],
+    receives: Mapping[int, int],
+    timeout: float,
+    group: Any = None,
+    into: Mapping[int, torch.Tensor] | None = None,
 ) -> dict[int, torch.Tensor]:
-    """Send ``sends[rank]`` to each rank and receive ``receives[rank]`` bytes from each (ranks of ``group``);
-    return what was received. Every rank of the group calls it with matching sizes; empty messages are skipped."""
+    """Send ``sends[rank]`` to each rank and receive ``receives[rank]`` bytes from each (ranks of ``group``), into
+    ``into[rank]`` where given (uint8, that size), else into fresh memory; return what was received. Every rank of
+    the group calls it with matching sizes; empty messages are skipped."""
     received: dict[int, torch.Tensor] = {}
     works: list[dist.Work] = []
     for source, size in sorted(receives.items()):
-        buffer = torch.empty(size, dtype=torch.uint8)
+        buffer = into[source] if into is not None and source in into else torch.empty(size, dtype=torch.uint8)
         received[source] = buffer
         if size:
             works.append(_posted(dist.irecv(buffer, src=_global(group, source), group=group)))

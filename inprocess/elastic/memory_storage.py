@@ -4,8 +4,9 @@ DCP plans who writes what (each rank its own shards of DTensors, one rank each r
 on load, what each rank of any world reads (the overlaps of its new shards with the saved chunks): that is torch's
 resharding, used as it is. Only the storage is ours:
 
-* ``BlobWriter`` lays the items a rank is told to write into one byte buffer (its *blob*), each item aligned so
-  that it can be viewed as its dtype in place; the location of each item (``Location``: owner rank, offset, size,
+* ``BlobWriter`` lays the items a rank is told to write into one byte buffer (its *blob*, a ``SharedBlob`` that
+  the other ranks of its machine can map: ``shared_memory``), each item aligned so that it can be viewed as its
+  dtype in place; the location of each item (``Location``: owner rank, offset, size,
   dtype, shape) goes into the checkpoint's metadata, which ``dcp.save`` returns on every rank;
 * ``BlobReader`` serves a load from bytes already in this process (this rank's blobs, and the parts of other
   ranks' blobs fetched for it before the load: ``inprocess.elastic.sharded``), with no collective of its own.
@@ -32,6 +33,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from . import placement
+from .shared_memory import SharedBlob
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +67,10 @@ class BlobWriter(StorageWriter):
     def __init__(self, rank: int) -> None:
         super().__init__()
         self.rank = rank
-        self.blob = torch.empty(0, dtype=torch.uint8)
+        self.blob = SharedBlob(0)
 
     def reset(self, checkpoint_id: Any = None) -> None:
-        self.blob = torch.empty(0, dtype=torch.uint8)
+        self.blob = SharedBlob(0)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         pass
@@ -92,14 +94,11 @@ class BlobWriter(StorageWriter):
                 resolved.append((item, tensor, str(tensor.dtype).removeprefix("torch.")))
         sizes = [tensor.numel() * tensor.element_size() for _, tensor, _ in resolved]
         offsets, total = placement.layout(sizes)
-        blob = torch.empty(total, dtype=torch.uint8)
+        blob = SharedBlob(total)
+        _fill(blob.tensor, [tensor for _, tensor, _ in resolved], offsets)
+        blob.seal()  # written once: its bytes never change again (shared_memory)
         results = []
         for (item, tensor, dtype), offset, size in zip(resolved, offsets, sizes, strict=True):
-            target = blob[offset : offset + size]
-            if dtype is None:
-                target.copy_(tensor)
-            elif size:
-                target.view(tensor.dtype).view(tensor.shape).copy_(tensor)
             location = Location(self.rank, offset, size, dtype, tuple(tensor.shape) if dtype is not None else ())
             results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=location))
         self.blob = blob
@@ -111,6 +110,15 @@ class BlobWriter(StorageWriter):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return False
+
+
+def _fill(blob: torch.Tensor, tensors: list[torch.Tensor], offsets: list[int]) -> None:
+    """Copy each tensor's bytes into ``blob`` at its offset (the views it takes die with this call, which lets the
+    blob be sealed after it)."""
+    for tensor, offset in zip(tensors, offsets, strict=True):
+        size = tensor.numel() * tensor.element_size()
+        if size:
+            blob[offset : offset + size].view(tensor.dtype).view(tensor.shape).copy_(tensor)
 
 
 class BlobReader(StorageReader):

@@ -8,6 +8,8 @@ named by its *owner*: the rank that wrote it, in the world of that commit.
   those on other hosts first, so that a host lost with all its processes loses no blob its guards hold;
 * ``choose(offers, disk)``: from what every rank of the new world holds, the version a restore takes, or the
   disk checkpoint, or nothing; with, for each owner, the ranks that can serve its blob;
+* ``top_up(holders, hosts, k)``: after a restore, which ranks take more copies of the restored commit's blobs so
+  that each is held k + 1 times again;
 * ``serving_rank(owner, requester, holders)``: which holder serves a requester (itself if it holds the blob,
   else spread over the holders).
 """
@@ -98,6 +100,31 @@ def choose(offers: Sequence[Sequence[Held]], disk: Sequence[int | None]) -> Choi
     if common is not None:
         return Choice("disk", missing=missing, commits=common, disk_commits=common)
     return Choice("none", missing=missing)
+
+
+def top_up(holders: dict[int, tuple[int, ...]], hosts: Sequence[str], k: int) -> dict[int, list[int]]:
+    """After a restore, the ranks of the new world (``hosts``, one per rank) that take more copies of the restored
+    commit's blobs so that each owner's blob is held by ``k + 1`` ranks again (or by all of them, in a smaller
+    world): a restore keeps the commit it loaded, and a kill -9 of up to k ranks still loses nothing, before the
+    next commit. ``holders``: each owner's current holders. The new holders are the next ranks around the ring from
+    the first holder, those on a host no holder is on first, then those with the fewest new copies to take."""
+    world = len(hosts)
+    taken = [0] * world
+    added: dict[int, list[int]] = {}
+    for owner in sorted(holders):
+        have = list(holders[owner])
+        need = min(k + 1, world) - len(have)
+        if need <= 0 or not have:
+            continue
+        start = min(have)
+        others = [(start + step) % world for step in range(1, world)]
+        others = [rank for rank in others if rank not in have]
+        covered = {hosts[rank] for rank in have}
+        others.sort(key=lambda rank: (hosts[rank] in covered, taken[rank], (rank - start) % world))
+        added[owner] = others[:need]
+        for rank in added[owner]:
+            taken[rank] += 1
+    return added
 
 
 def serving_rank(owner: int, requester: int, holders: Sequence[int]) -> int:

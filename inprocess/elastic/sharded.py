@@ -26,7 +26,9 @@ restart destroys, and refuses to shard it again ("fully_shard has already been a
 iteration is what torch supports. Everything that moves tensors is torch's: ``torch.distributed.checkpoint.
 state_dict`` gives the sharded state dicts, ``dcp.save`` decides which rank keeps which item (``memory_storage``
 holds them in memory), ``dcp.load`` reshards them to the new world; ours are only where the bytes live
-(``placement``) and the point-to-point copies between ranks (``exchange``).
+(``placement``), the point-to-point copies between ranks (``exchange``), and the mapping of a blob in place by the
+ranks of its machine (``shared_memory``: a restore on one machine reads the bytes it needs where they lie, as a
+load from a local page cache does, instead of fetching them through sockets).
 
 A commit cut by a fault never leaves a half-written commit: it writes into fresh buffers, stores them as the
 *pending* commit (one attribute store) once this rank holds its blob and its wards' copies whole, and makes them the
@@ -54,7 +56,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from .. import fault_source, repeated_faults
 from ..monitor_thread import RankShouldRestart
-from . import caches, exchange, memory_storage, placement
+from . import caches, exchange, memory_storage, placement, shared_memory
 from .disk import DiskCheckpoints
 from .state import StepProgress
 
@@ -65,8 +67,8 @@ Build = Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer]]
 
 @dataclasses.dataclass(frozen=True)
 class ShardCommit:
-    """One commit as this rank holds it: the blobs it keeps (its own and its wards'), keyed by owner rank in the
-    commit's world; the DCP metadata that locates every item of every blob (the same on every rank); the plain
+    """One commit as this rank holds it: the blobs it keeps (its own and its wards' copies), keyed by owner rank in
+    the commit's world; the DCP metadata that locates every item of every blob (the same on every rank); the plain
     values."""
 
     version: int
@@ -74,21 +76,28 @@ class ShardCommit:
     world: int
     metadata: Metadata
     values: dict[str, Any]
-    blobs: dict[int, torch.Tensor]
+    blobs: dict[int, shared_memory.SharedBlob]
 
     def held(self, committed: bool) -> placement.Held:
         return placement.Held(self.version, self.commits, self.world, frozenset(self.blobs), committed)
 
     @property
     def nbytes(self) -> int:
-        return sum(blob.numel() for blob in self.blobs.values())
+        """The memory these blobs take here: a ward's blob held by descriptor is its owner's memory."""
+        return sum(blob.nbytes for blob in self.blobs.values() if not blob.adopted)
+
+    def handles(self) -> dict[int, shared_memory.BlobHandle]:
+        """How the other processes of this machine map each blob this rank holds (those in shared memory)."""
+        return {owner: blob.handle for owner, blob in self.blobs.items() if blob.handle is not None}
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardedSyncOutcome:
     """What one ``sync()`` did: where the state came from (``memory``, ``disk``, ``none``: the state as built),
     the commit count every rank now has, whether the wrapped function had restarted, the bytes this rank fetched
-    from others, the seconds it took (the build, the load, then the commit of the resharded state)."""
+    from others over the network, the seconds it took (the build, the load, then the re-protection: a commit
+    loaded from memory has its copies topped up, a state from disk or as built is committed in this world), the
+    owners whose blobs were lost, and the bytes it read in place from other processes' blobs on its machine."""
 
     source: str
     commits: int
@@ -98,6 +107,7 @@ class ShardedSyncOutcome:
     load_s: float
     commit_s: float
     missing: tuple[int, ...] = ()
+    mapped_bytes: int = 0
 
 
 class ShardedState(StepProgress):
@@ -138,6 +148,7 @@ class ShardedState(StepProgress):
         # (committed, pending): replaced as a whole by one attribute store, never edited in place.
         self._slots: tuple[ShardCommit | None, ShardCommit | None] = (None, None)
         self._seen: tuple[int, int] | None = None
+        self._next_version = 0
         self._hosts: list[str] = []
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -153,7 +164,8 @@ class ShardedState(StepProgress):
         return committed.commits if committed is not None else 0
 
     def memory_bytes(self) -> int:
-        """Bytes of the committed blobs this rank holds (its own and its wards' copies)."""
+        """Bytes of memory the committed blobs this rank holds take: its own blob and the copies of its wards' it
+        received; a ward's blob it holds by descriptor (the ward on its machine) is counted once, by the ward."""
         committed = self._slots[0]
         return committed.nbytes if committed is not None else 0
 
@@ -164,9 +176,10 @@ class ShardedState(StepProgress):
     def sync(self) -> ShardedSyncOutcome:
         """Build this iteration's model and optimizer (``state.model``, ``state.optimizer``) and load into them
         the newest commit the ranks can assemble, resharded to this world: from the ranks' memory, else from the
-        disk checkpoint, else the state as built (the first iteration of a job). Then commit it again in this
-        world (its blobs and guards), without counting a commit. Collective: every rank calls it right after
-        ``init_process_group``."""
+        disk checkpoint, else the state as built (the first iteration of a job). Then protect it again: a commit
+        loaded from memory is kept as it is, its blobs copied (or, on one machine, held by descriptor) until each is
+        held by k + 1 ranks of this world again; a state from disk or as built is committed in this world (blobs
+        and guards), without counting a commit. Collective: every rank calls it right after ``init_process_group``."""
         call = fault_source.active_call()
         key = (id(call), call.iteration) if call is not None else (0, 0)
         restarted = self._seen is not None and self._seen != key
@@ -183,10 +196,11 @@ class ShardedState(StepProgress):
         dist.all_gather_object(offers, self._offer(), group=group)
         self._hosts = [offer["host"] for offer in offers]
         choice = placement.choose([offer["held"] for offer in offers], [offer["disk"] for offer in offers])
-        fetched = 0
+        fetched = mapped = 0
+        metadata: Metadata | None = None
         values = copy.deepcopy(self._initial)
         if choice.source == "memory":
-            fetched = self._load_from_memory(state_dict, choice, offers)
+            fetched, mapped, metadata = self._load_from_memory(state_dict, choice, offers)
             values = next(o["values"][choice.version] for o in offers if choice.version in o["values"])
         elif choice.source == "disk":
             assert self._disk is not None and choice.disk_commits is not None
@@ -212,7 +226,11 @@ class ShardedState(StepProgress):
         self.model, self.optimizer = model, optimizer
         loaded = time.monotonic()
         newest = max((held.version for offer in offers for held in offer["held"]), default=-1)
-        self._commit_now(max(newest, choice.version) + 1, choice.commits)
+        self._next_version = max(newest, choice.version) + 1  # above any version a rank may still hold
+        if metadata is not None:
+            self._keep(choice, offers, metadata, values)
+        else:
+            self._commit_now(self._next_version, choice.commits)
         if choice.source == "memory" and choice.commits:
             repeated_faults.report_progress("commit", choice.commits, counts=False)
         if restarted:
@@ -228,6 +246,7 @@ class ShardedState(StepProgress):
             loaded - built,
             time.monotonic() - loaded,
             choice.missing,
+            mapped,
         )
         self.last_sync = outcome
         log.info("sync: %s", outcome)
@@ -241,7 +260,7 @@ class ShardedState(StepProgress):
         if self.model is None or self.optimizer is None:
             raise RuntimeError("ShardedState.commit() before sync(): call state.sync() after init_process_group")
         committed = self._slots[0]
-        version = committed.version + 1 if committed is not None else 0
+        version = max(committed.version + 1 if committed is not None else 0, self._next_version)
         self._commit_now(version, self.commits + 1)
         if self._disk is not None and self._disk.due(self.commits):
             state_dict = _state_dict(self.model, self.optimizer)
@@ -264,13 +283,9 @@ class ShardedState(StepProgress):
         writer = memory_storage.BlobWriter(rank)
         metadata = dcp.save(_state_dict(self.model, self.optimizer), storage_writer=writer, process_group=group)
         blob = writer.blob
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(sizes, torch.tensor([blob.numel()], dtype=torch.int64), group=group)
         hosts = self._hosts if len(self._hosts) == world else [""] * world
-        guards = placement.guards(rank, hosts, self._redundancy)
-        wards = placement.guarded_by(rank, hosts, self._redundancy)
-        copies = exchange.swap(
-            {guard: blob for guard in guards}, {ward: int(sizes[ward]) for ward in wards}, self._timeout, group
+        copies = _guard(
+            blob, rank, placement.guards(rank, hosts, self._redundancy), hosts, self._redundancy, self._timeout, group
         )
         commit = ShardCommit(version, commits, world, metadata, self._values(), {rank: blob, **copies})
         committed = self._slots[0]
@@ -279,9 +294,63 @@ class ShardedState(StepProgress):
         dist.all_reduce(done, group=group)  # whole on every rank
         self._slots = (commit, None)
 
-    def _load_from_memory(self, state_dict: dict[str, Any], choice: placement.Choice, offers: list[Any]) -> int:
-        """Fetch the parts of the chosen commit's blobs that this rank's new shards overlap, from the ranks that
-        hold them, then ``dcp.load`` them (DCP reshards). Returns the bytes fetched from other ranks."""
+    def _keep(self, choice: placement.Choice, offers: list[Any], metadata: Metadata, values: dict[str, Any]) -> None:
+        """Keep the commit a restore loaded from memory as this world's committed state, and top up its copies:
+        each blob whose holders died is taken by new ranks (``placement.top_up``) until k + 1 ranks hold it again;
+        on one machine a new holder adopts the blob's descriptor from a holder beside it, else a holder sends it a
+        copy. Cheaper than committing the state again (no ``dcp.save``, and on one machine no byte moves); the
+        next ``commit()`` writes the new world's layout. Collective."""
+        group = self._group
+        rank = dist.get_rank(group)
+        mine = self._holding(choice.version)
+        blobs = dict(mine.blobs) if mine is not None else {}
+        added = placement.top_up(choice.holders, self._hosts, self._redundancy)
+        machines = [offer["machine"] for offer in offers]
+
+        def beside(owner: int, taker: int) -> shared_memory.BlobHandle | None:
+            """A handle of ``owner``'s blob held on ``taker``'s machine (the same on every rank), or None."""
+            for holder in choice.holders[owner]:
+                handle = offers[holder]["handles"].get(choice.version, {}).get(owner)
+                if handle is not None and machines[holder] == machines[taker]:
+                    return handle
+            return None
+
+        taking = [owner for owner, takers in added.items() if rank in takers]
+        adopted = {owner: _adopt(beside(owner, rank)) for owner in taking}
+        failed = torch.tensor([sum(beside(o, rank) is not None and adopted[o] is None for o in taking)])
+        dist.all_reduce(failed, group=group)
+        if int(failed):
+            shared_memory.warn_once("a rank could not hold a blob of its machine in place: the copies move by network")
+            adopted = dict.fromkeys(taking)
+        for owner in sorted(added):  # the copies that move by network, one exchange per blob (the same on all ranks)
+            keepers = choice.holders[owner]
+            by_network = [t for t in added[owner] if int(failed) or beside(owner, t) is None]
+            sends = {t: blobs[owner].tensor for t in by_network if placement.serving_rank(owner, t, keepers) == rank}
+            received: dict[int, shared_memory.SharedBlob] = {}
+            if rank in by_network:
+                sender = placement.serving_rank(owner, rank, keepers)
+                received[sender] = shared_memory.SharedBlob(offers[sender]["sizes"][choice.version][owner])
+            exchange.swap(
+                sends,
+                {sender: blob.nbytes for sender, blob in received.items()},
+                self._timeout,
+                group,
+                into={sender: blob.tensor for sender, blob in received.items()},
+            )
+            for blob in received.values():
+                blob.seal()
+                adopted[owner] = blob
+        blobs.update({owner: blob for owner, blob in adopted.items() if blob is not None})
+        kept = ShardCommit(choice.version, choice.commits, choice.world, metadata, copy.deepcopy(values), blobs)
+        self._slots = (kept, None)
+
+    def _load_from_memory(
+        self, state_dict: dict[str, Any], choice: placement.Choice, offers: list[Any]
+    ) -> tuple[int, int, Metadata]:
+        """Gather the parts of the chosen commit's blobs that this rank's new shards overlap, then ``dcp.load``
+        them (DCP reshards): its own blobs' in place, those another process of this machine holds mapped in place,
+        the others fetched from the ranks that hold them. Returns the bytes fetched, the bytes mapped, and the commit's
+        metadata."""
         group = self._group
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         mine = self._holding(choice.version)
@@ -300,16 +369,25 @@ class ShardedState(StepProgress):
         locations = memory_storage.needed(planner.create_local_plan(), metadata)
         items: dict[tuple[int, int], torch.Tensor] = {}
         asks: dict[int, list[tuple[int, int, int]]] = {}
+        mapped = _Mapped(offers, choice.version)
+        mapped_bytes = 0
         for location in locations:
-            server = placement.serving_rank(location.owner, rank, choice.holders[location.owner])
-            if server == rank:
-                assert mine is not None
-                blob = mine.blobs[location.owner]
+            keepers = choice.holders[location.owner]
+            if mine is not None and rank in keepers:
+                blob: torch.Tensor | None = mine.blobs[location.owner].tensor
+            else:
+                blob = mapped.blob(location.owner, keepers)
+                mapped_bytes += location.size if blob is not None else 0
+            if blob is not None:
                 items[(location.owner, location.offset)] = blob[location.offset : location.offset + location.size]
             else:
+                server = placement.serving_rank(location.owner, rank, keepers)
                 asks.setdefault(server, []).append((location.owner, location.offset, location.size))
-        everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, asks, group=group)
+        everyone: list[Any] = [{}] * world
+        asking = torch.tensor([len(asks)], dtype=torch.int64)
+        dist.all_reduce(asking, group=group)
+        if int(asking):  # on one machine nobody asks (every blob is mapped): no gather of the asks
+            dist.all_gather_object(everyone, asks, group=group)
         sends = {}
         for requester, their_asks in enumerate(everyone):
             wanted = their_asks.get(rank, [])
@@ -325,7 +403,7 @@ class ShardedState(StepProgress):
         # Every byte this rank reads is here now, and torch's default load plan needs no global step ("no global
         # coordination", create_default_global_load_plan): no_dist spares DCP's gather and scatter of the plans.
         dcp.load(state_dict, storage_reader=memory_storage.BlobReader(metadata, items), no_dist=True)
-        return sum(receives.values())
+        return sum(receives.values()), mapped_bytes, metadata
 
     # ---- helpers ----------------------------------------------------------------------------------------------
 
@@ -336,9 +414,24 @@ class ShardedState(StepProgress):
         committed, pending = self._slots
         held = [commit.held(commit is committed) for commit in (committed, pending) if commit is not None]
         values = {commit.version: commit.values for commit in (committed, pending) if commit is not None}
+        handles = {commit.version: commit.handles() for commit in (committed, pending) if commit is not None}
+        sizes = {
+            commit.version: {owner: blob.nbytes for owner, blob in commit.blobs.items()}
+            for commit in (committed, pending)
+            if commit is not None
+        }
         disk = self._disk.latest() if self._disk is not None else None
         host = os.environ.get("INPROCESS_HOST") or socket.gethostname()
-        return {"held": held, "values": values, "disk": disk, "host": host}
+        machine = shared_memory.machine()
+        return {
+            "held": held,
+            "values": values,
+            "disk": disk,
+            "host": host,
+            "machine": machine,
+            "handles": handles,
+            "sizes": sizes,
+        }
 
     def _values(self) -> dict[str, Any]:
         return copy.deepcopy({name: getattr(self, name) for name in self._names})
@@ -368,12 +461,78 @@ def _state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     return {"model": model_state, "optim": optim_state}
 
 
+def _guard(
+    blob: shared_memory.SharedBlob, rank: int, guards: list[int], hosts: list[str], k: int, timeout: float, group: Any
+) -> dict[int, shared_memory.SharedBlob]:
+    """Hand this rank's sealed ``blob`` to its ``guards`` and take its wards' blobs: a guard on the owner's machine
+    keeps a descriptor of the owner's blob (``SharedBlob.adopt``), a guard elsewhere receives a copy. When any
+    rank could not adopt a blob it should have (no /proc access), every guard receives copies this time: the rule
+    stays one that every rank computes alike from what they all know. Collective. Returns the wards' blobs."""
+    world = dist.get_world_size(group)
+    wards = placement.guarded_by(rank, hosts, k)
+    where: list[Any] = [None] * world
+    dist.all_gather_object(where, (shared_memory.machine(), blob.handle, blob.nbytes), group=group)
+
+    def in_place(owner: int, guard: int) -> bool:  # the same answer on both sides of the pair
+        return where[owner][1] is not None and where[owner][0] == where[guard][0]
+
+    adopted = {ward: shared_memory.SharedBlob.adopt(where[ward][1]) if in_place(ward, rank) else None for ward in wards}
+    failed = torch.tensor([sum(in_place(ward, rank) and adopted[ward] is None for ward in wards)], dtype=torch.int64)
+    dist.all_reduce(failed, group=group)
+    if int(failed):
+        shared_memory.warn_once("a guard could not hold a blob of its machine in place: the commits copy every blob")
+        adopted = dict.fromkeys(wards)
+    received = {ward: shared_memory.SharedBlob(where[ward][2]) for ward in wards if adopted[ward] is None}
+    exchange.swap(
+        {guard: blob.tensor for guard in guards if int(failed) or not in_place(rank, guard)},
+        {ward: held.nbytes for ward, held in received.items()},
+        timeout,
+        group,
+        into={ward: held.tensor for ward, held in received.items()},
+    )
+    for held in received.values():
+        held.seal()
+    return {ward: received.get(ward) or adopted[ward] for ward in wards}  # type: ignore[misc]
+
+
+def _adopt(handle: shared_memory.BlobHandle | None) -> shared_memory.SharedBlob | None:
+    return shared_memory.SharedBlob.adopt(handle) if handle is not None else None
+
+
+class _Mapped:
+    """The blobs of the chosen commit that other processes of this machine hold, mapped in place as a restore
+    asks for them (each at most once): from the first holder on this machine whose blob opens; None where no
+    holder is on this machine or none opens (then it is fetched by network)."""
+
+    def __init__(self, offers: list[Any], version: int) -> None:
+        self._offers = offers
+        self._version = version
+        self._machine = shared_memory.machine()
+        self._opened: dict[int, torch.Tensor | None] = {}
+
+    def blob(self, owner: int, holders: tuple[int, ...]) -> torch.Tensor | None:
+        if owner not in self._opened:
+            self._opened[owner] = None
+            for holder in holders:
+                offer = self._offers[holder]
+                handle = offer.get("handles", {}).get(self._version, {}).get(owner)
+                if offer.get("machine") != self._machine or handle is None:
+                    continue
+                self._opened[owner] = shared_memory.open_blob(handle)
+                if self._opened[owner] is not None:
+                    break
+                shared_memory.warn_once(
+                    "could not map a blob of this machine in place: a restore fetches it by network"
+                )
+        return self._opened[owner]
+
+
 def _pack(commit: ShardCommit, wanted: list[tuple[int, int, int]]) -> torch.Tensor:
     """The items ``wanted`` (owner, offset, size) of ``commit``'s blobs, laid out as ``placement.layout``."""
     offsets, total = placement.layout([size for _, _, size in wanted])
     message = torch.empty(total, dtype=torch.uint8)
     for (owner, offset, size), at in zip(wanted, offsets, strict=True):
-        message[at : at + size].copy_(commit.blobs[owner][offset : offset + size])
+        message[at : at + size].copy_(commit.blobs[owner].tensor[offset : offset + size])
     return message
 
 

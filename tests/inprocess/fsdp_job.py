@@ -8,12 +8,14 @@ The data are the same whatever the world size: step S's global batch of 12 sampl
 r of a world of w trains on its slice; FSDP2 averages the gradients, so every world computes the same update (up to
 the order of floating-point sums). ``--fault KIND:RANK:STEP`` (repeatable): ``stall`` (a wedged data loader:
 ``time.sleep(600)``, once), ``kill`` (kill -9 of itself), both before the forward pass of step STEP, by the process
-whose *initial* rank is RANK (a replacement started by ``rasd launch`` never injects).
+whose *initial* rank is RANK (a replacement started by ``rasd launch`` never injects); ``KIND:RANK:STEP:ITERATION``:
+only once the Wrapper's iteration is ITERATION or later (a fault during the recovery from another).
 
 Each process appends JSON lines to ``DIR/rank<initial rank or pid>.jsonl``: ``sync`` (where the state came from,
 the step, the world, rank 0's digest of the full parameters), ``commit`` (step, world, digest) and ``done``
 (rank 0 also saves the full parameters to ``DIR/final.pt``). ``--min-world W``: once trained, keep committing (each
-commit lets a waiting replacement join) until the world is W again.
+commit lets a waiting replacement join) until the world is W again. ``--no-map``: the processes cannot map each
+other's blobs (as ranks in separate pid namespaces), so restores fetch every byte over the network.
 """
 
 from __future__ import annotations
@@ -54,12 +56,20 @@ def main() -> None:
     ap.add_argument("--redundancy", type=int, default=1)
     ap.add_argument("--min-world", type=int, default=0, help="once trained, commit until the world is this big")
     ap.add_argument("--tp", action="store_true", help="FSDP2 + TP on a (world / 2, 2) mesh where 2 divides the world")
+    ap.add_argument("--no-map", action="store_true", help="no process can map another's blobs: fetch by network")
     args = ap.parse_args()
+    if args.no_map:
+        from inprocess.elastic import shared_memory
+
+        shared_memory.open_fd = lambda handle: None  # what a process of another pid namespace gets
     joiner = os.environ.get("INPROCESS_JOIN") == "1"
     initial = -1 if joiner else int(os.environ["RANK"])
     out = Path(args.out)
     name = f"rank{initial}" if initial >= 0 else f"joiner{os.getpid()}"
-    faults = [(kind, int(rank), int(step)) for kind, rank, step in (f.split(":") for f in args.fault)]
+    faults = [
+        (kind, int(rank), int(step), int(after[0]) if after else 0)
+        for kind, rank, step, *after in (f.split(":") for f in args.fault)
+    ]
     faults = [fault for fault in faults if fault[1] == initial]
 
     def emit(**fields: object) -> None:
@@ -116,10 +126,12 @@ def main() -> None:
             rank=rank,
             digest=digest(model)[0],
             memory=state.memory_bytes(),
+            fetched=outcome.fetched_bytes,
+            mapped=outcome.mapped_bytes,
         )
         while state.step < args.steps:
             step = state.step + 1
-            for fault in [fault for fault in faults if fault[2] == step]:
+            for fault in [fault for fault in faults if fault[2] == step and call_wrapper.iteration >= fault[3]]:
                 faults.remove(fault)
                 emit(event="fault", kind=fault[0], step=step)
                 if fault[0] == "kill":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed.checkpoint as dcp
+from hypothesis import given, settings, strategies as st
 
 from inprocess.elastic import memory_storage, placement
 from inprocess.elastic.placement import Held
@@ -72,7 +73,7 @@ def test_dcp_through_the_blob_storage_in_one_process() -> None:
     writer = memory_storage.BlobWriter(0)
     metadata = dcp.save(saved, storage_writer=writer, no_dist=True)
     items = {
-        (location.owner, location.offset): writer.blob[location.offset : location.offset + location.size]
+        (location.owner, location.offset): writer.blob.tensor[location.offset : location.offset + location.size]
         for location in metadata.storage_data.values()
     }
     loaded = {"w": torch.zeros(3, 4), "n": torch.tensor(0), "meta": {"lr": 0.0}}
@@ -82,3 +83,36 @@ def test_dcp_through_the_blob_storage_in_one_process() -> None:
     again = {"w": torch.zeros(3, 4), "n": torch.tensor(0), "meta": {"lr": 0.0}}
     dcp.load(again, storage_reader=memory_storage.BlobReader(metadata, items), no_dist=True)
     assert torch.equal(again["w"], torch.arange(12, dtype=torch.float32).view(3, 4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    world=st.integers(1, 9),
+    k=st.integers(0, 3),
+    host_count=st.integers(1, 3),
+    data=st.data(),
+)
+def test_top_up_gives_every_blob_k_plus_1_holders_again(
+    world: int, k: int, host_count: int, data: st.DataObject
+) -> None:
+    hosts = [f"h{rank % host_count}" for rank in range(world)]
+    owners = data.draw(st.integers(1, 9))
+    holders = {
+        owner: tuple(sorted(data.draw(st.sets(st.integers(0, world - 1), min_size=1, max_size=world))))
+        for owner in range(owners)
+    }
+    added = placement.top_up(holders, hosts, k)
+    for owner, have in holders.items():
+        new = added.get(owner, [])
+        assert not set(new) & set(have) and len(set(new)) == len(new)
+        assert len(have) + len(new) == max(len(have), min(k + 1, world))
+        uncovered = [rank for rank in range(world) if hosts[rank] not in {hosts[h] for h in have}]
+        if new and uncovered:  # a host that holds no copy yet is taken first
+            assert hosts[new[0]] not in {hosts[h] for h in have}
+
+
+def test_top_up_after_a_kill_on_one_host() -> None:
+    """World 4 → 3 (old rank 3 killed; k = 1): its blob is held by its guard only, and so is the blob it guarded."""
+    holders = {0: (0, 1), 1: (1, 2), 2: (2,), 3: (0,)}  # old rank 2's guard was 3; old 3's copy is on 0
+    assert placement.top_up(holders, ["a", "a", "a"], 1) == {2: [0], 3: [1]}
+    assert placement.top_up(holders, ["a", "a", "a"], 0) == {}

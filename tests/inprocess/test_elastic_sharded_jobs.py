@@ -4,11 +4,14 @@ recovers in place, its sharded state from the ranks' memory or, past the redunda
 - under plain ``torchrun``, a rank stalled in a call (COMM_STUCK): one restart, the world stays 4, the state
   restored is the commit of a run without the fault at the same step, and the final parameters are that run's;
 - under ``rasd launch``, a kill -9 (FSDP2 + TP on a 2-D mesh, rank 0): the survivors reshard the
-  commit to 3 ranks from memory, the replacement joins and the commit is resharded to 4 from memory, the job
+  commit to 3 ranks from memory, reading the blobs of the processes beside them in place (no byte over the
+  network); a second kill during the recovery (rank 1, rank 0's guard) still restores from memory, the restore
+  having topped the copies up; the replacements join and the commit is resharded to 4 from memory, the job
   finishes at 4 with the parameters of a run without the fault (to the order of floating-point sums: 3 ranks, and
   tensor parallelism, sum in another order);
 - under ``rasd launch``, two neighbouring ranks killed at once with k = 1 (rank 1's blob and its only copy, on
-  rank 2, are gone): the survivors load the disk checkpoint (``checkpoint_dir``), then grow back to 4.
+  rank 2, are gone): the survivors load the disk checkpoint (``checkpoint_dir``), then grow back to 4; in this job
+  no process can map another's blobs, so the newcomer's restore fetches its bytes over the network.
 
 Each test checks that no process of the job is left.
 """
@@ -91,12 +94,16 @@ def test_rasd_launch_kill_reshards_to_three_and_back_to_four_from_memory(
 ) -> None:
     """FSDP2 + TP on a (2, 2) mesh with rank 0 killed: the survivors train on as FSDP2 alone at 3 ranks (2 does not
     divide 3: the build function's choice) and on the 2-D mesh again at 4, both from memory, to the parameters of
-    the run without a fault (TP and 3 ranks sum in another order: compared within tolerance). FSDP2 alone at 4
-    restores from memory in the stalled-rank test above, to the exact digest (``tp=False`` runs this kill on FSDP2
-    alone: one parameter set here, for the suite's time)."""
+    the run without a fault (TP and 3 ranks sum in another order: compared within tolerance). Then, during the
+    recovery (after the restore, before the next commit), rank 1 is killed too: it was rank 0's guard, the only
+    other holder of rank 0's blob, so the state survives only because the restore topped the copies up
+    (``placement.top_up``); the restore after it is again from memory, at the same step. FSDP2 alone at 4 restores
+    from memory in the stalled-rank test above, to the exact digest (``tp=False`` runs this kill on FSDP2 alone: one
+    parameter set here, for the suite's time)."""
     out = tmp_path / "out"
     out.mkdir()
-    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), *STEPS, "--fault", f"kill:{victim}:{FAULT_STEP}"]
+    faults = ["--fault", f"kill:{victim}:{FAULT_STEP}", "--fault", f"kill:{victim + 1}:{FAULT_STEP - 1}:1"]
+    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), *STEPS, *faults]
     launch = Launch(tmp_path, *argv, "--min-world", "4", *(["--tp"] if tp else []))
     try:
         assert launch.wait(300) == 0, launch.tail()
@@ -104,18 +111,25 @@ def test_rasd_launch_kill_reshards_to_three_and_back_to_four_from_memory(
     finally:
         launch.close()
     found = events(out)
-    survivors = [found[f"rank{rank}"] for rank in range(4) if rank != victim]
-    (joiner,) = [lines for name, lines in found.items() if name.startswith("joiner")]
-    for lines in survivors:
-        shrunk, grown = syncs(lines)[1:]  # exactly two restarts: the kill, the join
+    for rank in (victim + 1, victim + 2, victim + 3):
+        shrunk = syncs(found[f"rank{rank}"])[1]  # the first restart: the kill
         assert shrunk["source"] == "memory" and shrunk["world"] == 3 and shrunk["step"] == FAULT_STEP - 2, shrunk
+        assert shrunk["fetched"] == 0, shrunk  # one machine: every byte read in place
         if not tp:
             assert shrunk["digest"] == reference["commits"][FAULT_STEP - 2], (shrunk, reference)
-        assert grown["source"] == "memory" and grown["world"] == 4, grown
-    (joined,) = syncs(joiner)
-    assert joined["source"] == "memory" and joined["world"] == 4, joined
-    digests = {lines[-1]["digest"] for lines in [*survivors, joiner]}
-    assert len(digests) == 1 and all(lines[-1]["event"] == "done" for lines in [*survivors, joiner]), found
+    assert sum(syncs(found[f"rank{rank}"])[1]["mapped"] for rank in (1, 2, 3)) > 0  # the dead rank's blob, in place
+    survivors = [found[f"rank{rank}"] for rank in (victim + 2, victim + 3)]
+    joiners = [lines for name, lines in found.items() if name.startswith("joiner")]
+    for lines in survivors:
+        again = syncs(lines)[2]  # the second kill, before any commit since the restore: the same commit, in memory
+        assert again["source"] == "memory" and again["step"] == FAULT_STEP - 2, again
+        last = syncs(lines)[-1]
+        assert last["source"] == "memory" and last["world"] == 4, last
+    assert joiners and all(sync["source"] == "memory" for lines in joiners for sync in syncs(lines)), joiners
+    assert any(sync["mapped"] > 0 and sync["fetched"] == 0 for lines in joiners for sync in syncs(lines)), joiners
+    digests = {lines[-1]["digest"] for lines in [*survivors, *joiners]}
+    assert len(digests) == 1 and all(lines[-1]["event"] == "done" for lines in [*survivors, *joiners]), found
+    assert {lines[-1]["world"] for lines in [*survivors, *joiners]} == {4}, found
     final = torch.load(out / "final.pt")
     for key, value in reference["final"].items():
         torch.testing.assert_close(final[key], value, rtol=1e-4, atol=1e-6)
@@ -125,7 +139,7 @@ def test_rasd_launch_two_neighbours_killed_with_k_1_take_the_disk_path(tmp_path:
     out = tmp_path / "out"
     out.mkdir()
     faults = ["--fault", f"kill:1:{FAULT_STEP}", "--fault", f"kill:2:{FAULT_STEP}"]
-    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), *STEPS, *faults]
+    argv = ["--nproc-per-node", "4", JOB, "--out", str(out), *STEPS, *faults, "--no-map"]
     launch = Launch(tmp_path, *argv, "--min-world", "4", "--checkpoint-dir", str(tmp_path / "checkpoints"))
     try:
         assert launch.wait(300) == 0, launch.tail()
@@ -139,3 +153,6 @@ def test_rasd_launch_two_neighbours_killed_with_k_1_take_the_disk_path(tmp_path:
     assert "the memory lost the blobs of rank(s) [1]" in launch.err() + launch.out(), launch.tail()
     finished = [lines[-1] for lines in found.values() if lines[-1]["event"] == "done"]
     assert len(finished) == 4 and {item["world"] for item in finished} == {4}, found
+    joined = [sync for name, lines in found.items() if name.startswith("joiner") for sync in syncs(lines)]
+    assert joined and all(sync["source"] == "memory" and sync["mapped"] == 0 for sync in joined), joined
+    assert any(sync["fetched"] > 0 for sync in joined), joined  # a newcomer holds nothing: it fetched by network

@@ -41,8 +41,9 @@ AdamW (123 MB of state), ``inprocess.elastic.ShardedState`` with k = 1 against `
 disk and a full copy per rank (what ``rasd demo``'s Replica did), in the same processes: commit / save time (the
 slowest rank, best of 3), the restore at 3 ranks after rank 3 left without a word (the state alone: the fault's
 detection and the Wrapper's restart are the rows above), the restore at 4 once a fresh process joined, and the
-bytes each rank holds against (1 + k) / N of the state. The ranks of one machine read each other's blobs in place
-(``inprocess.elastic.shared_memory``); ``--no-map`` fetches every byte by network instead, as between machines.
+bytes each rank holds against (1 + k) / N of the state. The ranks of one machine hold and read each other's blobs in
+place (``inprocess.elastic.shared_memory``); ``--no-map``: no process opens another's blobs, so guards receive
+copies and restores fetch by network, as between machines.
 The disk's restore starts, like every in-place restart, with torch's DTensor caches emptied.
 
     .venv/bin/python bench/elastic.py [--samples 2]
@@ -283,7 +284,7 @@ def sharded_rank(
 
     from inprocess.elastic import ShardedState, caches, shared_memory
 
-    if no_map:  # the restore fetches every byte by network, as between machines
+    if no_map:  # guards receive copies and restores fetch by network, as between machines
         shared_memory.open_fd = lambda handle: None
 
     def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -467,9 +468,9 @@ def sharded_main(tp: bool = False, no_map: bool = False) -> None:
         f"torch {torch.__version__}, {os.cpu_count()} cores, "
         f"4 x Linear({SHARDED_WIDTH}, {SHARDED_WIDTH}) + AdamW: {state_mb:.0f} MB of state; k = 1; "
         + (
-            "no blob mapped in place: every byte fetched by network"
+            "--no-map: guards receive copies, restores fetch by network (as between machines)"
             if no_map
-            else "blobs mapped in place on one machine"
+            else "one machine: guards hold descriptors, restores map blobs in place"
         )
     )
 
@@ -482,7 +483,7 @@ def sharded_main(tp: bool = False, no_map: bool = False) -> None:
         ("save, dcp.save to local disk, s", worst("dcp_save_s")),
         ("full copy per rank (full state dict + clone), s", worst("full_copy_s")),
         (
-            "load at 3 after rank 3 left, from memory (agree, fetch, dcp.load, apply), s",
+            "load at 3 after rank 3 left, from memory (agree, map or fetch, dcp.load, apply), s",
             worst("restore_memory_3_load_s", survivors),
         ),
         ("load at 3 from local disk (dcp.load, apply), s", worst("dcp_load_3_s", survivors)),
@@ -497,7 +498,7 @@ def sharded_main(tp: bool = False, no_map: bool = False) -> None:
             sum(r["restore_memory_3_fetched"] for r in survivors) / 1e6,
         ),
         ("  of which build() (model, fully_shard, optimizer state)", worst("restore_memory_3_build_s", survivors)),
-        ("  of which the re-protection (the new world's commit)", worst("restore_memory_3_commit_s", survivors)),
+        ("  of which the re-protection (the copies topped up to k + 1)", worst("restore_memory_3_commit_s", survivors)),
         ("until training resumes at 3, from local disk (build, load), s", worst("restore_disk_3_s", survivors)),
         ("  the same, the page cache dropped first, s", worst("restore_disk_3_cold_s", survivors)),
         ("restore at 4 with a newcomer, from memory (sync), s", worst("restore_memory_4_s", rows)),
@@ -525,7 +526,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=420)
     parser.add_argument("--sharded", action="store_true", help="the sharded rows only (FSDP2, ShardedState)")
     parser.add_argument("--tp", action="store_true", help="with --sharded: FSDP2 + TP on a 2 x 2 mesh")
-    parser.add_argument("--no-map", action="store_true", help="with --sharded: fetch every byte by network")
+    parser.add_argument("--no-map", action="store_true", help="with --sharded: copies and fetches by network")
     args = parser.parse_args()
     if args.worker:
         return worker(args)

@@ -95,7 +95,8 @@ class BlobWriter(StorageWriter):
         sizes = [tensor.numel() * tensor.element_size() for _, tensor, _ in resolved]
         offsets, total = placement.layout(sizes)
         blob = SharedBlob(total)
-        _fill(blob.tensor, [tensor for _, tensor, _ in resolved], offsets)
+        for (_, tensor, _), offset in zip(resolved, offsets, strict=True):
+            blob.write(offset, tensor)
         blob.seal()  # written once: its bytes never change again (shared_memory)
         results = []
         for (item, tensor, dtype), offset, size in zip(resolved, offsets, sizes, strict=True):
@@ -110,15 +111,6 @@ class BlobWriter(StorageWriter):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return False
-
-
-def _fill(blob: torch.Tensor, tensors: list[torch.Tensor], offsets: list[int]) -> None:
-    """Copy each tensor's bytes into ``blob`` at its offset (the views it takes die with this call, which lets the
-    blob be sealed after it)."""
-    for tensor, offset in zip(tensors, offsets, strict=True):
-        size = tensor.numel() * tensor.element_size()
-        if size:
-            blob[offset : offset + size].view(tensor.dtype).view(tensor.shape).copy_(tensor)
 
 
 class BlobReader(StorageReader):

@@ -335,7 +335,7 @@ class ShardedState(StepProgress):
                 {sender: blob.nbytes for sender, blob in received.items()},
                 self._timeout,
                 group,
-                into={sender: blob.tensor for sender, blob in received.items()},
+                into={sender: blob.writable() for sender, blob in received.items()},
             )
             for blob in received.values():
                 blob.seal()
@@ -488,7 +488,7 @@ def _guard(
         {ward: held.nbytes for ward, held in received.items()},
         timeout,
         group,
-        into={ward: held.tensor for ward, held in received.items()},
+        into={ward: held.writable() for ward, held in received.items()},
     )
     for held in received.values():
         held.seal()

@@ -18,9 +18,14 @@ from inprocess.elastic import shared_memory
 from inprocess.elastic.shared_memory import SharedBlob, open_blob
 
 
+def pattern(size: int) -> torch.Tensor:
+    return torch.arange(size, dtype=torch.int64).remainder(251).to(torch.uint8)
+
+
 def filled(size: int) -> SharedBlob:
     blob = SharedBlob(size)
-    blob.tensor.copy_(torch.arange(size, dtype=torch.int64).remainder(251).to(torch.uint8))
+    blob.write(0, pattern(size))
+    blob.seal()
     return blob
 
 
@@ -28,9 +33,28 @@ def test_a_handle_maps_the_blob_read_only_in_place() -> None:
     blob = filled(10_000)
     assert blob.handle is not None and blob.handle.size == 10_000 and blob.handle.pid == os.getpid()
     mapped = open_blob(blob.handle)
-    assert mapped is not None and torch.equal(mapped, blob.tensor)
-    blob.tensor[7] = 200  # the same pages: a write by the holder shows through the mapping
+    assert mapped is not None and torch.equal(mapped, blob.tensor) and torch.equal(mapped, pattern(10_000))
+
+
+def test_a_receive_writes_through_a_mapping_that_readers_share() -> None:
+    blob = SharedBlob(4096)
+    assert blob.handle is not None
+    blob.writable().copy_(pattern(4096))
+    mapped = open_blob(blob.handle)
+    assert mapped is not None and torch.equal(mapped, pattern(4096))
+    blob.writable()[7] = 200  # the same pages: a write before the seal shows through the reader's mapping
     assert int(mapped[7]) == 200
+
+
+def test_items_of_any_dtype_and_layout_are_written_as_their_bytes() -> None:
+    weights = torch.randn(6, 5).to(torch.bfloat16).t()  # no numpy dtype, not contiguous
+    counts = torch.arange(7, dtype=torch.int32)
+    blob = SharedBlob(64 + 28)
+    blob.write(0, weights)
+    blob.write(64, counts)
+    blob.seal()
+    assert torch.equal(blob.tensor[:60].view(torch.bfloat16).view(5, 6), weights)
+    assert torch.equal(blob.tensor[64:].view(torch.int32), counts)
 
 
 def test_another_process_maps_the_blob() -> None:
@@ -72,8 +96,7 @@ def test_the_machine_is_named_by_boot_and_pid_namespace() -> None:
 
 def test_a_sealed_blob_refuses_every_write_and_keeps_its_bytes() -> None:
     blob = filled(8192)
-    before = blob.tensor.clone()
-    blob.seal()
+    before = pattern(8192)
     assert blob.handle is not None and torch.equal(blob.tensor, before)
     with pytest.raises(PermissionError):
         os.pwrite(blob.handle.fd, b"x", 0)
@@ -86,15 +109,15 @@ def test_a_sealed_blob_refuses_every_write_and_keeps_its_bytes() -> None:
 
 
 def test_a_blob_with_a_live_view_stays_readable_unsealed() -> None:
-    blob = filled(4096)
-    view = blob.tensor[:16]  # a caller that kept a view: the writable mapping cannot be closed
+    blob = SharedBlob(4096)
+    blob.writable().copy_(pattern(4096))
+    view = blob.writable()[:16]  # a caller that kept a view: the writable mapping cannot be closed
     blob.seal()
     assert torch.equal(blob.tensor[:16], view) and open_blob(blob.handle) is not None  # type: ignore[arg-type]
 
 
 def test_a_guard_adopts_the_blob_and_outlives_its_owner_object() -> None:
     owner = filled(4096)
-    owner.seal()
     expected = owner.tensor.clone()
     assert owner.handle is not None
     guard = SharedBlob.adopt(owner.handle)

@@ -315,16 +315,11 @@ class ShardedState(StepProgress):
                     return handle
             return None
 
-        taking = [owner for owner, takers in added.items() if rank in takers]
-        adopted = {owner: _adopt(beside(owner, rank)) for owner in taking}
-        failed = torch.tensor([sum(beside(o, rank) is not None and adopted[o] is None for o in taking)])
-        dist.all_reduce(failed, group=group)
-        if int(failed):
-            shared_memory.warn_once("a rank could not hold a blob of its machine in place: the copies move by network")
-            adopted = dict.fromkeys(taking)
+        taking = {owner: beside(owner, rank) for owner, takers in added.items() if rank in takers}
+        adopted, in_place = _adopt_all(taking, group)
         for owner in sorted(added):  # the copies that move by network, one exchange per blob (the same on all ranks)
             keepers = choice.holders[owner]
-            by_network = [t for t in added[owner] if int(failed) or beside(owner, t) is None]
+            by_network = [t for t in added[owner] if not in_place or beside(owner, t) is None]
             sends = {t: blobs[owner].tensor for t in by_network if placement.serving_rank(owner, t, keepers) == rank}
             received: dict[int, shared_memory.SharedBlob] = {}
             if rank in by_network:
@@ -465,26 +460,20 @@ def _guard(
     blob: shared_memory.SharedBlob, rank: int, guards: list[int], hosts: list[str], k: int, timeout: float, group: Any
 ) -> dict[int, shared_memory.SharedBlob]:
     """Hand this rank's sealed ``blob`` to its ``guards`` and take its wards' blobs: a guard on the owner's machine
-    keeps a descriptor of the owner's blob (``SharedBlob.adopt``), a guard elsewhere receives a copy. When any
-    rank could not adopt a blob it should have (no /proc access), every guard receives copies this time: the rule
-    stays one that every rank computes alike from what they all know. Collective. Returns the wards' blobs."""
+    keeps a descriptor of the owner's blob (``_adopt_all``), a guard elsewhere receives a copy. Collective. Returns
+    the wards' blobs."""
     world = dist.get_world_size(group)
     wards = placement.guarded_by(rank, hosts, k)
     where: list[Any] = [None] * world
     dist.all_gather_object(where, (shared_memory.machine(), blob.handle, blob.nbytes), group=group)
 
-    def in_place(owner: int, guard: int) -> bool:  # the same answer on both sides of the pair
+    def beside(owner: int, guard: int) -> bool:  # the same answer on both sides of the pair
         return where[owner][1] is not None and where[owner][0] == where[guard][0]
 
-    adopted = {ward: shared_memory.SharedBlob.adopt(where[ward][1]) if in_place(ward, rank) else None for ward in wards}
-    failed = torch.tensor([sum(in_place(ward, rank) and adopted[ward] is None for ward in wards)], dtype=torch.int64)
-    dist.all_reduce(failed, group=group)
-    if int(failed):
-        shared_memory.warn_once("a guard could not hold a blob of its machine in place: the commits copy every blob")
-        adopted = dict.fromkeys(wards)
+    adopted, in_place = _adopt_all({ward: where[ward][1] if beside(ward, rank) else None for ward in wards}, group)
     received = {ward: shared_memory.SharedBlob(where[ward][2]) for ward in wards if adopted[ward] is None}
     exchange.swap(
-        {guard: blob.tensor for guard in guards if int(failed) or not in_place(rank, guard)},
+        {guard: blob.tensor for guard in guards if not in_place or not beside(rank, guard)},
         {ward: held.nbytes for ward, held in received.items()},
         timeout,
         group,
@@ -495,8 +484,20 @@ def _guard(
     return {ward: received.get(ward) or adopted[ward] for ward in wards}  # type: ignore[misc]
 
 
-def _adopt(handle: shared_memory.BlobHandle | None) -> shared_memory.SharedBlob | None:
-    return shared_memory.SharedBlob.adopt(handle) if handle is not None else None
+def _adopt_all(
+    wanted: dict[int, shared_memory.BlobHandle | None], group: Any
+) -> tuple[dict[int, shared_memory.SharedBlob | None], bool]:
+    """Adopt the blobs of this machine this rank should hold (owner: handle; None: it gets a copy by network), and
+    agree with every rank whether all of them could (one ``all_reduce``). Where some rank could not (no /proc
+    access), nobody keeps what it adopted: every copy then moves by network, a rule each rank computes alike.
+    Collective. Returns the adopted blobs (None where a copy is to come) and whether adoption held everywhere."""
+    adopted = {owner: shared_memory.SharedBlob.adopt(h) if h is not None else None for owner, h in wanted.items()}
+    failed = torch.tensor([sum(h is not None and adopted[o] is None for o, h in wanted.items())], dtype=torch.int64)
+    dist.all_reduce(failed, group=group)
+    if int(failed):
+        shared_memory.warn_once("a rank could not hold a blob of its machine in place: the copies move by network")
+        return dict.fromkeys(wanted), False
+    return adopted, True
 
 
 class _Mapped:

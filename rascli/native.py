@@ -209,6 +209,16 @@ def _who(members: Sequence[Target]) -> str:
     return "; ".join(parts + other)
 
 
+def _states(members: Sequence[tuple[Target, NativeThread]]) -> str:
+    """The py-spy state of folded threads: the one state they share, else each state with its members."""
+    by_state: dict[str, list[Target]] = {}
+    for target, thread in members:
+        by_state.setdefault(thread.state, []).append(target)
+    if len(by_state) == 1:
+        return next(iter(by_state))
+    return "; ".join(f"{state} on {_who(targets)}" for state, targets in sorted(by_state.items()))
+
+
 def render_text(native: NativeReport) -> str:
     """The native section printed after the STACKS report: identical native stacks folded (an unnamed frame's
     address aside), each outermost first, as the STACKS report lists frames."""
@@ -222,20 +232,25 @@ def render_text(native: NativeReport) -> str:
         f"process{'es' if len(native.dumps) != 1 else ''} in {native.seconds:.1f} s), outermost first",
         "",
     ]
-    groups: dict[tuple[str, str, tuple[str, ...]], list[tuple[Target, int]]] = {}
+    # py-spy's idle/active is a sample of the thread's OS state at the dump's instant: a thread that sleeps in a
+    # loop is caught "active" now and then. Identical frames fold whatever the state; the label says each state's
+    # members.
+    groups: dict[tuple[str, tuple[str, ...]], list[tuple[Target, NativeThread]]] = {}
     for d in native.dumps:
         for thread in d.threads:
-            key = (thread.name, thread.state, tuple(_ADDRESS.sub("0x...", frame) for frame in thread.frames))
-            groups.setdefault(key, []).append((d.target, thread.tid))
-    for (name, state, frames), members in sorted(groups.items(), key=lambda item: -len(item[1])):
+            key = (thread.name, tuple(_ADDRESS.sub("0x...", frame) for frame in thread.frames))
+            groups.setdefault(key, []).append((d.target, thread))
+    for (name, frames), members in sorted(groups.items(), key=lambda item: -len(item[1])):
         called = f', thread "{name}"' if name else ""
         if len(members) == 1:
-            ((target, tid),) = members
+            ((target, thread),) = members
             who = f"rank {target.rank}" if target.rank >= 0 else "process"
-            lines.append(f"{who} ({target.host}:{target.pid}{called}, tid {tid}, {state}):")
+            lines.append(f"{who} ({target.host}:{target.pid}{called}, tid {thread.tid}, {thread.state}):")
         else:
             hosts = ", ".join(sorted({t.host for t, _ in members})[:4])
-            lines.append(f"{_who([t for t, _ in members])} ({len(members)} processes on {hosts}{called}, {state}):")
+            lines.append(
+                f"{_who([t for t, _ in members])} ({len(members)} processes on {hosts}{called}, {_states(members)}):"
+            )
         lines += [f"    {frame}" for frame in frames] or ["    (no frames)"]
         lines.append("")
     failed = [d for d in native.dumps if d.error]

@@ -50,6 +50,21 @@ def test_the_report_names_its_processes_by_rank() -> None:
     assert [(t.rank, t.pid) for t in native.targets(doc)] == [(0, 11), (1, 10), (2, 12)]
 
 
+def test_identical_native_stacks_fold_whatever_py_spys_sample_of_their_state() -> None:
+    """py-spy's idle/active is the OS state at the instant of the dump: a thread sleeping in a loop is caught awake
+    now and then. The same frames fold into one group whose label says who was in which state."""
+
+    def dump(rank: int, state: str) -> native.Dump:
+        frames = ("0x7f01 (libc.so.6)", "clock_nanosleep (libc.so.6)")
+        return native.Dump(native.Target(rank, "here", 100 + rank), (native.NativeThread(rank, state, "Main", frames),))
+
+    states = ["idle", "active", "active", "idle"]
+    report = native.NativeReport("py-spy 0.4.3", tuple(dump(r, s) for r, s in enumerate(states)), (), 0.2)
+    text = native.render_text(report)
+    assert 'ranks 0,1,2,3 (4 processes on here, thread "Main", active on ranks 1,2; idle on ranks 0,3):' in text, text
+    assert text.count("clock_nanosleep") == 1
+
+
 def test_identical_native_stacks_fold_whatever_the_address_of_an_unnamed_frame() -> None:
     def dump(rank: int, address: str, innermost: str) -> native.Dump:
         thread = native.NativeThread(100 + rank, "idle", "MainThread", (f"{address} (libc.so.6)", innermost))

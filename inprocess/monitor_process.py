@@ -564,8 +564,10 @@ class _Monitor:
                 store = self.base_store.iteration_store(self.iteration)
                 interval, timeout = self.config["heartbeat_interval"], self.config["heartbeat_timeout"]
                 self.heartbeat = sibling_monitor.Heartbeat(self.rank, store, interval, timeout)
+                # A call's first iteration: a sibling's monitor may still be connecting (SiblingMonitor).
+                startup = self.config["barrier_timeout"] if self.iteration == 0 else timeout
                 self.sibling_monitor = sibling_monitor.SiblingMonitor(
-                    store, self.rank, self.world_size, self.initial_world_size, timeout, interval
+                    store, self.rank, self.world_size, self.initial_world_size, timeout, interval, startup
                 )
             self.heartbeat.beat(now)
             self.sibling_monitor.check_heartbeats(now)

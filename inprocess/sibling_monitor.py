@@ -9,6 +9,8 @@ monitor's own loop (no threads: ``inprocess.monitor_process`` asks each when it 
         not for ``timeout`` on r's own clock:  r+1 UNRESPONSIVE: terminated, interruption recorded, registered at
                                                the iteration barrier and (its initial rank) the termination barrier;
                                                r watches r+2 from now on
+        never yet, in the call's first         r+1's monitor may still be connecting to the store: its trainer
+        iteration: ``startup_timeout``         waits ``barrier_timeout`` for that hand-shake, and so does r
 
 The reference's ``SiblingMonitor`` writes ``time.time()`` and compares it with its own wall clock, so clocks of two
 hosts that disagree by more than ``heartbeat_timeout`` declare healthy ranks dead; a counter measured on the
@@ -64,7 +66,14 @@ class Heartbeat:
 class SiblingMonitor:
     """Watches the heartbeat of the next rank of the ring (``(rank + 1) % world_size``) in ``store`` (the
     iteration's; ``store.base_store`` is the call's, where the termination barrier is), every ``interval``; a
-    counter that has not moved for ``timeout`` makes that rank UNRESPONSIVE, and the watcher moves on to the next."""
+    counter that has not moved for ``timeout`` makes that rank UNRESPONSIVE, and the watcher moves on to the next.
+
+    A sibling whose counter has never appeared gets ``startup_timeout`` instead (at least ``timeout``; the monitor
+    process passes ``barrier_timeout`` in a call's first iteration, ``timeout`` after it). Why: a monitor beats only
+    once it is connected to the store, and in a job's start-up that hand-shake may take tens of seconds on a loaded
+    host or to a remote etcd (20 s were seen), which its trainer allows for (``barrier_timeout``); a watcher that
+    counted ``heartbeat_timeout`` from its own, earlier, connection terminated healthy ranks before they ever beat.
+    After the first iteration every monitor of the call is connected, and a silent sibling is dead or hung."""
 
     def __init__(
         self,
@@ -74,12 +83,14 @@ class SiblingMonitor:
         initial_world_size: int,
         timeout: datetime.timedelta | float,
         interval: datetime.timedelta | float,
+        startup_timeout: datetime.timedelta | float | None = None,
     ) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
         self.initial_world_size = initial_world_size
         self.timeout = _seconds(timeout)
+        self.startup_timeout = max(self.timeout, _seconds(startup_timeout) if startup_timeout is not None else 0.0)
         self.interval = _seconds(interval)
         self.seen_unresponsive_ranks: set[int] = set()
         self.sibling_rank: int | None = (rank + 1) % world_size if world_size > 1 else None
@@ -99,7 +110,7 @@ class SiblingMonitor:
         value = self.store.get(key) if self.store.check([key]) else None
         if value != self._value:
             self._value, self._since = value, now
-        elif now - self._since > self.timeout:
+        elif now - self._since > (self.timeout if value is not None else self.startup_timeout):
             self.terminate_unresponsive_ranks({self.sibling_rank}, now - self._since)
             self._since = now  # the next sibling's silence counts from here
 

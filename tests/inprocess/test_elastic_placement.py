@@ -116,3 +116,39 @@ def test_top_up_after_a_kill_on_one_host() -> None:
     holders = {0: (0, 1), 1: (1, 2), 2: (2,), 3: (0,)}  # old rank 2's guard was 3; old 3's copy is on 0
     assert placement.top_up(holders, ["a", "a", "a"], 1) == {2: [0], 3: [1]}
     assert placement.top_up(holders, ["a", "a", "a"], 0) == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    world=st.integers(2, 9),
+    k=st.integers(1, 3),
+    host_count=st.integers(1, 3),
+    data=st.data(),
+)
+def test_any_k_losses_at_any_positions_restore_from_memory_and_again_after_the_top_up(
+    world: int, k: int, host_count: int, data: st.DataObject
+) -> None:
+    """Whichever ranks die (rank 0, the last rank whose guard wraps round to rank 0, neighbours, a whole host), up
+    to k of them: every blob of the commit still has a holder and the restore is from memory. The restore's top-up
+    then gives the new world's ranks the copies the dead held, so up to k more losses during the recovery restore
+    the same commit from memory again."""
+    hosts = [f"h{rank % host_count}" for rank in range(world)]
+    dead = data.draw(st.sets(st.integers(0, world - 1), max_size=min(k, world - 1)), label="dead")
+    alive = [rank for rank in range(world) if rank not in dead]
+    offers = [[Held(3, 7, world, frozenset({rank, *placement.guarded_by(rank, hosts, k)}), True)] for rank in alive]
+    choice = placement.choose(offers, [None] * len(alive))
+    assert choice.source == "memory" and choice.version == 3 and choice.world == world, (dead, choice)
+    new_hosts = [hosts[rank] for rank in alive]
+    added = placement.top_up(choice.holders, new_hosts, k)
+    held = {
+        new_rank: {
+            owner for owner, ranks in choice.holders.items() if new_rank in ranks or new_rank in added.get(owner, [])
+        }
+        for new_rank in range(len(alive))
+    }
+    second = data.draw(st.sets(st.integers(0, len(alive) - 1), max_size=min(k, len(alive) - 1)), label="second")
+    survivors = [new_rank for new_rank in range(len(alive)) if new_rank not in second]
+    again = placement.choose(
+        [[Held(3, 7, world, frozenset(held[r]), True)] for r in survivors], [None] * len(survivors)
+    )
+    assert again.source == "memory" and again.version == 3, (dead, second, held, again)

@@ -468,6 +468,30 @@ def test_a_sibling_whose_heartbeat_stops_is_terminated_and_the_next_one_watched(
     call.termination_barrier([0, 1, 3], 4, 5)  # and its initial rank at the termination barrier
 
 
+def test_a_sibling_still_connecting_at_start_up_is_given_the_startup_timeout_and_no_more():
+    """In a job's start-up a monitor beats only once connected to the store (20 s to a loaded etcd were seen): a
+    sibling that has never beaten gets ``startup_timeout``, not ``heartbeat_timeout``; one that never comes at all
+    is still terminated, after it; and one that beat and stopped gets ``timeout`` as before."""
+    store = PrefixedStore("c", HashStore()).iteration_store(0)
+    for rank in range(3):
+        store.set_initial_rank(rank, rank)
+    late = inprocess.sibling_monitor.Heartbeat(1, store, 1.0)
+    watcher = inprocess.sibling_monitor.SiblingMonitor(store, 0, 3, 3, 5.0, 1.0, startup_timeout=60.0)
+    now = time.monotonic()
+    for second in range(40):
+        if second >= 20:  # its monitor connected after 20 s, four heartbeat timeouts
+            late.beat(now + second)
+        watcher.check_heartbeats(now + second)
+    assert store.get_terminated_ranks() == set() and watcher.sibling_rank == 1
+    for second in range(40, 46):  # it stops: the heartbeat timeout again (its last beat at 39)
+        watcher.check_heartbeats(now + second)
+        assert (1 in store.get_terminated_ranks()) == (second > 39 + 5), second
+    assert watcher.sibling_rank == 2
+    for second in range(46, 46 + 70):  # rank 2 never beats at all: terminated once the start-up timeout is over
+        watcher.check_heartbeats(now + second)
+        assert (2 in store.get_terminated_ranks()) == (second > 45 + 60), second
+
+
 def test_counters_not_clocks_a_slow_clock_elsewhere_is_no_death():
     store = PrefixedStore("c", HashStore()).iteration_store(0)
     beat = inprocess.sibling_monitor.Heartbeat(1, store, 1.0)

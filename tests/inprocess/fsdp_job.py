@@ -34,7 +34,11 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
+from torch.distributed.checkpoint.state_dict import (  # noqa: E402
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
@@ -44,6 +48,37 @@ from inprocess.elastic import ShardedState  # noqa: E402
 
 BATCH = 12  # divisible by 2, 3 and 4: every world trains on equal slices
 TP = 2  # --tp: the tensor-parallel dimension of a 2-D mesh (dp = world / 2)
+
+
+def initial_model() -> torch.nn.Sequential:
+    """The model every process builds, the same on each (seeded)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 40), torch.nn.ReLU(), torch.nn.Linear(40, 4))
+
+
+def global_batch(step: int) -> torch.Tensor:
+    """Step ``step``'s global batch, whatever the world: each rank trains on its slice of it."""
+    return torch.randn(BATCH, 16, generator=torch.Generator().manual_seed(step))
+
+
+def optimizer_for(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def trained_alone(steps: int) -> dict[str, torch.Tensor]:
+    """The parameters after ``steps`` steps of the same training in one process, on the whole batch: what every
+    world computes (FSDP2 averages the slices' gradients), up to the order of floating-point sums. The tests'
+    reference for a job's final parameters, computed in milliseconds instead of by a run without a fault."""
+    model = initial_model()
+    optimizer = optimizer_for(model)
+    # As in the job, whose first sync reads the optimizer's state through torch's state-dict API: an optimizer
+    # without state is given one by a step with zero gradients and a zero learning rate (AdamW's step count is 1).
+    get_optimizer_state_dict(model, optimizer)
+    for step in range(1, steps + 1):
+        optimizer.zero_grad()
+        model(global_batch(step)).pow(2).mean().backward()
+        optimizer.step()
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
 
 
 def main() -> None:
@@ -83,8 +118,7 @@ def main() -> None:
         return rank // tp, world // tp
 
     def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 40), torch.nn.ReLU(), torch.nn.Linear(40, 4))
+        model = initial_model()
         world = dist.get_world_size()
         if args.tp and world % TP == 0:  # FSDP2 + TP on a 2-D mesh; a world it does not divide trains FSDP2 alone
             mesh = init_device_mesh("cpu", (world // TP, TP), mesh_dim_names=("dp", "tp"))
@@ -92,7 +126,7 @@ def main() -> None:
             fully_shard(model, mesh=mesh["dp"])
         else:
             fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
-        return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+        return model, optimizer_for(model)
 
     disk = {"checkpoint_dir": args.checkpoint_dir} if args.checkpoint_dir else {}
     state = ShardedState(build, redundancy=args.redundancy, step=0, **disk)
@@ -137,8 +171,7 @@ def main() -> None:
                 if fault[0] == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(600)  # a stall: the restart wakes it
-            generator = torch.Generator().manual_seed(step)
-            x = torch.randn(BATCH, 16, generator=generator)
+            x = global_batch(step)
             slot, slots = data_parallel()
             share = BATCH // slots
             optimizer.zero_grad()

@@ -18,7 +18,8 @@ Phases (when the fault happens; "the rank" is initial rank 1 unless said otherwi
     init        as the rank calls ``init_process_group`` for the first time (the others wait inside theirs)
     first_step  at step 1 (``--inject``)
     steady      at step 25, 5 steps after a commit (``--inject``; SIGTERM: 1 s after the "step 20" line)
-    commit      inside ``state.commit()`` at step 10 (as it copies the state: ``State.save``)
+    commit      inside ``state.commit()`` at step 10 (as it copies the state: ``TorchState.save``; FSDP2's
+                ``ShardedState``: its blob written, before the copies go to its guards)
     restart     during a restart: rank 3 raises at step 15 (``--inject``), and the fault comes as the rank calls
                 ``init_process_group`` in the restart's iteration (SIGTERM: 0.3 s after rank 3's exception)
     join        during a join: rank 3 is killed at step 15 (``--inject``), ``rasd launch`` respawns it, and the
@@ -272,7 +273,8 @@ class Hook:
     """The fault made inside the worker, at its phase (``TORCHRAS_CHAOS_FAULT``, ``TORCHRAS_CHAOS_ONCE``).
 
     Installed before the demo worker runs: the start-up fault at once, the others by wrapping the call the phase is
-    made of (``torch.distributed.init_process_group``, ``TorchState.save`` inside ``commit()``,
+    made of (``torch.distributed.init_process_group``, ``TorchState.save`` or ``ShardedState``'s exchange with
+    its guards inside ``commit()``,
     ``torch.distributed.destroy_process_group`` at the end). A fault other than ``repeat`` happens once per job
     (the first process to create the once file makes it)."""
 
@@ -301,7 +303,7 @@ class Hook:
             self.fire()
             return
         if self.phase == "commit":
-            from inprocess.elastic import TorchState
+            from inprocess.elastic import TorchState, sharded
 
             save = TorchState.save
 
@@ -310,6 +312,15 @@ class Hook:
                 save(state)
 
             TorchState.save = saving  # type: ignore[method-assign,assignment]
+            # FSDP2's ShardedState: between writing this rank's blob and sending the copies to its guards.
+            guard = sharded._guard
+
+            def guarding(*args: Any, **kwargs: Any) -> Any:
+                if called_from("commit"):  # not the guards that sync() sets up after a restore
+                    self.fire()
+                return guard(*args, **kwargs)
+
+            sharded._guard = guarding  # type: ignore[assignment]
             return
         if self.phase == "end":
 

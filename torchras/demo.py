@@ -84,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=MODELS,
         default="ddp",
         help="how the workers train: ddp (torch's DistributedDataParallel, the default), fsdp (FSDP2, fully_shard "
-        "on a CPU device mesh) or manual (the gradients all-reduced by hand)",
+        "on a CPU device mesh, its state sharded in memory: ShardedState) or manual (the gradients all-reduced by "
+        "hand)",
     )
     parser.add_argument("--steps", type=int, default=0, help="training steps (default 0: until Ctrl+C)")
     parser.add_argument("--step-time", type=float, default=0.2, help="seconds per step (default 0.2)")

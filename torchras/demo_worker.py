@@ -12,13 +12,16 @@ metric on a two-rank group of its own, so the report has two kinds of communicat
 for the world, each pair's first rank one for its pair.
 
 Training runs inside ``inprocess.Wrapper`` (``--no-restart``: without it), whose store is on ``MASTER_PORT + 1``
-(the launcher's own store is on ``MASTER_PORT``). Its state (the whole model and optimizer state, unsharded, and
-the step) is an ``inprocess.elastic.TorchState`` committed to memory every ``--commit-every`` steps; after a fault
-the mesh's verdict restarts every surviving rank in place, and each builds its process group, DDP or FSDP2 module
-and optimizer anew (the old ones hold the destroyed process group) and loads them from the last commit, on the
-ranks left. The Wrapper is built without ``joining=``: under ``rasd launch`` it admits newcomers
-(``INPROCESS_JOINING``), so the replacement the launcher starts for a dead worker (``INPROCESS_JOIN=1``) is admitted
-at the next commit, gets the state by ``state.sync()``, and the world is back to its size.
+(the launcher's own store is on ``MASTER_PORT``). Its state is committed to memory every ``--commit-every`` steps:
+with FSDP2 an ``inprocess.elastic.ShardedState``, the README's pattern for sharded models (each rank keeps its shard
+and a copy of its neighbour's; on one machine the neighbour holds the shard itself, sealed in shared memory); with
+DDP and the hand-written all-reduces an ``inprocess.elastic.TorchState`` of the whole model and optimizer state (a
+``Replica``) and the step. After a fault the mesh's verdict restarts every surviving rank in place, and each builds
+its process group, DDP or FSDP2 module and optimizer anew (the old ones hold the destroyed process group) and loads
+them from the last commit, resharded to the ranks left. The Wrapper is built without ``joining=``: under ``rasd
+launch`` it admits newcomers (``INPROCESS_JOINING``), so the replacement the launcher starts for a dead worker
+(``INPROCESS_JOIN=1``) is admitted at the next commit, gets the state by ``state.sync()``, and the world is back to
+its size.
 
 Faults on demand: ``--inject KIND:rank=R,step=S[,seconds=X]`` (repeatable), the kinds in ``FAULTS``. R is the
 initial rank: a replacement (which has none) never injects, so a fault happens once per demo.
@@ -170,15 +173,13 @@ def say(line: str) -> None:
 
 
 class Replica:
-    """The whole model and optimizer state, unsharded, in host memory: what the ``TorchState`` commits and
-    restores, and what each restart iteration builds its DDP or FSDP2 module and optimizer from.
+    """The whole model and optimizer state in host memory: what the ``TorchState`` of the DDP and hand-written
+    models commits and restores, and what each restart iteration builds its module and optimizer from.
 
-    Why not the live module: DDP and FSDP2 hold the process group of the iteration that built them, which a
-    restart destroys, so each iteration wraps a fresh module; and FSDP2 turns a module's parameters into shards
-    (DTensors) of one device mesh, of which a rank holds a part only: after a kill -9 the dead rank's shards
-    would be gone, and the world that trains on has another size. A full copy on every rank survives both. The
-    state dicts are torch's own "full" ones (``torch.distributed.checkpoint.state_dict``): parameter names
-    without DDP's ``module.`` prefix, FSDP2's shards gathered, the same dicts for the three models.
+    Why not the live module: DDP holds the process group of the iteration that built it, which a restart destroys,
+    so each iteration wraps a fresh module. The state dicts are torch's own "full" ones
+    (``torch.distributed.checkpoint.state_dict``): parameter names without DDP's ``module.`` prefix. (FSDP2's
+    state is a ``ShardedState``: a full copy per rank is what FSDP exists to avoid.)
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -187,19 +188,15 @@ class Replica:
         self.capture(model, optimizer)
 
     def capture(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Take the live state. For FSDP2 this all-gathers the shards: a collective, which every rank makes at
-        the same step (before each commit). For DDP and the plain model the dicts hold the live tensors, which
-        ``commit()`` copies at once."""
+        """Take the live state: the dicts hold the live tensors, which ``commit()`` copies at once."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         self.model, self.optimizer = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
 
     def load_into(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Load the state into a freshly built module and optimizer (FSDP2: each rank keeps its shard of it).
-
-        torch's ``set_state_dict`` with ``full_state_dict`` replaces the full tensors of the dicts it is given by
-        this rank's shards (DTensors of this iteration's device mesh): it gets copies of the containers, so that
-        the replica stays the full state (the tensors themselves are not written)."""
+        """Load the state into a freshly built module and optimizer. torch's ``set_state_dict`` may replace
+        entries of the dicts it is given: it gets copies of the containers, so that the replica stays whole (the
+        tensors themselves are not written)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         set_state_dict(
@@ -223,23 +220,29 @@ class Trainer:
     """A small MLP trained data-parallel the way a user's job trains it: ``DistributedDataParallel`` (the default:
     torch's C++ reducer all-reduces the gradients in buckets during ``backward()``), FSDP2 (``fully_shard`` on a
     CPU device mesh: the parameters all-gathered in the forward, the gradients reduce-scattered in the backward),
-    or ``manual`` (the gradients all-reduced by hand, one ``dist.all_reduce`` per step). Its state (the model and
-    optimizer in a ``Replica``, and the step) lives in an ``inprocess.elastic`` ``TorchState`` committed to memory
-    every ``--commit-every`` steps; each restart iteration builds its process group, module and optimizer anew and
-    loads them from the last commit."""
+    or ``manual`` (the gradients all-reduced by hand, one ``dist.all_reduce`` per step). Its state, committed to
+    memory every ``--commit-every`` steps: FSDP2's model and optimizer in a ``ShardedState`` (built by
+    ``fsdp_module`` in every iteration), the others' in a ``Replica`` inside a ``TorchState``; the step with them.
+    Each restart iteration builds its process group, module and optimizer anew and loads them from the last
+    commit."""
 
     def __init__(self, args: argparse.Namespace, injections: list[Injection]) -> None:
         import torch
 
-        from inprocess.elastic import TorchState
+        from inprocess.elastic import ShardedState, TorchState
 
         self.args = args
         self.pending = list(injections)  # each fault happens once, even when its step is replayed after a restart
         torch.manual_seed(0)  # the same initial model on every rank
         model = _mlp()
         self.target = torch.nn.Linear(32, 1)
-        self.replica = Replica(model, _optimizer(model))
-        self.state = TorchState(replica=self.replica, step=0)
+        self.replica: Replica | None = None
+        self.state: TorchState | ShardedState
+        if args.model == "fsdp":
+            self.state = ShardedState(self.fsdp_module, step=0)
+        else:
+            self.replica = Replica(model, _optimizer(model))
+            self.state = TorchState(replica=self.replica, step=0)
         self.generator = torch.Generator().manual_seed(1000 + int(os.environ.get("RANK", os.getpid())))
         self.last_step_done = time.time()  # wall clock: what a restart cost is the gap in training it left
 
@@ -294,7 +297,7 @@ class Trainer:
         # No try/finally around the training: after a fault the Wrapper's abort destroys the groups, and a rank
         # that destroyed its own on the way out would break its peers' collectives first, so that their errors,
         # not its own, would be recorded as the cause.
-        self.state.sync()  # after a restart: the last commit, on every rank (the Replica and the step)
+        self.state.sync()  # after a restart: the last commit, on every rank (the model, optimizer and step)
         restart = call_wrapper.last_restart
         if restart is None and call_wrapper.iteration > 0:  # a replacement (INPROCESS_JOIN=1), admitted just now
             say(
@@ -312,24 +315,38 @@ class Trainer:
         dist.barrier()
         dist.destroy_process_group()
 
-    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """This iteration's module and optimizer, on its process group, loaded from the ``Replica``."""
+    def fsdp_module(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """An FSDP2 module and its optimizer on this iteration's process group: the ``ShardedState``'s build
+        function, called by ``state.sync()`` in every iteration, which loads the last commit into them."""
+        import torch
         import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
 
+        torch.manual_seed(0)  # the same initial model on every rank: the state of a job's first iteration
+        model = _mlp()
+        # FSDP2 on the CPU needs a device mesh of type "cpu" over the gloo group; one parameter group (the whole
+        # MLP): one all-gather in the forward, one reduce-scatter in the backward.
+        fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        return model, _optimizer(model)
+
+    def build(self, call_wrapper: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """This iteration's module and optimizer, on its process group, holding the last commit: FSDP2's as
+        ``state.sync()`` built and loaded them, the others' loaded from the ``Replica``."""
+        from inprocess.elastic import ShardedState
+
+        if isinstance(self.state, ShardedState):
+            if call_wrapper is None:  # --no-restart: nothing to restore
+                return self.fsdp_module()
+            assert self.state.model is not None and self.state.optimizer is not None, "state.sync() builds them"
+            return self.state.model, self.state.optimizer
+        assert self.replica is not None
         model = _mlp()
         module: torch.nn.Module = model
         if self.args.model == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             module = DistributedDataParallel(model)  # gloo on the CPU: no device_ids
-        elif self.args.model == "fsdp":
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-
-            # FSDP2 on the CPU needs a device mesh of type "cpu" over the gloo group; one parameter group (the
-            # whole MLP): one all-gather in the forward, one reduce-scatter in the backward.
-            _forget_earlier_meshes()
-            fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
         optimizer = _optimizer(module)
         self.replica.load_into(module, optimizer)
         return module, optimizer
@@ -340,7 +357,7 @@ class Trainer:
 
         args, state = self.args, self.state
         rank, world = dist.get_rank(), dist.get_world_size()
-        module, optimizer = self.build()
+        module, optimizer = self.build(call_wrapper)
         pairs = [dist.new_group([p, p + 1]) if p + 1 < world else dist.new_group([p]) for p in range(0, world, 2)]
         pair = pairs[rank // 2]
         while args.steps == 0 or state.step < args.steps:
@@ -369,7 +386,8 @@ class Trainer:
             if rank == 0 and step % args.print_every == 0:
                 say(f"step {step:5d}  world ({world} ranks, {MODELS[args.model]}): loss {loss.item():.4f}")
             if call_wrapper is not None and step % args.commit_every == 0:
-                self.replica.capture(module, optimizer)
+                if self.replica is not None:
+                    self.replica.capture(module, optimizer)
                 state.commit()
             time.sleep(max(0.0, args.step_time - (time.monotonic() - started)))
             self.last_step_done = time.time()
@@ -391,29 +409,6 @@ def _containers_copied(value: Any) -> Any:
     if isinstance(value, list):
         return [_containers_copied(item) for item in value]
     return value
-
-
-def _forget_earlier_meshes() -> None:
-    """Empty torch's DTensor sharding-propagation caches before a restart iteration builds its FSDP2 module.
-
-    Why: a ``DeviceMesh`` equals (and hashes like) any mesh of the same shape and device type, whichever rank this
-    process holds in it, and torch caches the output specs of DTensor operations, each holding its mesh, keyed on
-    such meshes. When the world comes back to a size it had before (a replacement joined after a kill) with this
-    process at another rank, ``fully_shard`` then gets a parameter spec on the earlier iteration's mesh, whose
-    coordinate is this process's earlier rank: the shards it loads are another rank's (a shape error where the
-    shards differ in size, silently wrong data where they do not). torch 2.13 keeps these caches in C++
-    (``torch._C._clear_DTensor_sharding_propagator_cache``) and in Python (the sharding propagator's LRU cache)."""
-    import torch
-
-    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if clear_native is not None:
-        clear_native()
-    try:
-        from torch.distributed.tensor import DTensor
-
-        DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache.cache_clear()
-    except AttributeError:  # another torch release: nothing of that name to clear
-        pass
 
 
 def _mlp() -> torch.nn.Module:

@@ -73,8 +73,8 @@ def test_the_stall_blocks_before_the_forward_pass(monkeypatch, model):
     trainer = demo.Trainer(args, [demo.Injection("stall", 0, 2, 30.0)])
     build = trainer.build
 
-    def build_and_watch():
-        module, optimizer = build()
+    def build_and_watch(call_wrapper):
+        module, optimizer = build(call_wrapper)
         module.register_forward_pre_hook(lambda *_: events.append("forward"))
         return module, optimizer
 

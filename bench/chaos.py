@@ -320,7 +320,7 @@ class Hook:
                     self.fire()
                 return guard(*args, **kwargs)
 
-            sharded._guard = guarding  # type: ignore[assignment]
+            sharded._guard = guarding
             return
         if self.phase == "end":
 

@@ -82,8 +82,9 @@ def test_sleep_ends_at_the_hard_timeout_with_sigterm_and_leaves_nothing(tmp_path
     try:
         assert child.returncode == -15, report  # SIGTERM, as the reference's test asserts
         # The wake signal restarted it once at the soft timeout (0.5 s); the hard timeout (1 s without progress,
-        # the two iterations together) ended it in the second iteration, before a second soft timeout.
-        assert [start["iteration"] for start in starts] == [0, 1], report
+        # the two iterations together) ended it in the second iteration, before a second soft timeout, or, on a
+        # loaded machine where the restart itself outlasts the 0.5 s left, during the restart: never later.
+        assert [start["iteration"] for start in starts] in ([0, 1], [0]), report
         print(f"from the first iteration's start to the exit: {ended - starts[0]['time']:.2f} s (upper bound)")
         # Nothing left: the monitor process leaves with its trainer, the store server after its linger (1 s here).
         deadline = time.monotonic() + 60

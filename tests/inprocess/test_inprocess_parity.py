@@ -251,12 +251,29 @@ class Hit(Exception):
     pass
 
 
+def _once_spinning(deliver, *args):
+    """A thread that calls ``deliver(*args)`` once the main thread spins. An asynchronous exception delivered while
+    the main thread is still inside ``Thread.start()`` breaks CPython's own bookkeeping there (its clean-up of the
+    new thread's entry fails with a KeyError that hides the exception): the test's start, not what it tests."""
+    spinning: list[bool] = []
+
+    def run():
+        while not spinning:
+            time.sleep(0.001)
+        deliver(*args)
+
+    threading.Thread(target=run).start()
+    return spinning
+
+
 def test_async_raise_and_async_abort_main_thread():
-    with pytest.raises(Hit):  # delivered wherever the main thread is: starting the thread or spinning
-        threading.Thread(target=async_raise, args=(threading.main_thread().ident, Hit)).start()
+    with pytest.raises(Hit):
+        spinning = _once_spinning(async_raise, threading.main_thread().ident, Hit)
+        spinning.append(True)
         _spin(20)
     with pytest.raises(RankShouldRestart, match="from a test"):
-        threading.Thread(target=async_abort_main_thread, args=("from a test",)).start()
+        spinning = _once_spinning(async_abort_main_thread, "from a test")
+        spinning.append(True)
         _spin(20)
     with pytest.raises(RuntimeError):
         async_raise(0, Hit)

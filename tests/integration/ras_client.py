@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from polling import wait_for
@@ -75,11 +75,22 @@ def wait_for_json(port: int, predicate: Callable[[dict[str, Any]], object], time
     )
 
 
-def server_pid(sock: socket.socket) -> int:
-    """The pid of the process that accepted this client connection."""
+def server_pid(sock: socket.socket, among: Iterable[int] | None = None) -> int:
+    """The pid of the process that accepted this client connection. ``among``: the pids it can be (a swarm's
+    members): their connections only are read, where the machine's whole table takes seconds on a loaded machine
+    (every process's descriptors)."""
     import psutil
 
     mine = sock.getsockname()[:2]
+    if among is not None:
+        for pid in among:
+            try:
+                connections = psutil.Process(pid).net_connections("tcp")
+            except psutil.Error:
+                continue
+            if any(c.raddr and (c.raddr.ip, c.raddr.port) == mine for c in connections):
+                return pid
+        raise AssertionError(f"none of {sorted(among)} holds the other end")
     for c in psutil.net_connections("tcp"):
         if c.raddr and (c.raddr.ip, c.raddr.port) == mine and c.pid:
             return c.pid

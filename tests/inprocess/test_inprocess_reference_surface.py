@@ -477,6 +477,7 @@ def test_a_sibling_still_connecting_at_start_up_is_given_the_startup_timeout_and
         store.set_initial_rank(rank, rank)
     late = inprocess.sibling_monitor.Heartbeat(1, store, 1.0)
     watcher = inprocess.sibling_monitor.SiblingMonitor(store, 0, 3, 3, 5.0, 1.0, startup_timeout=60.0)
+    # The watcher's clock is given (``now``), not read: the seconds below are the rule's, no measured speed.
     now = time.monotonic()
     for second in range(40):
         if second >= 20:  # its monitor connected after 20 s, four heartbeat timeouts

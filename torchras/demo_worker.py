@@ -234,6 +234,8 @@ class Trainer:
         self.args = args
         self.pending = list(injections)  # each fault happens once, even when its step is replayed after a restart
         torch.manual_seed(0)  # the same initial model on every rank
+        # Drawn first whatever --model (FSDP2's own is drawn again by fsdp_module, from the same seed), so that the
+        # target below, and with it the losses the demo prints, are the same for the three models.
         model = _mlp()
         self.target = torch.nn.Linear(32, 1)
         self.replica: Replica | None = None

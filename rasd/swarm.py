@@ -4,7 +4,9 @@ It is the first thing a new user runs, and the harness of the integration tests 
 joins through a ``FileStore`` in the swarm's directory, writes its events as JSON lines to ``events-<i>.jsonl``,
 and obeys the commands written to ``control-<i>.<n>`` files, one command per file, in the order of ``n`` (each
 command a file of its own: a second command written before the member read the first must not replace it), so a
-test can make it misbehave:
+test can make it misbehave. The harness rings the member's doorbell (a FIFO, ``doorbell-<i>``) after writing one;
+between commands the member's main thread waits on that one line, so a stack sample finds every idle member in the
+same frame (a polling loop was sometimes caught elsewhere, and split the swarm's stacks into two groups):
 
     crash            exit at once without a goodbye (like a segfault)
     raise            die of an uncaught exception (a fault: DEAD, not LEFT)
@@ -23,6 +25,7 @@ import ctypes
 import functools
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -69,6 +72,7 @@ def member_main(argv: list[str]) -> int:
         print(f"member {args.index}: could not start its RAS node", file=sys.stderr)
         return 1
     sub = node.on_event(record, replay=True)
+    doorbell = _open_doorbell(work / f"doorbell-{args.index}")
     client = node.client_address
     info = work / f"member-{args.index}.json"
     tmp = info.with_suffix(".tmp")
@@ -93,12 +97,27 @@ def member_main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, leave)
     while True:
-        time.sleep(0.05)
+        # Rung after each command; the timeout only covers a ring that could not be given (a full pipe).
+        if select.select([doorbell], [], [], DOORBELL_TIMEOUT_S)[0]:
+            with contextlib.suppress(BlockingIOError):
+                os.read(doorbell, 4096)
         for control in sorted(work.glob(f"control-{args.index}.*[0-9]")):  # not the harness's ".tmp" files
             commands = control.read_text().split("\n")
             control.unlink()
             for line in commands:
                 _obey(line.split(), services)
+
+
+#: How long an idle member waits for its doorbell before it looks for commands anyway.
+DOORBELL_TIMEOUT_S = 1.0
+
+
+def _open_doorbell(path: Path) -> int:
+    """The member's end of its doorbell FIFO, opened read-write so that it never reads end-of-file when no harness
+    holds it open, and non-blocking so that draining it never waits."""
+    path.unlink(missing_ok=True)  # a swarm directory used again
+    os.mkfifo(path)
+    return os.open(path, os.O_RDWR | os.O_NONBLOCK)
 
 
 def configure_logging(index: int) -> None:
@@ -276,6 +295,20 @@ class Swarm:
         tmp = path.parent / (path.name + ".tmp")
         tmp.write_text(" ".join(words) + "\n")
         os.replace(tmp, path)
+        self._ring(i)
+
+    def _ring(self, i: int) -> None:
+        """Wake member ``i`` to read its commands; a member gone, or not yet listening, finds them by its timeout."""
+        try:
+            fd = os.open(self.dir / f"doorbell-{i}", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return  # no FIFO yet, or no reader (ENXIO): the member is gone or not started
+        try:
+            os.write(fd, b"\n")
+        except OSError:
+            pass  # a full pipe: the member has rings enough waiting
+        finally:
+            os.close(fd)
 
     # observation
     def events(self, i: int, kind: str | None = None) -> list[dict[str, Any]]:

@@ -18,12 +18,21 @@ rank that stopped working is dated to within that):
     working in the window  <=>  CPU + run-queue wait >= WORK_CPU_SHARE of one core   (a training step: 100-200 %)
                                 or bytes >= WORK_IO_RATE per second  (a checkpoint to disk: 100+ MB/s)
                                 or its main thread's position moved  (Python code running, however slowly)
+                                or it waits on the disk at the window's end   (a write held up by a busy disk)
 
 The run-queue wait is the time the main thread was ready to run but waited for a core (the kernel's
 ``schedstat``): on a host starved of CPU (load at several times the cores, a CI machine running three test
 workers), a rank computing in a loop gets a few percent of a core and would look idle by its CPU alone; the
 time it wanted a core and did not get one is work too. A thread blocked in a sleep, a lock or a read never waits
 on a run queue, so an idle wedge stays idle.
+
+The disk wait is the main thread's (or a child process's) kernel state at the sample: ``D``, uninterruptible sleep,
+is a thread inside a file-system call waiting for the device, as a ``torch.save`` is for seconds when the disk is
+busy (measured beside a writer with ``fsync``: a save loop spent two thirds of its samples there, for up to a third
+of a second at a time, and moved under 1 MiB/s). It uses no CPU and moves no bytes while it waits, so without this
+a checkpoint on a busy disk looked like a wedge. A file system that never answers (a hung NFS mount) holds a thread
+there too: such a rank is SLOW, not stuck, until the busy limit, as any working rank is. A sleep, a lock or a
+socket read is an interruptible sleep (``S``) and stays idle.
 
 The RAS thread's own CPU and bytes (its keepalives, gathers and reports) are left out, so an idle rank's node never
 makes it look busy. A window where the counters could not be read says nothing: the meter keeps what it knew.
@@ -53,6 +62,8 @@ class WorkSample:
     io_bytes: int  # bytes read and written through system calls (``rchar + wchar``)
     #: Seconds the main thread waited on a run queue, ready to run (``schedstat``; 0 where the kernel has none).
     runnable_s: float = 0.0
+    #: The main thread or a child process was waiting on the disk when read (state ``D``).
+    disk_wait: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +135,8 @@ def working(before: WorkSample, after: WorkSample, seconds: float) -> bool:
     """The rule above, for one window of ``seconds`` between two samples."""
     if seconds <= 0:
         return False
+    if after.disk_wait:
+        return True
     cpu = (after.cpu_s - before.cpu_s) + (after.runnable_s - before.runnable_s)
     io = after.io_bytes - before.io_bytes
     return cpu >= WORK_CPU_SHARE * seconds or io >= WORK_IO_RATE * seconds

@@ -2,7 +2,8 @@
 
 The counters are the kernel's, read from ``/proc`` on the RAS thread twice a second (six small files; tens of
 microseconds): the process's CPU time and bytes read and written (``/proc/self/stat``, ``/proc/self/io``), its main
-thread's run-queue wait (``/proc/self/schedstat``: ready to run on a starved host, not idle), less the
+thread's run-queue wait (``/proc/self/schedstat``: ready to run on a starved host, not idle) and whether it waits on
+the disk now (its state in ``/proc/self/stat``: a checkpoint's write held up by a busy disk), less the
 RAS thread's own (``/proc/self/task/<tid>/...``: its keepalives and gathers must not make an idle rank look busy),
 plus its live child processes' in its own session (data-loader workers, asynchronous checkpoint writers; not the
 Wrapper's monitor process, which starts a session of its own), found through the kernel's ``children`` lists.
@@ -32,13 +33,14 @@ _DEPTH = 3
 _MAX_CHILDREN = 256
 
 
-def _stat(stat_path: str) -> tuple[float, int]:
-    """utime + stime of a ``stat`` file, in seconds (fields 14 and 15), and its session (field 6); the command
+def _stat(stat_path: str) -> tuple[float, int, bool]:
+    """utime + stime of a ``stat`` file, in seconds (fields 14 and 15), its session (field 6), and whether the task
+    is in uninterruptible sleep (field 3 is ``D``: waiting on the disk, or on a network file system); the command
     name, in parentheses, may hold spaces."""
     with open(stat_path, "rb") as f:
         data = f.read()
     fields = data[data.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[3])
+    return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[3]), fields[0] == b"D"
 
 
 def _cpu_seconds(stat_path: str) -> float:
@@ -107,22 +109,24 @@ class WorkCounters:
             return None
         pid, tid = self._pid, threading.get_native_id()
         try:
-            own, session = _stat(f"/proc/{pid}/stat")
+            # ``/proc/<pid>/stat``'s state is the thread group leader's: the main thread's.
+            own, session, disk_wait = _stat(f"/proc/{pid}/stat")
             cpu = own - _cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
             io = _io_bytes(f"/proc/{pid}/io") - _io_bytes(f"/proc/{pid}/task/{tid}/io")
         except (OSError, ValueError, IndexError):
             return None
         for child in _descendants(pid):
             with contextlib.suppress(OSError, ValueError, IndexError):
-                child_cpu, child_session = _stat(f"/proc/{child}/stat")
+                child_cpu, child_session, child_disk_wait = _stat(f"/proc/{child}/stat")
                 if child_session != session:
                     continue  # a helper detached into a session of its own (the Wrapper's monitor process): not work
                 cpu += child_cpu
+                disk_wait = disk_wait or child_disk_wait
                 io += _io_bytes(f"/proc/{child}/io")
         # The main thread's run-queue wait (``/proc/<pid>/schedstat`` is the thread group leader's: the main
         # thread's): the work a starved host kept it from doing (rasd/core/work.py).
         runnable = _runnable_seconds(f"/proc/{pid}/schedstat")
-        return WorkSample(cpu_s=max(cpu, 0.0), io_bytes=max(io, 0), runnable_s=runnable)
+        return WorkSample(cpu_s=max(cpu, 0.0), io_bytes=max(io, 0), runnable_s=runnable, disk_wait=disk_wait)
 
 
 #: The phase this process's code declared, or None (``rasd.phase``).

@@ -1,7 +1,7 @@
 """A user's DDP and FSDP2 script (``user_job.py``) under plain ``torchrun``, 4 gloo ranks, changed only by wrapping
 its training function in ``inprocess.Wrapper``:
 
-- rank 0 writing a checkpoint for 15 s (``torch.save``, again and again; DDP) or evaluating an unsharded copy of the
+- rank 0 writing a checkpoint for 10 s (``torch.save``, again and again; DDP) or evaluating an unsharded copy of the
   weights for 10 s (FSDP2), more than two idle limits, while the others wait in ``dist.barrier()``, at the default
   limits, is SLOW in the report (rank 0 working), never COMM_STUCK: no restart (issue 39, "first, do no harm");
 - a rank blocked in one long call (``time.sleep``, ``queue.Queue.get``, a socket read) is named in the report while
@@ -131,11 +131,11 @@ def test_a_rank_blocked_in_a_call_is_named_and_the_job_heals_in_place(
     """The issue's job: named while blocked, healed in place, and, once done, every collective of the restarted
     groups counted (the report equals torch's records; DDP's buckets and FSDP2's gathers included). A socket read
     and the other blocking calls: tests/inprocess/test_wake_jobs.py. First, at step 8, a healthy slow phase on rank
-    0 while the others wait in a barrier, more than two idle limits long: a checkpoint (``torch.save`` for 15 s,
+    0 while the others wait in a barrier, more than two idle limits long: a checkpoint (``torch.save`` for 10 s,
     DDP) or an evaluation (forward passes of an unsharded copy for 10 s, FSDP2): SLOW, and no restart for it.
     Default limits throughout."""
     args = ("--model", model, "--steps", "60", "--block", kind, "--block-rank", "2", "--block-step", "15")
-    args += (f"--{phase}-step", "8", f"--{phase}-seconds", "15" if phase == "checkpoint" else "10")
+    args += (f"--{phase}-step", "8", f"--{phase}-seconds", "10")
     started, ended = {
         "checkpoint": ("checkpointing", "checkpoint written"),
         "evaluate": ("evaluating", "evaluation done"),

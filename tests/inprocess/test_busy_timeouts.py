@@ -155,17 +155,17 @@ def jobs(tmp_path: Path):
 
 
 def test_a_working_rank_outlives_its_timeouts_and_is_restarted_past_the_busy_limit(jobs) -> None:
-    """Soft 2 s, hard 4 s, busy limit 15 s. Iteration 0 writes checkpoints for 8 s (past both timeouts), pings, and
-    then computes for 60 s: its soft timeout restarts it once 15 s pass without progress, and nobody kills it."""
-    busy_limit = 15.0
-    job = jobs({0: [["save", 8], ["ping"], ["cpu", 60]]}, soft=2, hard=4, TORCHRAS_BUSY_LIMIT=str(busy_limit))
+    """Soft 2 s, hard 4 s, busy limit 9 s. Iteration 0 writes checkpoints for 6 s (past both timeouts), pings, and
+    then computes for 60 s: its soft timeout restarts it once 9 s pass without progress, and nobody kills it."""
+    busy_limit = 9.0
+    job = jobs({0: [["save", 6], ["ping"], ["cpu", 60]]}, soft=2, hard=4, TORCHRAS_BUSY_LIMIT=str(busy_limit))
     try:
         codes = job.wait()
         report = f"exit codes {codes}\n{job.diagnostics()}"
         assert codes == [0], report
         assert [event["iteration"] for event in job.events(0, "start")] == [0, 1], report
         ends = {event["step"]: event["time"] for event in job.events(0, "end")}
-        assert "save" in ends and "ping" in ends and "cpu" not in ends, report  # 8 s of saving, not restarted
+        assert "save" in ends and "ping" in ends and "cpu" not in ends, report  # 6 s of saving, not restarted
         (left,) = job.events(0, "left")
         assert left["error"] == "RankShouldRestart", report
         waited = left["time"] - ends["ping"]
@@ -180,11 +180,11 @@ def test_a_working_rank_outlives_its_timeouts_and_is_restarted_past_the_busy_lim
 
 
 def test_ranks_waiting_in_a_barrier_for_a_working_rank_are_not_restarted(jobs) -> None:
-    """Rank 0 writes checkpoints for 15 s while rank 1 waits idle in ``dist.barrier()``: the mesh holds the barrier
+    """Rank 0 writes checkpoints for 12 s while rank 1 waits idle in ``dist.barrier()``: the mesh holds the barrier
     SLOW (timers scaled by 0.2), which postpones rank 1's timeouts (soft 4 s, hard 8 s) as rank 0's work postpones
     its own. Nobody is restarted or killed; the job completes."""
     job = jobs(
-        {0: [["save", 15], ["barrier"]], 1: [["barrier"]]},
+        {0: [["save", 12], ["barrier"]], 1: [["barrier"]]},
         soft=4,
         hard=8,
         TORCHRAS_TIMEOUT_FACTOR="0.2",

@@ -414,7 +414,10 @@ def test_a_rank_that_skips_an_all_reduce_is_a_mismatch_then_stuck_then_recovers(
             assert event["details"].startswith(f"{details}; rank 2 in "), event["details"]
             assert re.search(r"torch_worker\.py:\d+ \(main\)$", event["details"]), event["details"]
             assert sorted(event["ranks"]) == [0, 1, 2, 3] and event["ranks"][0] == 2  # behind first
-            assert event["wall"] - sent >= STUCK_LIMIT - 0.2  # never before the counters stood still that long
+            # Never before the others stood in it for half the limit: rank 2, idle in its command loop since before
+            # ``lag``, may be named that early (docs/architecture.md §4.2: a wedge is named the limit after the rank
+            # stopped), never earlier.
+            assert event["wall"] - sent >= STUCK_LIMIT / 2 - 0.2
         text = b""
         monitor.settimeout(deadline)
         while b"COMM_STUCK" not in text or not text.endswith(b"\n"):

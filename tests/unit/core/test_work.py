@@ -85,6 +85,14 @@ def test_time_ready_to_run_on_a_starved_host_is_work_like_cpu():
     assert not working(base, idle, 1.0)
 
 
+def test_a_main_thread_waiting_on_the_disk_is_working_whatever_its_counters():
+    """A ``torch.save`` held up by a busy disk sits in uninterruptible sleep: no CPU, no bytes, no new position. It
+    is work while it waits; a wait that ended before the window's end says nothing by itself."""
+    base = WorkSample(cpu_s=10.0, io_bytes=1000)
+    assert working(base, WorkSample(10.0, 1000, disk_wait=True), 1.0)
+    assert not working(WorkSample(10.0, 1000, disk_wait=True), base, 1.0)
+
+
 class Counters:
     def __init__(self) -> None:
         self.sample: WorkSample | None = WorkSample(0.0, 0)

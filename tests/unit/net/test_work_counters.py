@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rasd.core.work import WorkSample
-from rasd.net.work import WorkCounters, _runnable_seconds
+from rasd.net.work import WorkCounters, _runnable_seconds, _stat
 
 SPIN = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass\n"
 
@@ -65,3 +65,15 @@ def test_two_loops_sharing_one_core_each_wait_on_the_run_queue_for_about_half_th
     waited = [a - b for a, b in zip(after, before, strict=True)]
     assert all(w >= 0.2 for w in waited), waited  # about 0.5 s each; other work on the core only adds to it
     assert all(loop.poll() is not None for loop in loops)
+
+
+def test_a_stat_line_gives_cpu_session_and_whether_the_task_waits_on_the_disk(tmp_path) -> None:
+    """``stat``'s fields as the kernel writes them (proc(5)); the command name may hold spaces and parentheses."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    rest = f"1 2 4242 0 -1 4194304 10 0 0 0 {3 * ticks} {ticks} 0 0 20 0 3 0 100 0 0"
+    for state, waits in (("D", True), ("S", False), ("R", False)):
+        path = tmp_path / f"stat-{state}"
+        path.write_bytes(f"4321 (python (a b)) {state} {rest}\n".encode())
+        assert _stat(str(path)) == (4.0, 4242, waits)
+    own = _stat(f"/proc/{os.getpid()}/stat")
+    assert own[2] is False  # this process runs the test: R, never D

@@ -127,7 +127,7 @@ class Node:
         self.sweeper = Sweeper(self)
         self.reunion = Reunion(self)
         self.suspicion = Suspicion(self)
-        self.witness = Witness(lambda: self.local_data(), lambda: len(self.live_peers()))
+        self.witness = Witness.for_hang(lambda: self.local_data(), lambda: len(self.live_peers()), timers.hang)
         #: What a tick does, in this order.
         self._tick_steps: tuple[Callable[[float], Effects], ...] = (
             self.handshake.timeouts,

@@ -35,12 +35,13 @@ EVERY_MEMBER_OPS: tuple[int, ...] = tuple(
     OP_TYPES.index(name) for name in ("AllGather", "ReduceScatter", "AllReduce", "AllToAll", "Barrier")
 )
 #: Seconds between two samples of this process's communicators (the RAS thread reads its counters; the metrics
-#: read them as often).
+#: read them as often), at the default timers; never more than an eighth of the hang limit (``Witness.for_hang``).
 SAMPLE_S = 1.0
-#: Samples kept: two minutes at SAMPLE_S, longer than any silence the ladder judges before its dead limit.
+#: Samples kept: two minutes at SAMPLE_S (120 eighths of the hang limit where that is shorter), longer than any
+#: silence the ladder judges before its dead limit.
 KEPT = 120
 #: A collective that completed within this long after the peer was last heard may have had the peer's part sent
-#: before its silence began: it proves nothing.
+#: before its silence began: it proves nothing. Never more than a quarter of the hang limit.
 MARGIN_S = 1.0
 
 
@@ -62,16 +63,32 @@ class Witness:
     """Owned by the node: ``local_data`` reads this process's communicators, ``live_count`` says how many processes
     of the table are neither dead nor departed."""
 
-    def __init__(self, local_data: Callable[[], ProcessData], live_count: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        local_data: Callable[[], ProcessData],
+        live_count: Callable[[], int],
+        every: float = SAMPLE_S,
+        margin: float = MARGIN_S,
+    ) -> None:
         self.local_data = local_data
         self.live_count = live_count
+        self.every = every
+        self.margin = margin
         self.samples: deque[Sample] = deque(maxlen=KEPT)
         self._next = 0.0
+
+    @classmethod
+    def for_hang(cls, local_data: Callable[[], ProcessData], live_count: Callable[[], int], hang: float) -> Witness:
+        """A witness whose samples fit the hang limit: a sample must fall between the margin after the silence
+        began and the verdict, or there is no base to count from. With the timers scaled down (hang 2 s at a factor
+        of 0.2), a one-second sample and a one-second margin left one second for a sample a loaded machine's RAS
+        thread sometimes took late, and a silent RAS thread of a rank that trained was declared hung."""
+        return cls(local_data, live_count, every=min(SAMPLE_S, hang / 8), margin=min(MARGIN_S, hang / 4))
 
     def tick(self, now: float) -> None:
         if now < self._next:
             return
-        self._next = now + SAMPLE_S
+        self._next = now + self.every
         taken = self._take(now)
         if taken is not None and taken.counts:
             self.samples.append(taken)
@@ -83,10 +100,10 @@ class Witness:
             return None
 
     def moved(self, silent_since: float, now: float) -> tuple[int, int | None]:
-        """How many every-member collectives completed here, later than ``MARGIN_S`` after ``silent_since``, on a
+        """How many every-member collectives completed here, later than the margin after ``silent_since``, on a
         communicator that holds every live process of the job; and that communicator (the one with the most).
         ``(0, None)`` when none did, or when no sample is old enough to tell."""
-        since = silent_since + MARGIN_S
+        since = silent_since + self.margin
         base = next((s for s in self.samples if s.at >= since), None)
         current = self._take(now)
         if base is None or current is None:

@@ -105,3 +105,20 @@ def test_counters_that_cannot_be_read_prove_nothing_and_raise_nothing():
     job.fail = True
     w.tick(2.0)
     assert w.moved(-1.0, 3.0) == (0, None)
+
+
+def test_with_the_timers_scaled_down_a_late_sample_still_leaves_a_base_before_the_verdict():
+    """Hang limit 2 s (a timeout factor of 0.2). The RAS thread's ticks come late on a loaded machine, here at 0,
+    0.95 and 2.0 s: with the one-second margin no sample falls between it and the verdict (2 s), and the training
+    the witness saw proves nothing; with the margin and the sampling fitted to the hang limit, it vouches."""
+    results = []
+    for make in (witness, lambda job: Witness.for_hang(job.data, lambda: job.live, hang=2.0)):
+        job = Job()
+        w = make(job)
+        for t in (0.0, 0.95, 2.0):
+            job.set(0xA, 4, AllReduce=int(t * 10))  # the job trains: ten all-reduces a second
+            w.tick(t)
+        results.append(w.moved(0.0, 2.0))
+    assert results[0] == (0, None)
+    assert results[1] == (11, 0xA)  # the all-reduces from 0.95 s (9) to 2.0 s (20)
+    assert Witness.for_hang(Job().data, lambda: 4, hang=10.0).every == SAMPLE_S  # the default timers: unchanged
